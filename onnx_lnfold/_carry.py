@@ -1,0 +1,386 @@
+"""How a mean along one axis moves through one node (FOLDING.md section 2).
+
+Two questions are asked of every node, one per direction, and both are answered from the same
+per-op axis bookkeeping so that the analysis and the side-effect check can never disagree:
+
+- `backward`: for output `k` to be zero-mean along `axis`, which inputs must be zero-mean, and
+  along which of their axes? (Producers such as MatMul answer "the weight, along its output
+  axis"; the data input is free because a centered weight makes any input's product centered.)
+- `forward`: if input `i` changes by a shift that is constant along `axis`, which outputs change,
+  and is each change still a shift constant along one of their axes?
+
+Both return a `str` reason when the node breaks the chain. Axes are always non-negative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_lnfold._shapes import Shape, ShapeTable, match_reshaped_axis
+
+_FLOAT_TYPES = {
+    ir.DataType.FLOAT,
+    ir.DataType.FLOAT16,
+    ir.DataType.BFLOAT16,
+    ir.DataType.DOUBLE,
+}
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Input `index` must be zero-mean along `axis` (its own coordinates).
+
+    `axis=None` means the input does not vary along the tracked axis (missing by broadcasting, or
+    of size 1 there): its contribution is constant along the axis, so it must be exactly zero.
+    """
+
+    index: int
+    axis: int | None
+
+
+def node_label(node: ir.Node) -> str:
+    return f"{node.op_type} '{node.name}'" if node.name else node.op_type
+
+
+def value_label(value: ir.Value) -> str:
+    return f"'{value.name}'"
+
+
+def _int_attr(node: ir.Node, name: str, default: int) -> int:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.as_int()
+
+
+def _ints(node: ir.Node, attr_name: str, input_index: int) -> list[int] | None:
+    """Axes given as an attribute (older opsets) or as a constant input (newer)."""
+    attr = node.attributes.get(attr_name)
+    if attr is not None:
+        return list(attr.as_ints())
+    if input_index < len(node.inputs) and node.inputs[input_index] is not None:
+        const = ir.convenience.get_const_tensor(node.inputs[input_index])
+        if const is None:
+            return None
+        return [int(v) for v in np.asarray(const.numpy()).reshape(-1)]
+    return []
+
+
+def _norm(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def _aligned(out_rank: int, in_shape: Shape, out_shape: Shape | None, axis: int) -> int | None:
+    """Numpy broadcasting: the input axis aligned with output `axis`, or None if the input is
+    constant along it (missing, or size 1 broadcast to more)."""
+    in_axis = axis - (out_rank - len(in_shape))
+    if in_axis < 0:
+        return None
+    if in_shape[in_axis] == 1 and (out_shape is None or out_shape[axis] != 1):
+        return None
+    return in_axis
+
+
+def _constant_along(shapes: ShapeTable, value: ir.Value | None, out_rank: int, axis: int) -> bool:
+    shape = shapes.shape(value)
+    if shape is None:
+        return False
+    in_axis = axis - (out_rank - len(shape))
+    return in_axis < 0 or shape[in_axis] == 1
+
+
+def _out_rank(node: ir.Node, shapes: ShapeTable, index: int = 0) -> int | None:
+    rank = shapes.rank(node.outputs[index])
+    if rank is None and node.op_type in _ELEMENTWISE:
+        ranks = [shapes.rank(v) for v in node.inputs if v is not None]
+        if ranks and all(r is not None for r in ranks):
+            rank = max(ranks)  # type: ignore[type-var]
+    return rank
+
+
+_ELEMENTWISE = {"Add", "Sub", "Sum", "Mul", "Div"}
+_UNARY = {"Neg", "Identity", "Dropout", "Cast"}
+_RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+# Ops whose changed inputs add up linearly: several of them may change at once.
+# (SkipLayerNormalization normalizes input + skip + bias.)
+JOINTLY_LINEAR = {"Add", "Sub", "Sum", "Concat", "Gemm", "Conv", "SkipLayerNormalization"}
+
+
+def _unary_check(node: ir.Node) -> str | None:
+    if node.op_type == "Cast":
+        to = _int_attr(node, "to", 0)
+        if ir.DataType(to) not in _FLOAT_TYPES:
+            return f"{node_label(node)} casts to {ir.DataType(to).name}, not a float type"
+    if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
+        mode = ir.convenience.get_const_tensor(node.inputs[2])
+        if mode is None or bool(np.asarray(mode.numpy()).reshape(-1)[0]):
+            return f"{node_label(node)} may run in training mode"
+    return None
+
+
+def _reduce_axes(node: ir.Node, rank: int) -> list[int] | str:
+    axes = _ints(node, "axes", 1)
+    if axes is None:
+        return f"{node_label(node)} reduces over axes that are not constant"
+    if not axes:
+        if _int_attr(node, "noop_with_empty_axes", 0):
+            return []
+        return list(range(rank))
+    return sorted(_norm(a, rank) for a in axes)
+
+
+def _layout_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool) -> int | str:
+    """Map `axis` between input 0 and output 0 of a layout op (either direction)."""
+    op = node.op_type
+    src, dst = (node.inputs[0], node.outputs[0]) if forward else (node.outputs[0], node.inputs[0])
+    src_shape, dst_shape = shapes.shape(src), shapes.shape(dst)
+    if src_shape is None or dst_shape is None:
+        return f"the shape around {node_label(node)} is unknown, so the axis cannot be followed"
+    if op in _RESHAPES:
+        mapped = match_reshaped_axis(src_shape, axis, dst_shape)
+        if mapped is None:
+            return f"{node_label(node)} does not keep the normalized axis whole"
+        return mapped
+    if op == "Transpose":
+        perm_attr = node.attributes.get("perm")
+        perm = list(perm_attr.as_ints()) if perm_attr else list(reversed(range(len(src_shape))))
+        return perm.index(axis) if forward else perm[axis]
+    if op == "Expand":
+        offset = len(dst_shape) - len(src_shape)
+        if forward:
+            return axis - offset
+        return axis + offset if axis + offset >= 0 else f"{node_label(node)} broadcasts along the axis"
+    if op in ("ReduceMean", "ReduceSum"):
+        in_rank = len(src_shape) if forward else len(dst_shape)
+        reduced = _reduce_axes(node, in_rank)
+        if isinstance(reduced, str):
+            return reduced
+        keep = _int_attr(node, "keepdims", 1)
+        kept = [a for a in range(in_rank) if a not in reduced]
+        if forward:
+            if axis in reduced:
+                return f"{node_label(node)} reduces over the normalized axis"
+            return axis if keep else kept.index(axis)
+        in_axis = axis if keep else kept[axis]
+        if in_axis in reduced:
+            return f"{node_label(node)} reduces over the normalized axis"
+        return in_axis
+    if op == "Slice":
+        in_shape = src_shape if forward else dst_shape
+        out_shape = dst_shape if forward else src_shape
+        sliced = _ints(node, "axes", 3)
+        if sliced is None:
+            return f"{node_label(node)} slices axes that are not constant"
+        if not sliced:
+            starts = _ints(node, "starts", 1) or []
+            sliced = list(range(len(starts)))
+        sliced = [_norm(a, len(in_shape)) for a in sliced]
+        if axis in sliced and (in_shape[axis] is None or in_shape[axis] != out_shape[axis]):
+            return f"{node_label(node)} slices the normalized axis"
+        return axis
+    if op in ("Split", "Concat"):
+        rank = len(src_shape)
+        along = _norm(_int_attr(node, "axis", 0), rank)
+        if along == axis:
+            return f"{node_label(node)} splits or joins along the normalized axis"
+        return axis
+    raise AssertionError(op)
+
+
+def _gather_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool) -> int | str:
+    data_shape = shapes.shape(node.inputs[0])
+    indices_rank = shapes.rank(node.inputs[1])
+    if data_shape is None or indices_rank is None:
+        return f"the shape around {node_label(node)} is unknown, so the axis cannot be followed"
+    g = _norm(_int_attr(node, "axis", 0), len(data_shape))
+    if forward:  # data axis -> output axis
+        if axis == g:
+            return f"{node_label(node)} gathers along the normalized axis"
+        return axis if axis < g else axis + indices_rank - 1
+    if axis < g:
+        return axis
+    if axis >= g + indices_rank:
+        return axis - indices_rank + 1
+    return f"the normalized axis of {node_label(node)} comes from its indices"
+
+
+_LAYOUT = {"Transpose", "Expand", "ReduceMean", "ReduceSum", "Slice", "Split", "Concat"} | _RESHAPES
+
+
+def backward(node: ir.Node, output_index: int, axis: int, shapes: ShapeTable) -> list[Requirement] | str:
+    """Which inputs must be zero-mean for `node.outputs[output_index]` to be zero-mean along `axis`."""
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx"):
+        return f"{node_label(node)} ({node.domain}) does not carry a zero mean"
+    if op in _UNARY:
+        return _unary_check(node) or [Requirement(0, axis)]
+    if op in _ELEMENTWISE:
+        out_rank = _out_rank(node, shapes)
+        in_shapes = [shapes.shape(v) for v in node.inputs]
+        if out_rank is None or any(s is None for s in in_shapes):
+            return f"the shapes around {node_label(node)} are unknown"
+        out_shape = shapes.shape(node.outputs[0])
+        aligned = [_aligned(out_rank, s, out_shape, axis) for s in in_shapes]  # type: ignore[arg-type]
+        if op in ("Add", "Sub", "Sum"):
+            return [Requirement(i, a) for i, a in enumerate(aligned)]
+        if op == "Div":
+            if aligned[1] is not None:
+                return f"{node_label(node)} divides by a tensor that varies along the normalized axis"
+            return [Requirement(0, aligned[0])]
+        # Mul: a factor constant along the axis keeps a zero mean zero.
+        if aligned[0] is not None and aligned[1] is None:
+            return [Requirement(0, aligned[0])]
+        if aligned[1] is not None and aligned[0] is None:
+            return [Requirement(1, aligned[1])]
+        if aligned[0] is None:
+            return f"{node_label(node)} multiplies two tensors that are constant along the normalized axis"
+        return (
+            f"{node_label(node)} multiplies by a tensor that varies along the normalized axis "
+            "(an affine chain; not supported yet)"
+        )
+    if op == "MatMul":
+        out_rank = _out_rank(node, shapes)
+        b_rank = shapes.rank(node.inputs[1])
+        if out_rank is None or b_rank is None:
+            return f"the shapes around {node_label(node)} are unknown"
+        if b_rank < 2 or axis != out_rank - 1:
+            return f"{node_label(node)} does not produce the normalized axis from its weight's columns"
+        return [Requirement(1, b_rank - 1)]
+    if op == "Gemm":
+        if axis != 1:
+            return f"{node_label(node)} is normalized along its rows, not its output columns"
+        reqs = [Requirement(1, 0 if _int_attr(node, "transB", 0) else 1)]
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            c_shape = shapes.shape(node.inputs[2])
+            if c_shape is None:
+                return f"the shape of the bias of {node_label(node)} is unknown"
+            reqs.append(Requirement(2, _aligned(2, c_shape, shapes.shape(node.outputs[0]), 1)))
+        return reqs
+    if op == "Conv":
+        if _int_attr(node, "group", 1) != 1:
+            return (
+                f"{node_label(node)} is a grouped Conv (group={_int_attr(node, 'group', 1)}): "
+                "its output channels cannot be centered by editing weights"
+            )
+        if axis != 1:
+            return f"{node_label(node)} is normalized along an axis other than its channels"
+        reqs = [Requirement(1, 0)]
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            reqs.append(Requirement(2, 0))
+        return reqs
+    if op == "Gather":
+        mapped = _gather_axis(node, shapes, axis, forward=False)
+        return mapped if isinstance(mapped, str) else [Requirement(0, mapped)]
+    if op == "Concat":
+        mapped = _layout_axis(node, shapes, axis, forward=False)
+        if isinstance(mapped, str):
+            return mapped
+        return [Requirement(i, mapped) for i in range(len(node.inputs))]
+    if op in _LAYOUT:
+        mapped = _layout_axis(node, shapes, axis, forward=False)
+        if isinstance(mapped, str):
+            return mapped
+        if op == "Expand" and shapes.shape(node.inputs[0])[mapped] == 1:  # type: ignore[index]
+            return [Requirement(0, None)]
+        return [Requirement(0, mapped)]
+    return f"{node_label(node)} does not carry a zero mean"
+
+
+def absorbs(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> dict[int, int] | str | None:
+    """Whether `node` removes a shift along `axis` arriving at `input_index`.
+
+    Returns None when the node is not a normalization at all, a reason when it is one that cannot
+    absorb this shift, and otherwise the outputs that still carry the shift (SkipLayerNorm's sum).
+    """
+    if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx"):
+        if input_index != 0:
+            return f"it is the scale or bias of {node_label(node)}"
+        rank = shapes.rank(node.inputs[0])
+        if rank is None:
+            return f"the rank of the input of {node_label(node)} is unknown"
+        first = _norm(_int_attr(node, "axis", -1), rank)
+        if first != axis or axis != rank - 1:
+            return f"{node_label(node)} normalizes over other axes than the shifted one"
+        if any(out is not None and (out.uses() or out.is_graph_output()) for out in node.outputs[1:]):
+            return f"{node_label(node)} exposes its Mean/InvStdDev outputs"
+        return {}
+    if node.op_type == "SkipLayerNormalization" and node.domain == "com.microsoft":
+        if input_index not in (0, 1, 4):
+            return f"it is the gamma or beta of {node_label(node)}"
+        rank = shapes.rank(node.inputs[input_index])
+        if rank is None or axis != rank - 1:
+            return f"{node_label(node)} normalizes over the last axis, not the shifted one"
+        outs = node.outputs
+        if any(i < len(outs) and outs[i] is not None and (outs[i].uses() or outs[i].is_graph_output()) for i in (1, 2)):
+            return f"{node_label(node)} exposes its Mean/InvStdDev outputs"
+        if len(outs) > 3 and outs[3] is not None:
+            return {3: shapes.rank(outs[3]) - 1} if shapes.rank(outs[3]) else {3: axis}
+        return {}
+    return None
+
+
+def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> dict[int, int] | str:
+    """Where a shift constant along `axis` at input `input_index` goes: {output index: axis}."""
+    op = node.op_type
+    why = f"it feeds {node_label(node)}"
+    if node.domain not in ("", "ai.onnx"):
+        return f"{why}, which does not pass a mean shift through"
+    if op in _UNARY:
+        reason = _unary_check(node)
+        return f"{why}: {reason}" if reason else {0: axis}
+    if op in _ELEMENTWISE:
+        out_rank = _out_rank(node, shapes)
+        in_rank = shapes.rank(node.inputs[input_index])
+        if out_rank is None or in_rank is None:
+            return f"{why}, whose shapes are unknown"
+        out_axis = axis + out_rank - in_rank
+        if op in ("Add", "Sub", "Sum"):
+            return {0: out_axis}
+        if op == "Div" and input_index == 1:
+            return f"{why} as the divisor"
+        other = node.inputs[1 - input_index]
+        if not _constant_along(shapes, other, out_rank, out_axis):
+            return f"{why}, which multiplies it by a tensor that varies along the axis"
+        return {0: out_axis}
+    if op == "MatMul":
+        b_rank = shapes.rank(node.inputs[1])
+        out_rank = _out_rank(node, shapes)
+        if input_index == 1 and b_rank is not None and b_rank >= 2 and axis == b_rank - 1 and out_rank:
+            return {0: out_rank - 1}
+        return f"{why}, which mixes the shift into every output"
+    if op == "Gemm":
+        if input_index == 1 and axis == (0 if _int_attr(node, "transB", 0) else 1):
+            return {0: 1}
+        if input_index == 2:
+            c_rank = shapes.rank(node.inputs[2])
+            if c_rank is not None and axis + 2 - c_rank == 1:
+                return {0: 1}
+        return f"{why}, which mixes the shift into every output"
+    if op == "Conv":
+        if _int_attr(node, "group", 1) == 1 and input_index in (1, 2) and axis == 0:
+            return {0: 1}
+        return f"{why}, which mixes the shift into every output"
+    if op == "Gather":
+        if input_index != 0:
+            return f"{why} as indices"
+        mapped = _gather_axis(node, shapes, axis, forward=True)
+        return f"{why}: {mapped}" if isinstance(mapped, str) else {0: mapped}
+    if op in _LAYOUT:
+        if input_index != 0 and op != "Concat":
+            return f"{why} as a shape or axes input"
+        if op == "Concat":
+            src_rank = shapes.rank(node.inputs[input_index])
+            along = _int_attr(node, "axis", 0)
+            if src_rank is None:
+                return f"{why}, whose shapes are unknown"
+            if _norm(along, src_rank) == axis:
+                return f"{why}, which joins along the shifted axis"
+            return {0: axis}
+        mapped = _layout_axis(node, shapes, axis, forward=True)
+        if isinstance(mapped, str):
+            return f"{why}: {mapped}"
+        if op == "Split":
+            return {i: mapped for i in range(len(node.outputs))}
+        return {0: mapped}
+    return f"{why}, which does not pass a mean shift through"

@@ -1,0 +1,32 @@
+"""`LnFoldPass`: the fold as an onnx-ir pass, to compose with other passes in a PassManager."""
+
+from __future__ import annotations
+
+import logging
+
+import onnx_ir as ir
+
+from onnx_lnfold._analyze import analyze
+from onnx_lnfold._apply import apply_plan
+from onnx_lnfold._plan import CenteringPlan
+
+logger = logging.getLogger(__name__)
+
+
+class LnFoldPass(ir.passes.InPlacePass):
+    """Replace every exactly-foldable LayerNormalization with SimplifiedLayerNormalization.
+
+    In place, no verification (run `onnx_lnfold.fold` for that). The plan of the last call is kept
+    on `self.plan` so a pipeline can report why LNs were kept.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plan: CenteringPlan | None = None
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.plan = analyze(model)
+        apply_plan(model, self.plan)
+        for decision in self.plan.kept:
+            logger.info("kept %s: %s", decision.node, decision.reason)
+        return ir.passes.PassResult(model, modified=bool(self.plan.folded))

@@ -1,0 +1,113 @@
+"""The plan: what the analysis decided, as plain data.
+
+`--dry-run` prints it, the report serializes it, tests assert on it. The private `_node`/`_value`
+fields bind the plan to the IR objects of the model it was computed on; `apply_plan` uses them
+and nothing else reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import onnx_ir as ir
+
+FOLDED: Literal["folded"] = "folded"
+KEPT: Literal["kept"] = "kept"
+
+
+@dataclass
+class CenteringEdit:
+    """One constant to center, and which of its uses read the centered version."""
+
+    tensor: str  # name of the initializer (or Constant output) as it is in the input model
+    axis: int | None  # axis the mean is removed along; None: the tensor becomes exactly zero
+    role: str  # e.g. "MatMul weight", "Gather table", "Add operand"
+    uses: tuple[str, ...]  # "node_name:input_index" that will read the centered version
+    untie: bool  # other uses keep the original, so the centered one is a copy
+    new_name: str | None  # name of the centered copy when untied
+    copy_bytes: int  # bytes the copy adds to the model (0 when edited in place)
+    required_by: tuple[str, ...]  # the LN nodes this edit serves
+    _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tensor": self.tensor,
+            "axis": self.axis,
+            "role": self.role,
+            "uses": list(self.uses),
+            "untie": self.untie,
+            "new_name": self.new_name,
+            "copy_bytes": self.copy_bytes,
+            "required_by": list(self.required_by),
+        }
+
+
+@dataclass
+class LnDecision:
+    """What happens to one LayerNorm node, and why."""
+
+    node: str
+    op_type: str
+    status: Literal["folded", "kept"]
+    reason: str  # for kept: what blocked it; for folded: what it became
+    axis: int | None
+    epsilon: float
+    rewrite: str | None = None  # op emitted for a folded LN
+    beta: Literal["none", "add", "consumers"] | None = None  # where a folded LN's beta went
+    blocking_tensor: str | None = None  # the tensor named in the reason, when there is one
+    _node: ir.Node = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def folded(self) -> bool:
+        return self.status == FOLDED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "op_type": self.op_type,
+            "status": self.status,
+            "reason": self.reason,
+            "axis": self.axis,
+            "epsilon": self.epsilon,
+            "rewrite": self.rewrite,
+            "beta": self.beta,
+            "blocking_tensor": self.blocking_tensor,
+        }
+
+
+@dataclass
+class CenteringPlan:
+    """Every LN's decision and every constant edit needed to carry out the folded ones."""
+
+    decisions: list[LnDecision]
+    edits: list[CenteringEdit]
+
+    @property
+    def folded(self) -> list[LnDecision]:
+        return [d for d in self.decisions if d.folded]
+
+    @property
+    def kept(self) -> list[LnDecision]:
+        return [d for d in self.decisions if not d.folded]
+
+    @property
+    def untied_bytes(self) -> int:
+        return sum(e.copy_bytes for e in self.edits)
+
+    def decision(self, node: str) -> LnDecision:
+        for d in self.decisions:
+            if d.node == node:
+                return d
+        raise KeyError(node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layer_norms": len(self.decisions),
+            "folded": len(self.folded),
+            "kept": len(self.kept),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "edits": [e.to_dict() for e in self.edits],
+            "untied_bytes": self.untied_bytes,
+        }

@@ -1,0 +1,154 @@
+"""Static shapes for the analysis: what the model declares, completed by ONNX shape inference.
+
+The analysis follows one axis through Reshape, Transpose, broadcasting and friends, so it needs
+ranks and, for reshapes, the dims around that axis. Exporters usually write `value_info`; where
+they do not, ONNX shape inference fills the gap. Inference runs on a light copy of the graph (large
+initializers become typed graph inputs) and its results are kept here, never written into the
+model: adding `value_info` changes ONNX Runtime's fusions and memory planning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Union
+
+import onnx
+import onnx_ir as ir
+
+logger = logging.getLogger(__name__)
+
+# A dim is an int, a symbol name, or None when nothing is known about it.
+Dim = Union[int, str, None]
+Shape = tuple[Dim, ...]
+
+# Initializers above this many elements are declared as typed inputs for inference: their values
+# never matter to shapes, and copying them would cost memory on multi-GB models.
+_INLINE_LIMIT = 4096
+
+
+def _dims(shape: ir.Shape | None) -> Shape | None:
+    if shape is None:
+        return None
+    out: list[Dim] = []
+    for d in shape:
+        if isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, ir.SymbolicDim) and d.value is not None:
+            out.append(d.value)
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _proto_dims(type_proto: onnx.TypeProto) -> Shape | None:
+    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
+        return None
+    out: list[Dim] = []
+    for d in type_proto.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            out.append(d.dim_value)
+        elif d.HasField("dim_param") and d.dim_param:
+            out.append(d.dim_param)
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _infer(model: ir.Model) -> dict[str, Shape]:
+    """Run ONNX shape inference on a light copy; return shapes by value name."""
+    try:
+        proto = ir.serde.serialize_model(model)
+    except Exception as e:  # a model the IR cannot write back cannot be inferred either
+        logger.debug("shape inference skipped: %s", e)
+        return {}
+    graph = proto.graph
+    kept = []
+    input_names = {i.name for i in graph.input}
+    for init in graph.initializer:
+        n_elems = 1
+        for d in init.dims:
+            n_elems *= d
+        if n_elems <= _INLINE_LIMIT and init.data_location != onnx.TensorProto.EXTERNAL:
+            kept.append(init)
+            continue
+        if init.name not in input_names:
+            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception as e:  # custom ops or malformed graphs: fall back to declared shapes
+        logger.debug("shape inference failed: %s", e)
+        return {}
+    shapes: dict[str, Shape] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
+        dims = _proto_dims(vi.type)
+        if dims is not None:
+            shapes[vi.name] = dims
+    return shapes
+
+
+class ShapeTable:
+    """Shapes of the values of one graph, as declared or inferred (never written back)."""
+
+    def __init__(self, model: ir.Model):
+        self._inferred: dict[str, Shape] | None = None
+        self._model = model
+
+    def shape(self, value: ir.Value | None) -> Shape | None:
+        if value is None:
+            return None
+        if value.const_value is not None:
+            return tuple(value.const_value.shape.dims)
+        declared = _dims(value.shape)
+        if declared is not None and all(d is not None for d in declared):
+            return declared
+        if self._inferred is None:
+            self._inferred = _infer(self._model)
+        inferred = self._inferred.get(value.name or "")
+        if declared is None:
+            return inferred
+        if inferred is None or len(inferred) != len(declared):
+            return declared
+        return tuple(d if d is not None else i for d, i in zip(declared, inferred))
+
+    def rank(self, value: ir.Value | None) -> int | None:
+        shape = self.shape(value)
+        return None if shape is None else len(shape)
+
+
+def dims_equal(a: Dim, b: Dim) -> bool:
+    return a is not None and b is not None and a == b
+
+
+def product(dims: Shape) -> tuple[int, Counter] | None:
+    """A product of dims that compares symbolically: (int factor, multiset of symbols)."""
+    factor, symbols = 1, Counter()
+    for d in dims:
+        if d is None:
+            return None
+        if isinstance(d, int):
+            factor *= d
+        else:
+            symbols[d] += 1
+    return factor, symbols
+
+
+def match_reshaped_axis(src: Shape, axis: int, dst: Shape) -> int | None:
+    """The axis of `dst` that holds `src[axis]` unchanged through a row-major reshape.
+
+    Row-major reshape keeps an axis whole iff the destination has a dim of the same size whose
+    trailing product equals the source's trailing product: then every element keeps its index
+    along that axis. The match is unique for dims other than 1.
+    """
+    d = src[axis]
+    if d is None or d == 1:
+        return None
+    suffix = product(src[axis + 1 :])
+    if suffix is None:
+        return None
+    for j, e in enumerate(dst):
+        if dims_equal(d, e) and product(dst[j + 1 :]) == suffix:
+            return j
+    return None
