@@ -264,7 +264,7 @@ def _edits(
         untie = per_value[value] > 1 or set(uses) != all_uses or value.is_graph_output()
         tensor = constant_of(value)
         assert tensor is not None
-        nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64)) * tensor.dtype.itemsize
+        nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64) * tensor.dtype.itemsize)
         suffix = ".centered" if axis is not None else ".zeroed"
         edits.append(
             CenteringEdit(
