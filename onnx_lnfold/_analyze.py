@@ -174,6 +174,7 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable) -> list[_Violation]:
     touched: dict[ir.Node, dict[int, int]] = {}  # node -> {changed input index: mask}
     violations: dict[tuple[str, str], _Violation] = {}
     queue: deque[ir.Value] = deque()
+    broken: set[ir.Node] = set()  # nodes that already refused a shift (one reason per node is enough)
 
     def violate(reason: str, tensor: str, mask: int) -> None:
         v = violations.setdefault((tensor, reason), _Violation(reason, tensor, 0))
@@ -209,13 +210,14 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable) -> list[_Violation]:
                 moved = _carry.forward(node, index, axis, shapes)
             if isinstance(moved, str):
                 violate(f"tensor '{value.name}' would change, and {moved}", value.name, mask)
+                broken.add(node)
                 continue
             for k, out_axis in moved.items():
                 if k < len(node.outputs) and node.outputs[k] is not None:
                     mark(node.outputs[k], out_axis, mask)
 
     for node, uses in touched.items():
-        if len(uses) > 1 and node.op_type not in _carry.JOINTLY_LINEAR:
+        if len(uses) > 1 and node.op_type not in _carry.JOINTLY_LINEAR and node not in broken:
             mask = 0
             for m in uses.values():
                 mask |= m

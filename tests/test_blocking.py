@@ -1,0 +1,156 @@
+"""The side-effect rule and the other reasons an LN stays LayerNormalization (FOLDING.md section 3)."""
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from graphs import Graph, fold_checked
+
+
+def test_stream_tensor_that_is_a_graph_output_blocks_every_ln_that_needs_it():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h0 = g.linear(x, 8, 16, "embed")
+    n1 = g.ln(h0, 16, "ln1")
+    h1 = g.node("Add", [h0, g.linear(n1, 16, 16, "mlp")], name="residual")
+    g.output(g.ln(h1, 16, "ln2"))
+    g.output(h0)  # like output_hidden_states
+    result = fold_checked(g.model(), folded=0, kept=2)
+    for d in result.plan.kept:
+        assert d.reason == "tensor 'embed/bias_out' would change, and it is a graph output"
+        assert d.blocking_tensor == "embed/bias_out"
+
+
+def test_tied_embedding_is_untied_and_the_lm_head_keeps_the_original():
+    g = Graph()
+    ids = g.input("ids", ["b", "s"], elem_type=onnx.TensorProto.INT64)
+    table = g.const("wte", (40, 16))
+    h = g.node("Gather", [table, ids])
+    h = g.node("Add", [h, g.linear(g.ln(h, 16, "ln1"), 16, 16, "mlp")])
+    n = g.ln(h, 16, "ln_f")
+    g.output(g.node("MatMul", [n, g.node("Transpose", [table], perm=[1, 0])], name="lm_head"))
+    result = fold_checked(g.model(), folded=2)
+    (edit,) = [e for e in result.plan.edits if e.tensor == "wte"]
+    assert edit.untie and edit.new_name == "wte.centered"
+    assert edit.copy_bytes == 40 * 16 * 4 == result.plan.untied_bytes
+    inits = result.model.graph.initializers
+    assert not np.allclose(inits["wte"].const_value.numpy().mean(axis=1), 0)
+    np.testing.assert_allclose(inits["wte.centered"].const_value.numpy().mean(axis=1), 0, atol=1e-6)
+
+
+def test_weight_listed_as_graph_input_is_not_a_constant():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h = g.linear(x, 8, 16, "proj", bias=False)
+    g.output(g.ln(h, 16, "ln"))
+    model = g.model()
+    model.graph.input.append(helper.make_tensor_value_info("proj.weight", onnx.TensorProto.FLOAT, [8, 16]))
+    result = fold_checked(model, folded=0, kept=1)
+    reason = result.plan.kept[0].reason
+    assert reason.startswith("weight 'proj.weight' of MatMul 'proj/matmul' is a graph input")
+    assert "overridden at run time" in reason
+
+
+def test_stream_from_a_graph_input_is_kept():
+    g = Graph()
+    x = g.input("x", ["b", "s", 16])
+    g.output(g.ln(g.node("Add", [x, g.const("c", (16,))]), 16, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert result.plan.kept[0].reason == "tensor 'x' is a graph input: its mean depends on the data"
+
+
+def test_nonlinearity_breaks_the_chain():
+    g = Graph()
+    h = g.node("Relu", [g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")])
+    g.output(g.ln(h, 16, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert "Relu 'relu_3' does not carry a zero mean" in result.plan.kept[0].reason
+
+
+def test_post_ln_stream_feeding_a_matmul_blocks_the_edit():
+    """OPT-350m / BERT shape: the centered tensor also feeds attention projections."""
+    g = Graph()
+    h0 = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "embed")
+    q = g.linear(h0, 16, 16, "q")
+    g.output(g.ln(g.node("Add", [h0, q]), 16, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert result.plan.kept[0].reason == (
+        "tensor 'embed/bias_out' would change, and it feeds MatMul 'q/matmul', which mixes the shift into every output"
+    )
+
+
+def test_ln_with_used_mean_output_is_kept():
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    y, mean = g.ln(h, 16, "ln", n_out=2)
+    g.output(y)
+    g.output(mean)
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert result.plan.kept[0].reason == "its Mean output 'ln_out1' is used, and RMSNorm has no such output"
+
+
+def test_downstream_ln_exposing_its_mean_does_not_absorb_the_shift():
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    g.output(g.ln(h, 16, "ln1"))
+    y, mean = g.ln(h, 16, "ln2", n_out=2)
+    g.output(y)
+    g.output(mean)
+    result = fold_checked(g.model(), folded=0, kept=2)
+    assert "exposes its Mean/InvStdDev outputs" in result.plan.decision("ln1").reason
+
+
+def test_simplified_layer_norm_consumer_does_not_absorb_the_shift():
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    g.output(g.ln(h, 16, "ln"))
+    g.output(g.node("SimplifiedLayerNormalization", [h, g.const("s", (16,))], axis=-1, epsilon=1e-5, name="rms"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert "SimplifiedLayerNormalization 'rms'" in result.plan.kept[0].reason
+
+
+def test_blocked_ln_does_not_block_an_independent_one():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    a = g.linear(x, 8, 16, "a")
+    g.output(g.ln(a, 16, "ln_a"))
+    g.output(a)
+    g.output(g.ln(g.linear(x, 8, 16, "b"), 16, "ln_b"))
+    result = fold_checked(g.model(), folded=1, kept=1)
+    assert result.plan.decision("ln_b").folded
+    assert "graph output" in result.plan.decision("ln_a").reason
+
+
+def test_constant_shared_with_an_unrelated_layer_is_untied():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    w = g.const("shared_w", (8, 16))
+    g.output(g.ln(g.node("MatMul", [x, w], name="folded_path"), 16, "ln"))
+    g.output(g.node("Relu", [g.node("MatMul", [x, w], name="other_path")]))
+    result = fold_checked(g.model(), folded=1)
+    (edit,) = result.plan.edits
+    assert edit.untie and edit.uses == ("folded_path:1",)
+
+
+def test_final_ln_exposing_its_mean_blocks_the_whole_pre_ln_stream():
+    g = Graph()
+    h0 = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "embed")
+    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")])
+    y, mean = g.ln(h1, 16, "ln_f", n_out=2)
+    g.output(y)
+    g.output(mean)
+    result = fold_checked(g.model(), folded=0, kept=2)
+    assert "Mean output" in result.plan.decision("ln_f").reason
+    assert "exposes its Mean/InvStdDev" in result.plan.decision("ln1").reason
+
+
+def test_a_kept_layer_norm_still_absorbs_the_shift_of_a_folded_one():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    emb = g.linear(x, 8, 16, "embed")
+    g.output(g.ln(emb, 16, "ln_e"))
+    h = g.node("Add", [emb, g.node("Relu", [g.linear(x, 8, 16, "side")], name="act")])
+    g.output(g.ln(h, 16, "ln_x"))
+    result = fold_checked(g.model(), folded=1, kept=1)
+    assert result.plan.decision("ln_e").folded
+    assert "Relu 'act' does not carry a zero mean" in result.plan.decision("ln_x").reason
