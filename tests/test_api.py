@@ -1,0 +1,149 @@
+"""The Python API: fold() on every kind of input, the onnx-ir pass, beta placement, dtypes, idempotence."""
+
+import sys
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+import pytest
+
+import onnx_lnfold
+from conftest import MODELS
+from graphs import Graph, assert_equivalent, fold_checked, ops
+
+
+def _pre_ln(dtype=np.float32, seed=0, act="Gelu") -> onnx.ModelProto:
+    g = Graph(seed=seed, dtype=dtype)
+    ids = g.input("ids", ["b", "s"], elem_type=onnx.TensorProto.INT64)
+    h0 = g.node("Gather", [g.const("wte", (30, 16)), ids], name="embed")
+    h1 = g.node("Add", [h0, g.linear(g.node(act, [g.linear(g.ln(h0, 16, "ln1"), 16, 32, "fc")]), 32, 16, "proj")])
+    g.output(g.ln(h1, 16, "ln_f"))
+    return g.model(opset=20)
+
+
+def test_fold_accepts_a_path_a_proto_and_an_ir_model(tmp_path):
+    proto = _pre_ln()
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    for source in (path, str(path), proto, ir.serde.deserialize_model(proto)):
+        result = onnx_lnfold.fold(source)
+        assert len(result.plan.folded) == 2
+        assert result.report.verification.status == "passed"
+
+
+def test_callers_objects_are_never_mutated():
+    proto = _pre_ln()
+    before = proto.SerializeToString()
+    onnx_lnfold.fold(proto)
+    assert proto.SerializeToString() == before
+    model = ir.serde.deserialize_model(proto)
+    onnx_lnfold.fold(model)
+    assert sum(n.op_type == "LayerNormalization" for n in model.graph) == 2
+    assert not np.allclose(model.graph.initializers["wte"].const_value.numpy().mean(axis=1), 0)
+
+
+def test_pass_composes_in_a_pass_manager():
+    model = ir.serde.deserialize_model(_pre_ln())
+    fold_pass = onnx_lnfold.LnFoldPass()
+    manager = ir.passes.PassManager([fold_pass, common_passes.RemoveUnusedNodesPass()])
+    result = manager(model)
+    assert result.modified
+    assert len(fold_pass.plan.folded) == 2
+    assert assert_equivalent(_pre_ln(), ir.to_proto(result.model)) < 1e-5
+    # A second run has nothing left to do.
+    assert not onnx_lnfold.LnFoldPass()(result.model).modified
+
+
+def test_folding_twice_changes_nothing_the_second_time():
+    first = onnx_lnfold.fold(MODELS / "gpt2.onnx").model_proto
+    second = onnx_lnfold.fold(first)
+    assert not second.plan.folded and not second.plan.edits
+    assert second.model_proto.SerializeToString() == first.SerializeToString()
+
+
+def test_same_input_gives_byte_identical_output():
+    a = onnx_lnfold.fold(MODELS / "vit.onnx", verify=False).model_proto.SerializeToString()
+    b = onnx_lnfold.fold(MODELS / "vit.onnx", verify=False).model_proto.SerializeToString()
+    assert a == b
+
+
+def test_beta_folds_into_linear_consumers_or_stays_an_add():
+    result = fold_checked(_pre_ln(), folded=2)
+    assert result.plan.decision("ln1").beta == "consumers"  # ln1 feeds only fc (MatMul + bias Add)
+    assert result.plan.decision("ln_f").beta == "add"  # ln_f is a graph output
+    assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"] + 1
+
+
+def test_beta_folds_into_gemm_bias_even_when_absent():
+    g = Graph()
+    x = g.input("x", [4, 8])
+    h = g.node("Gemm", [x, g.const("w", (8, 16)), g.const("c", (16,))])
+    n = g.ln(h, 16, "ln")
+    g.output(g.node("Gemm", [n, g.const("w2", (6, 16))], transB=1, alpha=0.5, name="head"))
+    result = fold_checked(g.model(), folded=1)
+    assert result.plan.decision("ln").beta == "consumers"
+    head = next(n for n in result.model.graph if n.name == "head")
+    assert len(head.inputs) == 3 and head.inputs[2].const_value is not None
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float16, 1e-2), (np.float64, 1e-4)])
+def test_other_float_dtypes(dtype, rtol):
+    # ORT has no float64 Gelu (Erf) kernel on CPU.
+    result = fold_checked(_pre_ln(dtype=dtype, act="Relu"), folded=2, rtol=rtol)
+    assert result.report.verification.rtol == rtol
+    assert result.model.graph.initializers["wte"].const_value.dtype == ir.DataType.from_numpy(np.dtype(dtype))
+
+
+def test_fold_without_onnxruntime_reports_verification_skipped(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    result = onnx_lnfold.fold(_pre_ln())
+    assert len(result.plan.folded) == 2
+    assert result.report.verification.status == "skipped"
+    assert "onnxruntime is not installed" in result.report.verification.reason
+
+
+def test_verification_failure_raises_instead_of_returning_a_model():
+    with pytest.raises(onnx_lnfold.VerificationFailed) as info:
+        onnx_lnfold.fold(_pre_ln(), rtol=1e-12)
+    assert info.value.report.verification.status == "failed"
+    assert "> rtol 1e-12" in str(info.value)
+
+
+def test_node_order_and_value_info_are_kept():
+    original = onnx.load(MODELS / "gpt2.onnx")
+    folded = onnx_lnfold.fold(original).model_proto
+    new_ops = {"SimplifiedLayerNormalization"}
+    before = [n.name for n in original.graph.node if n.op_type != "LayerNormalization"]
+    after_nodes = [n for n in folded.graph.node if n.op_type not in new_ops]
+    after = [n.name for n in after_nodes if not n.name.endswith("/beta")]
+    assert after == before
+    info_before = {v.name for v in original.graph.value_info}
+    info_after = {v.name: v for v in folded.graph.value_info}
+    assert info_before <= set(info_after)
+    for node in folded.graph.node:
+        for out in node.output:
+            if node.op_type in new_ops or node.name.endswith("/beta"):
+                assert out in info_after and info_after[out].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+                assert len(info_after[out].type.tensor_type.shape.dim) == 3
+
+
+def test_emitted_op_attributes():
+    folded = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False).model_proto
+    rms = [n for n in folded.graph.node if n.op_type == "SimplifiedLayerNormalization"]
+    assert len(rms) == 5
+    for node in rms:
+        assert node.domain == ""
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["axis"] == 2 and attrs["stash_type"] == 1
+        assert attrs["epsilon"] == pytest.approx(1e-5)
+
+
+def test_report_serializes_everything_a_pipeline_needs():
+    report = onnx_lnfold.fold(MODELS / "bert.onnx").report.to_dict()
+    assert report["folded"] == 1 and report["kept"] == 4
+    first = report["decisions"][0]
+    assert set(first) >= {"node", "op_type", "status", "reason"}
+    assert report["ops_before"]["LayerNormalization"] == 5 and report["ops_after"]["LayerNormalization"] == 4
+    assert report["verification"]["status"] == "passed" and report["verification"]["max_rel_diff"] < 1e-5
+    assert report["untied_bytes"] == 0 and len(report["edits"]) == 3
