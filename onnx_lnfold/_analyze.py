@@ -1,13 +1,18 @@
-"""The analysis: which LayerNorms can become RMSNorm, and which constants to center. Mutates nothing.
+"""The analysis: which LayerNorms can become RMSNorm, and what to center. Mutates nothing.
 
-Two passes, following FOLDING.md sections 2 and 3:
+Following FOLDING.md sections 2 and 3:
 
 1. **Trace** (backward, per LN): prove the LN input zero-mean along its axis by walking up through
-   carry ops to constant leaves (`_Leaf`: one *use* of a constant, centered along one axis).
+   carry ops to leaves (`_Leaf`): one *use* of a constant, centered along one axis, or, for
+   auxiliary centering, one use of a tensor no weight edit can center (an LN or GELU output),
+   which then reads `x - ReduceMean(x)` instead.
 2. **Side effects** (forward, global): every tensor that the union of all leaves changes must reach
    only mean-invariant consumers (an LN over that axis) through carry ops, and never be a graph
    output. A violation blocks every LN whose leaves reach it; the check repeats on what remains.
-   LNs that stay LayerNormalization still absorb shifts, so blocking one never invalidates another.
+   LNs that stay LayerNorm still absorb shifts, so blocking one never invalidates another.
+3. **Cost** of auxiliary centering: one ReduceMean + Sub per root, while each folded LN saves one
+   mean reduction. A root is kept only when it unlocks at least `AUX_MIN_UNLOCKED` LNs; roots
+   that do not pay are denied and the analysis reruns without them.
 
 The result is a `CenteringPlan`; `apply_plan` carries it out.
 """
@@ -23,14 +28,16 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._carry import node_label
-from onnx_lnfold._plan import FOLDED, KEPT, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._names import display_names, fresh_name, taken_names
+from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import LnCandidate, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
+from onnx_lnfold._targets import check_target, choose_rewrite, constant_of
 
 logger = logging.getLogger(__name__)
 
-RMS_OP = "SimplifiedLayerNormalization"
+# An explicit centering costs about one mean reduction; each LN it unlocks saves one.
+AUX_MIN_UNLOCKED = 2
 
 _NORMALIZATIONS = {
     "LayerNormalization",
@@ -42,44 +49,61 @@ _NORMALIZATIONS = {
 }
 
 
+_SKIP_NORMALIZATIONS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+
+
+def _skip_sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[_carry.Requirement] | None:
+    """What must be zero-mean for a Skip*Normalization's sum (output 3) to be: all its addends."""
+    bias_index = 4 if node.op_type == "SkipLayerNormalization" else 3
+    skip_rank = shapes.rank(node.inputs[1])
+    if skip_rank is None:
+        return None
+    terms = [_carry.Requirement(0, axis), _carry.Requirement(1, skip_rank - 1)]
+    if len(node.inputs) > bias_index and node.inputs[bias_index] is not None:
+        terms.append(_carry.Requirement(bias_index, 0))
+    return terms
+
+
 @dataclass(frozen=True)
 class _Leaf:
-    """One use of a constant that must be centered, and the tensors that change because of it."""
+    """One use to center, and the tensors that change because of it.
+
+    `aux=False`: `value` is a constant, edited (or an edited copy) along `axis`.
+    `aux=True`: `value` is a computed tensor; the use reads `value - ReduceMean(value, axis)`.
+    """
 
     value: ir.Value
     axis: int | None
     node: ir.Node
     index: int
     seeds: tuple[tuple[ir.Value, int], ...]  # (changed output of `node`, its shift axis)
+    aux: bool = False
 
 
 @dataclass(frozen=True)
 class _Blocked:
     reason: str
     tensor: str | None
-
-
-_Trace = "frozenset[_Leaf] | _Blocked"
-
-
-def constant_of(value: ir.Value) -> ir.TensorProtocol | None:
-    """The value's tensor if it is a true constant (an initializer that is not a graph input)."""
-    if value.is_graph_input():
-        return None
-    if value.const_value is not None and value.is_initializer():
-        return value.const_value
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
-        return ir.convenience.get_const_tensor(value)
-    return None
+    at: ir.Value | None = None  # the tensor where the chain broke (an auxiliary centering root)
 
 
 class _Tracer:
     """Backward zero-mean proofs, memoized per (tensor, axis). Iterative: streams are deep."""
 
-    def __init__(self, shapes: ShapeTable):
+    def __init__(self, shapes: ShapeTable, sinks: set[tuple[ir.Node, int]], aux_denied: set[ir.Value] | None):
         self.shapes = shapes
+        self.sinks = sinks
+        self.aux_denied = aux_denied  # None: auxiliary centering off
         self.memo: dict[tuple[ir.Value, int], frozenset[_Leaf] | _Blocked] = {}
+
+    def prove(self, node: ir.Node, reqs: tuple[_carry.Requirement, ...] | list[_carry.Requirement]):
+        """Leaves making every required input of `node` zero-mean, or why not."""
+        while True:
+            result = self._collect(node, reqs, None)
+            if not isinstance(result, list):
+                return result
+            for value, axis in result:
+                self.zero_mean(value, axis)
 
     def zero_mean(self, value: ir.Value, axis: int) -> frozenset[_Leaf] | _Blocked:
         stack = [(value, axis)]
@@ -103,24 +127,35 @@ class _Tracer:
                     f"weight '{value.name}' is a graph input: it can be overridden at run time, "
                     "so it is not a constant",
                     value.name,
+                    value,
                 )
-            return _Blocked(f"tensor '{value.name}' is a graph input: its mean depends on the data", value.name)
+            return _Blocked(f"tensor '{value.name}' is a graph input: its mean depends on the data", value.name, value)
         node = value.producer()
         if node is None:
             return _Blocked(f"tensor '{value.name}' is a constant on the stream itself", value.name)
+        if node.op_type in _SKIP_NORMALIZATIONS and node.domain == "com.microsoft" and value.index() == 3:
+            # Output 3 is the residual sum input + skip (+ bias): a carry, not a normalization.
+            terms = _skip_sum_terms(node, self.shapes, axis)
+            if terms is None:
+                return _Blocked(f"the rank of the skip input of {node_label(node)} is unknown", value.name, value)
+            return self._collect(node, terms, (value, axis))
         if node.op_type in _NORMALIZATIONS:
             return _Blocked(
                 f"tensor '{value.name}' is the output of {node_label(node)}, whose gamma*n+beta "
                 "has a data-dependent mean",
                 value.name,
+                value,
             )
         reqs = _carry.backward(node, value.index(), axis, self.shapes)
         if isinstance(reqs, str):
-            return _Blocked(f"tensor '{value.name}' comes from a node that breaks the chain: {reqs}", value.name)
+            return _Blocked(f"tensor '{value.name}' comes from a node that breaks the chain: {reqs}", value.name, value)
+        return self._collect(node, reqs, (value, axis))
+
+    def _collect(self, node: ir.Node, reqs, out: tuple[ir.Value, int] | None):
         leaves: set[_Leaf] = set()
         pending = []
         for req in reqs:
-            inp = node.inputs[req.index]
+            inp = node.inputs[req.index] if req.index < len(node.inputs) else None
             if inp is None:
                 continue
             if inp.is_graph_input() and inp.is_initializer():
@@ -130,7 +165,7 @@ class _Tracer:
                     inp.name,
                 )
             if constant_of(inp) is not None:
-                leaf = self._leaf(node, req, value, axis)
+                leaf = self._leaf(node, req, out)
                 if isinstance(leaf, _Blocked):
                     return leaf
                 leaves.add(leaf)
@@ -145,20 +180,36 @@ class _Tracer:
             if sub is None:
                 pending.append((inp, req.axis))
             elif isinstance(sub, _Blocked):
-                return sub
+                if sub.at is not inp or not self._aux_allowed(inp):
+                    return sub
+                leaf = self._leaf(node, req, out, aux=True)
+                if isinstance(leaf, _Blocked):
+                    return sub
+                leaves.add(leaf)
             else:
                 leaves |= sub
         return pending if pending else frozenset(leaves)
 
-    def _leaf(self, node: ir.Node, req: _carry.Requirement, out: ir.Value, out_axis: int):
-        if req.axis is None:
-            seeds = ((out, out_axis),)
+    def _aux_allowed(self, value: ir.Value) -> bool:
+        if self.aux_denied is None or value in self.aux_denied:
+            return False
+        return self.shapes.dtype(value) in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16)
+
+    def _leaf(self, node: ir.Node, req: _carry.Requirement, out: tuple[ir.Value, int] | None, aux: bool = False):
+        inp = node.inputs[req.index]
+        if (node, req.index) in self.sinks:
+            seeds: tuple[tuple[ir.Value, int], ...] = ()
+        elif req.axis is None:
+            assert out is not None
+            seeds = (out,)
         else:
-            moved = _carry.forward(node, req.index, req.axis, self.shapes)
+            moved = _carry.absorbs(node, req.index, req.axis, self.shapes)
+            if moved is None:
+                moved = _carry.forward(node, req.index, req.axis, self.shapes)
             if isinstance(moved, str):  # the two directions of _carry disagree: refuse, never guess
-                return _Blocked(f"internal: cannot follow the shift of '{node.inputs[req.index].name}': {moved}", None)
+                return _Blocked(f"internal: cannot follow the shift of '{inp.name}': {moved}", None)
             seeds = tuple((node.outputs[k], a) for k, a in sorted(moved.items()) if node.outputs[k] is not None)
-        return _Leaf(node.inputs[req.index], req.axis, node, req.index, seeds)
+        return _Leaf(inp, req.axis, node, req.index, seeds, aux)
 
 
 @dataclass
@@ -168,7 +219,7 @@ class _Violation:
     sources: int  # bitmask over leaves
 
 
-def _side_effects(leaves: list[_Leaf], shapes: ShapeTable) -> list[_Violation]:
+def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.Node, int]]) -> list[_Violation]:
     """Propagate every leaf's shift forward; report each place it is not absorbed."""
     changed: dict[ir.Value, list] = {}  # value -> [axis, source mask]
     touched: dict[ir.Node, dict[int, int]] = {}  # node -> {changed input index: mask}
@@ -205,6 +256,8 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable) -> list[_Violation]:
         for node, index in value.uses():
             uses = touched.setdefault(node, {})
             uses[index] = uses.get(index, 0) | mask
+            if (node, index) in sinks:
+                continue
             moved = _carry.absorbs(node, index, axis, shapes)
             if moved is None:
                 moved = _carry.forward(node, index, axis, shapes)
@@ -218,6 +271,8 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable) -> list[_Violation]:
 
     for node, uses in touched.items():
         if len(uses) > 1 and node.op_type not in _carry.JOINTLY_LINEAR and node not in broken:
+            if all((node, i) in sinks for i in uses):
+                continue
             mask = 0
             for m in uses.values():
                 mask |= m
@@ -237,6 +292,7 @@ _ROLES = {
     ("Conv", 1): "Conv weight",
     ("Conv", 2): "Conv bias",
     ("Gather", 0): "embedding table",
+    ("SkipLayerNormalization", 4): "SkipLayerNormalization bias",
 }
 
 
@@ -249,21 +305,39 @@ def _role(node: ir.Node, index: int) -> str:
     return f"{node.op_type} input {index}"
 
 
+def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
+    return sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
+
+
 def _edits(
     leaves: list[tuple[_Leaf, str]], names: dict[ir.Node, str], taken: set[str]
-) -> list[CenteringEdit]:
-    """Group leaves by (constant, axis); untie a group unless it covers every use of the constant."""
-    groups: dict[tuple[ir.Value, int | None], list[tuple[_Leaf, str]]] = {}
+) -> tuple[list[CenteringEdit], list[AuxCentering]]:
+    """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use."""
+    groups: dict[tuple[ir.Value, int | None, bool], list[tuple[_Leaf, str]]] = {}
     for leaf, ln in leaves:
-        groups.setdefault((leaf.value, leaf.axis), []).append((leaf, ln))
+        groups.setdefault((leaf.value, leaf.axis, leaf.aux), []).append((leaf, ln))
     per_value: dict[ir.Value, int] = {}
-    for value, _ in groups:
-        per_value[value] = per_value.get(value, 0) + 1
-    edits = []
-    for (value, axis), members in groups.items():
-        uses = sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
-        all_uses = set(value.uses())
-        untie = per_value[value] > 1 or set(uses) != all_uses or value.is_graph_output()
+    for value, _, aux in groups:
+        if not aux:
+            per_value[value] = per_value.get(value, 0) + 1
+    edits, centerings = [], []
+    for (value, axis, aux), members in groups.items():
+        uses = _sorted_uses(members, names)
+        required_by = tuple(sorted({ln for _, ln in members}))
+        if aux:
+            centerings.append(
+                AuxCentering(
+                    tensor=value.name or "",
+                    axis=axis,  # type: ignore[arg-type]
+                    uses=tuple(f"{names[n]}:{i}" for n, i in uses),
+                    new_name=fresh_name(f"{value.name}.centered", taken),
+                    required_by=required_by,
+                    _value=value,
+                    _uses=tuple(uses),
+                )
+            )
+            continue
+        untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()
         tensor = constant_of(value)
         assert tensor is not None
         nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64) * tensor.dtype.itemsize)
@@ -277,77 +351,40 @@ def _edits(
                 untie=untie,
                 new_name=fresh_name(f"{value.name}{suffix}", taken) if untie else None,
                 copy_bytes=nbytes if untie else 0,
-                required_by=tuple(sorted({ln for _, ln in members})),
+                required_by=required_by,
                 _value=value,
                 _uses=tuple(uses),
             )
         )
     edits.sort(key=lambda e: (e.tensor, -1 if e.axis is None else e.axis, e.uses))
-    return edits
+    centerings.sort(key=lambda c: (c.tensor, c.axis))
+    return edits, centerings
 
 
-def beta_placement(cand: LnCandidate) -> str:
-    """Where a folded LN's beta goes: 'none', into the 'consumers' biases, or an explicit 'add'.
-
-    Folding into consumers needs every consumer to be a linear layer with a constant weight whose
-    bias we can edit: MatMul followed only by an Add of a constant, or Gemm (transA=0).
-    """
-    if cand.bias is None:
-        return "none"
-    out = cand.node.outputs[0]
-    if constant_of(cand.bias) is None or out.is_graph_output() or not out.uses():
-        return "add"
-    for node, index in out.uses():
-        if index != 0 or constant_of(node.inputs[1]) is None:
-            return "add"
-        if node.op_type == "Gemm":
-            if node.attributes.get("transA") is not None and node.attributes["transA"].as_int():
-                return "add"
-            if len(node.inputs) > 2 and node.inputs[2] is not None and constant_of(node.inputs[2]) is None:
-                return "add"
-            continue
-        if node.op_type != "MatMul" or node.outputs[0].is_graph_output():
-            return "add"
-        b = constant_of(node.inputs[1])
-        if b is None or len(b.shape) != 2:
-            return "add"
-        after = node.outputs[0].uses()
-        if len(after) != 1:
-            return "add"
-        add, _ = after[0]
-        if add.op_type != "Add" or len(add.inputs) != 2:
-            return "add"
-        other = add.inputs[1] if add.inputs[0] is node.outputs[0] else add.inputs[0]
-        bias = constant_of(other) if other is not None else None
-        if bias is None or tuple(bias.shape.dims) not in ((b.shape[1],), (1, b.shape[1])):
-            return "add"
-    return "consumers"
-
-
-def analyze(model: ir.Model, shapes: ShapeTable | None = None) -> CenteringPlan:
-    """Decide, for every LayerNorm of `model`, whether it folds; mutate nothing."""
-    graph = model.graph
-    shapes = shapes or ShapeTable(model)
-    names = display_names(graph)
-    candidates = find_layer_norms(graph, shapes, names)
-    tracer = _Tracer(shapes)
-
+def _fold_set(
+    candidates: list[LnCandidate],
+    shapes: ShapeTable,
+    sinks: set[tuple[ir.Node, int]],
+    names: dict[ir.Node, str],
+    aux_denied: set[ir.Value] | None,
+) -> tuple[dict[LnCandidate, frozenset[_Leaf]], dict[LnCandidate, _Blocked]]:
+    """Trace every candidate, then drop those whose edits have side effects, until none do."""
+    tracer = _Tracer(shapes, sinks, aux_denied)
     blocked: dict[LnCandidate, _Blocked] = {}
     active: dict[LnCandidate, frozenset[_Leaf]] = {}
     for cand in candidates:
         if cand.form_problem:
             blocked[cand] = _Blocked(cand.form_problem, None)
             continue
-        traced = tracer.zero_mean(cand.x, cand.axis)  # type: ignore[arg-type]
+        traced = tracer.prove(cand.node, cand.terms)
         if isinstance(traced, _Blocked):
             blocked[cand] = traced
         else:
             active[cand] = traced
-
     while active:
-        leaves = sorted({leaf for ls in active.values() for leaf in ls}, key=lambda l: (names[l.node], l.index))
+        leaves = sorted({leaf for ls in active.values() for leaf in ls}, key=lambda l: (names[l.node], l.index, l.aux))
         index = {leaf: i for i, leaf in enumerate(leaves)}
-        violations = _side_effects(leaves, shapes)
+        violations = _side_effects(leaves, shapes, sinks)
         if not violations:
             break
         for cand, ls in list(active.items()):
@@ -360,25 +397,75 @@ def analyze(model: ir.Model, shapes: ShapeTable | None = None) -> CenteringPlan:
                 blocked[cand] = _Blocked(first.reason, first.tensor)
                 del active[cand]
                 logger.debug("%s blocked: %s", cand.name, first.reason)
+    return active, blocked
 
-    edits = _edits(
+
+def _with_auxiliary_centering(candidates, shapes, sinks, names):
+    """Fold with explicit centering roots allowed, denying the roots that unlock too few LNs."""
+    denied: set[ir.Value] = set()
+    while True:
+        active, blocked = _fold_set(candidates, shapes, sinks, names, denied)
+        unlocked: dict[ir.Value, set[LnCandidate]] = {}
+        for cand, leaves in active.items():
+            for leaf in leaves:
+                if leaf.aux:
+                    unlocked.setdefault(leaf.value, set()).add(cand)
+        poor = {root for root, cands in unlocked.items() if len(cands) < AUX_MIN_UNLOCKED}
+        if not poor:
+            return active, blocked
+        denied |= poor
+
+
+def analyze(
+    model: ir.Model,
+    shapes: ShapeTable | None = None,
+    *,
+    target: str = "ort",
+    auxiliary_centering: bool = True,
+) -> CenteringPlan:
+    """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing."""
+    check_target(model, target)
+    graph = model.graph
+    shapes = shapes or ShapeTable(model)
+    names = display_names(graph)
+    candidates = find_layer_norms(graph, shapes, names)
+    sinks = {use for cand in candidates for use in cand.sink_uses}
+
+    active, blocked = _fold_set(candidates, shapes, sinks, names, None)
+    if auxiliary_centering and blocked:
+        aux_active, aux_blocked = _with_auxiliary_centering(candidates, shapes, sinks, names)
+        # Explicit centering must only ever add folds; the first pass's reasons name the real
+        # obstacle for the LNs that stay.
+        if set(active) <= set(aux_active) and len(aux_active) > len(active):
+            active, blocked = aux_active, {cand: blocked[cand] for cand in aux_blocked}
+
+    edits, centerings = _edits(
         [(leaf, cand.name) for cand, ls in active.items() for leaf in ls], names, taken_names(graph)
     )
+    claimed: set[ir.Node] = set()
     decisions = []
     for cand in candidates:
         if cand in active:
             n = sum(1 for e in edits if cand.name in e.required_by)
+            aux = [c.tensor for c in centerings if cand.name in c.required_by]
+            reason = f"input is zero-mean once {n} constant(s) are centered"
+            if aux:
+                reason += f" and {', '.join(repr(t) for t in aux)} explicitly centered"
+            rewrite = choose_rewrite(cand, target, shapes, claimed)
             decisions.append(
                 LnDecision(
                     node=cand.name,
-                    op_type=cand.node.op_type,
+                    op_type=cand.kind,
                     status=FOLDED,
-                    reason=f"input is zero-mean once {n} constant(s) are centered",
+                    reason=reason,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
-                    rewrite=RMS_OP,
-                    beta=beta_placement(cand),  # type: ignore[arg-type]
-                    _node=cand.node,
+                    rewrite=rewrite.op,
+                    beta=rewrite.beta,  # type: ignore[arg-type]
+                    residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
+                    _cand=cand,
+                    _residual_add=rewrite.residual_add,
+                    _beta_consumers=rewrite.beta_consumers,
                 )
             )
         else:
@@ -386,13 +473,13 @@ def analyze(model: ir.Model, shapes: ShapeTable | None = None) -> CenteringPlan:
             decisions.append(
                 LnDecision(
                     node=cand.name,
-                    op_type=cand.node.op_type,
+                    op_type=cand.kind,
                     status=KEPT,
                     reason=why.reason,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
                     blocking_tensor=why.tensor,
-                    _node=cand.node,
+                    _cand=cand,
                 )
             )
-    return CenteringPlan(decisions=decisions, edits=edits)
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target)

@@ -1,7 +1,7 @@
 """Carry out a `CenteringPlan` on the model it was computed from: center, untie, rewrite.
 
 Centering is done in float64 and cast back to the tensor's dtype. New nodes take the place of the
-LN they replace (node order is kept: ONNX Runtime's memory planning follows it), the LN's output
+nodes they replace (node order is kept: ONNX Runtime's memory planning follows it), the LN's output
 name survives on the final tensor, and every new tensor gets its type and shape, because ONNX shape
 inference does not know `SimplifiedLayerNormalization`.
 """
@@ -13,9 +13,10 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._analyze import RMS_OP, constant_of
 from onnx_lnfold._names import fresh_name, taken_names
-from onnx_lnfold._plan import CenteringEdit, CenteringPlan, LnDecision
+from onnx_lnfold._plan import AuxCentering, CenteringEdit, CenteringPlan, LnDecision
+from onnx_lnfold._recognize import SKIP_LAYER_NORM
+from onnx_lnfold._targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, bias_slot, constant_of
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +31,16 @@ def _centered(tensor: ir.TensorProtocol, axis: int | None, name: str) -> ir.Tens
     return ir.Tensor(wide.astype(data.dtype), dtype=tensor.dtype, name=name)
 
 
-def _new_constant(graph: ir.Graph, like: ir.Value, tensor: ir.Tensor) -> ir.Value:
+def _new_constant(graph: ir.Graph, tensor: ir.Tensor) -> ir.Value:
     value = ir.Value(name=tensor.name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
     value.const_value = tensor
     graph.register_initializer(value)
     return value
+
+
+def _like(value: ir.Value, name: str) -> ir.Value:
+    """A new tensor with the type and shape of `value` (they become its value_info)."""
+    return ir.Value(name=name, shape=value.shape, type=value.type)
 
 
 def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
@@ -42,7 +48,7 @@ def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
     tensor = constant_of(value)
     assert tensor is not None, edit.tensor
     if edit.untie:
-        copy = _new_constant(graph, value, _centered(tensor, edit.axis, edit.new_name or ""))
+        copy = _new_constant(graph, _centered(tensor, edit.axis, edit.new_name or ""))
         for node, index in edit._uses:
             node.replace_input_with(index, copy)
         return
@@ -53,6 +59,33 @@ def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
             del producer.attributes[key]
         producer.attributes["value"] = ir.AttrTensor("value", centered)
     value.const_value = centered
+
+
+def _apply_centering(graph: ir.Graph, centering: AuxCentering, opset: int, taken: set[str]) -> None:
+    """Insert `c = x - ReduceMean(x, axis)` right after x is produced; the planned uses read c."""
+    x = centering._value
+    mean_shape = None
+    if x.shape is not None:
+        dims = list(x.shape)
+        dims[centering.axis] = 1
+        mean_shape = ir.Shape(dims)
+    mean = ir.Value(name=fresh_name(f"{x.name}.mean", taken), shape=mean_shape, type=x.type)
+    stem = fresh_name(f"{x.name}/center", taken)
+    if opset >= 18:
+        axes = _new_constant(graph, ir.Tensor(np.array([centering.axis], dtype=np.int64), name=fresh_name(f"{stem}/axes", taken)))
+        reduce = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean], name=f"{stem}/mean")
+    else:
+        attrs = [ir.AttrInt64s("axes", [centering.axis]), ir.AttrInt64("keepdims", 1)]
+        reduce = ir.Node("", "ReduceMean", [x], attrs, outputs=[mean], name=f"{stem}/mean")
+    centered = _like(x, centering.new_name)
+    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/sub")
+    producer = x.producer()
+    if producer is None:
+        graph.insert_before(next(iter(graph)), [reduce, sub])
+    else:
+        graph.insert_after(producer, [reduce, sub])
+    for node, index in centering._uses:
+        node.replace_input_with(index, centered)
 
 
 def _add_bias_delta(graph: ir.Graph, node: ir.Node, bias_index: int, delta: np.ndarray, taken: set[str]) -> None:
@@ -66,12 +99,12 @@ def _add_bias_delta(graph: ir.Graph, node: ir.Node, bias_index: int, delta: np.n
         old.const_value = ir.Tensor(summed, dtype=tensor.dtype, name=old.name)
         return
     name = fresh_name(f"{old.name}.with_beta", taken)
-    node.replace_input_with(bias_index, _new_constant(graph, old, ir.Tensor(summed, dtype=tensor.dtype, name=name)))
+    node.replace_input_with(bias_index, _new_constant(graph, ir.Tensor(summed, dtype=tensor.dtype, name=name)))
 
 
-def _fold_beta_into_consumers(graph: ir.Graph, out: ir.Value, beta: np.ndarray, taken: set[str]) -> None:
+def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: np.ndarray, taken: set[str]) -> None:
     """consumer(y + beta) == consumer(y) with bias += beta @ W, for every linear consumer."""
-    for node, _ in out.uses():
+    for node in consumers:
         weight = np.asarray(constant_of(node.inputs[1]).numpy()).astype(np.float64)  # type: ignore[union-attr]
         if node.op_type == "Gemm":
             attrs = node.attributes
@@ -86,66 +119,127 @@ def _fold_beta_into_consumers(graph: ir.Graph, out: ir.Value, beta: np.ndarray, 
                 name = fresh_name(f"{node.name or 'gemm'}.bias_from_beta", taken)
                 tensor = ir.Tensor((delta / beta_g).astype(dtype.numpy()), dtype=dtype, name=name)
                 node.resize_inputs(3)
-                node.replace_input_with(2, _new_constant(graph, out, tensor))
+                node.replace_input_with(2, _new_constant(graph, tensor))
             continue
-        delta = beta @ weight
-        (add, _), = node.outputs[0].uses()
-        index = 1 if add.inputs[0] is node.outputs[0] else 0
-        _add_bias_delta(graph, add, index, delta, taken)
+        slot = bias_slot(node)
+        assert slot is not None, node.name
+        _add_bias_delta(graph, slot[0], slot[1], beta @ weight, taken)
+
+
+def _scale(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> ir.Value:
+    """The RMSNorm scale: gamma, or ones for a decomposed LN written without one."""
+    cand = decision._cand
+    if cand.scale is not None:
+        return cand.scale
+    dim = cand.x.shape[cand.axis]
+    dtype = cand.x.dtype
+    ones = ir.Tensor(np.ones((dim,), dtype=dtype.numpy()), dtype=dtype, name=fresh_name(f"{cand.name}.scale", taken))
+    return _new_constant(graph, ones)
 
 
 def _rewrite(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
-    ln = decision._node
-    x, scale = ln.inputs[0], ln.inputs[1]
-    bias = ln.inputs[2] if len(ln.inputs) > 2 else None
-    old_out = ln.outputs[0]
-    out_name = old_out.name
-    stem = ln.name or out_name or "ln"
-    rms_out = ir.Value(name=fresh_name(f"{out_name}.rms", taken), shape=old_out.shape, type=old_out.type)
-    rms = ir.Node(
-        "",
-        RMS_OP,
-        [x, scale],
-        attributes=[
-            ir.AttrInt64("axis", decision.axis),  # type: ignore[arg-type]
-            ir.AttrFloat32("epsilon", decision.epsilon),
-            ir.AttrInt64("stash_type", 1),
-        ],
-        outputs=[rms_out],
-        name=fresh_name(f"{stem}/rms", taken),
-    )
+    cand = decision._cand
+    out = cand.out
+    out_name = out.name
+    stem = cand.name
+    removed = set(cand.nodes)
+    epsilon = ir.AttrFloat32("epsilon", decision.epsilon)
+    old_sum = None  # the residual sum a SkipSimplifiedLayerNormalization takes over
+    if decision.rewrite == SKIP_RMS_OP:
+        if cand.kind == SKIP_LAYER_NORM:
+            node = cand.node
+            inputs = [node.inputs[0], node.inputs[1], node.inputs[2]]
+            if len(node.inputs) > 4 and node.inputs[4] is not None:
+                inputs.append(node.inputs[4])
+            old_sum = node.outputs[3] if len(node.outputs) > 3 else None
+            anchor = node
+        else:
+            add = decision._residual_add
+            inputs = [add.inputs[0], add.inputs[1], _scale(graph, decision, taken)]
+            old_sum = add.outputs[0]
+            anchor = add
+            removed.add(add)
+        keep_sum = old_sum is not None and (
+            old_sum.is_graph_output() or any(n not in removed for n, _ in old_sum.uses())
+        )
+        y = _like(out, fresh_name(f"{out_name}.rms", taken))
+        outputs = [y]
+        if keep_sum:  # outputs 1 and 2 (mean, inv_std_var) stay unnamed: not computed
+            outputs += [ir.Value(), ir.Value(), _like(old_sum, fresh_name(f"{old_sum.name}.sum", taken))]
+        rms = ir.Node(
+            "com.microsoft",
+            "SkipSimplifiedLayerNormalization",
+            inputs,
+            [epsilon],
+            outputs=outputs,
+            name=fresh_name(f"{stem}/skip_rms", taken),
+        )
+        if keep_sum:
+            rms.outputs[1].name = rms.outputs[2].name = ""
+    else:
+        anchor = cand.nodes[-1]  # a pattern's nodes are in data order, so this one comes last
+        op = ONNX_RMS_OP if decision.rewrite == ONNX_RMS_OP else RMS_OP
+        y = _like(out, fresh_name(f"{out_name}.rms", taken))
+        rms = ir.Node(
+            "",
+            op,
+            [cand.x, _scale(graph, decision, taken)],
+            [ir.AttrInt64("axis", decision.axis), epsilon, ir.AttrInt64("stash_type", 1)],  # type: ignore[arg-type]
+            outputs=[y],
+            name=fresh_name(f"{stem}/rms", taken),
+        )
     new_nodes = [rms]
-    final = rms_out
+    final = y
     if decision.beta == "add":
-        final = ir.Value(name=fresh_name(f"{out_name}.beta", taken), shape=old_out.shape, type=old_out.type)
-        new_nodes.append(ir.Node("", "Add", [rms_out, bias], outputs=[final], name=fresh_name(f"{stem}/beta", taken)))
+        final = _like(out, fresh_name(f"{out_name}.beta", taken))
+        new_nodes.append(ir.Node("", "Add", [y, cand.bias], outputs=[final], name=fresh_name(f"{stem}/beta", taken)))
     elif decision.beta == "consumers":
-        beta = np.asarray(constant_of(bias).numpy()).astype(np.float64)  # type: ignore[union-attr]
-        _fold_beta_into_consumers(graph, old_out, beta, taken)
-    old_out.replace_all_uses_with(final, replace_graph_outputs=True)
-    graph.insert_after(ln, new_nodes)
-    graph.remove(ln, safe=True)
-    old_out.name = None
-    # Keep the LN's output name on the tensor that now holds its value: consumers, graph outputs
-    # and anything downstream that refers to tensors by name stay valid.
-    final_name = final.name
+        beta = np.asarray(constant_of(cand.bias).numpy()).astype(np.float64)  # type: ignore[union-attr]
+        _fold_beta_into_consumers(graph, decision._beta_consumers, beta, taken)
+    graph.insert_after(anchor, new_nodes)
+    out.replace_all_uses_with(final, replace_graph_outputs=True)
+    sum_name = None
+    if old_sum is not None and len(rms.outputs) > 3:
+        sum_name = old_sum.name
+        old_sum.replace_all_uses_with(rms.outputs[3], replace_graph_outputs=True)
+    graph.remove(removed, safe=True)
+    for param in (cand.scale, cand.bias):  # gamma/beta the rewrite no longer reads
+        if param is not None and param.is_initializer() and not param.uses() and not param.is_graph_output():
+            if not param.is_graph_input():
+                graph.initializers.pop(param.name)
+    # The replaced tensors' names move to the tensors that now hold their values: consumers,
+    # graph outputs and anything downstream that refers to tensors by name stay valid.
+    out.name = None
     final.name = out_name
-    if final is not rms_out:
-        taken.add(final_name or "")
+    if sum_name is not None:
+        old_sum.name = None
+        rms.outputs[3].name = sum_name
 
 
 def apply_plan(model: ir.Model, plan: CenteringPlan) -> None:
     """Mutate `model` as `plan` says. The plan must have been computed on this very model."""
     graph = model.graph
     taken = taken_names(graph) | {e.new_name for e in plan.edits if e.new_name}
+    taken |= {c.new_name for c in plan.centerings}
     # Centering first: a beta folded into a consumer's bias is computed with the edited weights.
     for edit in plan.edits:
         _apply_edit(graph, edit)
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
+    for centering in plan.centerings:
+        _apply_centering(graph, centering, opset, taken)
     for decision in plan.folded:
         _rewrite(graph, decision, taken)
+    if any(d.rewrite == SKIP_RMS_OP for d in plan.folded) and "com.microsoft" not in model.opset_imports:
+        model.opset_imports["com.microsoft"] = 1
     # Constant nodes whose every use now reads a centered copy are dead.
+    edited = {e._value for e in plan.edits}
     for node in list(graph):
-        if node.op_type == "Constant" and not any(o.uses() or o.is_graph_output() for o in node.outputs):
-            if any(e._value is node.outputs[0] for e in plan.edits):
+        if node.op_type == "Constant" and node.outputs[0] in edited:
+            if not node.outputs[0].uses() and not node.outputs[0].is_graph_output():
                 graph.remove(node, safe=True)
-    logger.info("folded %d LayerNorm node(s), centered %d constant(s)", len(plan.folded), len(plan.edits))
+    logger.info(
+        "folded %d LayerNorm node(s), centered %d constant(s), inserted %d centering(s)",
+        len(plan.folded),
+        len(plan.edits),
+        len(plan.centerings),
+    )

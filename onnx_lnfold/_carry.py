@@ -293,6 +293,8 @@ def absorbs(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
     Returns None when the node is not a normalization at all, a reason when it is one that cannot
     absorb this shift, and otherwise the outputs that still carry the shift (SkipLayerNorm's sum).
     """
+    if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
+        return {}  # reads only the shape, which a shift leaves alone
     if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx"):
         if input_index != 0:
             return f"it is the scale or bias of {node_label(node)}"

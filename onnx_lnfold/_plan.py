@@ -45,6 +45,33 @@ class CenteringEdit:
 
 
 @dataclass
+class AuxCentering:
+    """An explicit `x - ReduceMean(x)` inserted where no weight edit can center a stream."""
+
+    tensor: str  # the root tensor (an LN or activation output, say)
+    axis: int  # the axis its mean is removed along
+    uses: tuple[str, ...]  # "node_name:input_index" that read the centered tensor instead
+    new_name: str  # name of the centered tensor
+    required_by: tuple[str, ...]  # the LN nodes it unlocks
+    _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
+
+    @property
+    def cost(self) -> str:
+        return "1 ReduceMean + 1 Sub"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tensor": self.tensor,
+            "axis": self.axis,
+            "uses": list(self.uses),
+            "new_name": self.new_name,
+            "required_by": list(self.required_by),
+            "cost": self.cost,
+        }
+
+
+@dataclass
 class LnDecision:
     """What happens to one LayerNorm node, and why."""
 
@@ -57,7 +84,10 @@ class LnDecision:
     rewrite: str | None = None  # op emitted for a folded LN
     beta: Literal["none", "add", "consumers"] | None = None  # where a folded LN's beta went
     blocking_tensor: str | None = None  # the tensor named in the reason, when there is one
-    _node: ir.Node = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
+    _cand: Any = field(repr=False, compare=False, default=None)  # the LnCandidate
+    _residual_add: ir.Node | None = field(repr=False, compare=False, default=None)
+    _beta_consumers: list = field(repr=False, compare=False, default_factory=list)
 
     @property
     def folded(self) -> bool:
@@ -74,6 +104,7 @@ class LnDecision:
             "rewrite": self.rewrite,
             "beta": self.beta,
             "blocking_tensor": self.blocking_tensor,
+            "residual_add": self.residual_add,
         }
 
 
@@ -83,6 +114,8 @@ class CenteringPlan:
 
     decisions: list[LnDecision]
     edits: list[CenteringEdit]
+    centerings: list[AuxCentering] = field(default_factory=list)
+    target: str = "ort"
 
     @property
     def folded(self) -> list[LnDecision]:
@@ -108,6 +141,8 @@ class CenteringPlan:
             "folded": len(self.folded),
             "kept": len(self.kept),
             "decisions": [d.to_dict() for d in self.decisions],
+            "target": self.target,
             "edits": [e.to_dict() for e in self.edits],
             "untied_bytes": self.untied_bytes,
+            "centerings": [c.to_dict() for c in self.centerings],
         }

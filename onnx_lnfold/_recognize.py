@@ -1,78 +1,272 @@
-"""Recognize LayerNorm nodes and normalize what the analysis needs to know about each one."""
+"""Recognize LayerNorm in its forms and normalize what the analysis and the rewrite need to know.
+
+Forms (FOLDING.md section 5):
+- `LayerNormalization` (opset 17+);
+- `com.microsoft::SkipLayerNormalization` (written by `onnxruntime.transformers.optimizer`): it
+  normalizes `input + skip (+ bias)`, and its output 3 is that sum;
+- the decomposed form older exporters write: `ReduceMean -> Sub -> Pow|Mul -> ReduceMean -> Add(eps)
+  -> Sqrt -> Div | Reciprocal+Mul -> [Mul(gamma)] -> [Add(beta)]`;
+- `com.microsoft::EmbedLayerNormalization`, reported: it has no RMS counterpart.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._carry import node_label
+from onnx_lnfold._carry import Requirement, node_label
 from onnx_lnfold._shapes import ShapeTable
 
 # LayerNormalization's epsilon default (ONNX spec). SkipSimplifiedLayerNormalization's default
 # differs (1e-12), which is why the rewrite always writes epsilon explicitly.
 LN_DEFAULT_EPSILON = 1e-5
+SKIP_LN_DEFAULT_EPSILON = 1e-12
+
+LAYER_NORM = "LayerNormalization"
+SKIP_LAYER_NORM = "com.microsoft::SkipLayerNormalization"
+DECOMPOSED = "decomposed LayerNorm"
+EMBED_LAYER_NORM = "com.microsoft::EmbedLayerNormalization"
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
 
 
-@dataclass(eq=False)  # identity semantics: one candidate per node
+@dataclass(eq=False)  # identity semantics: one candidate per LN
 class LnCandidate:
-    """One LayerNorm in the graph, with the facts the analysis and the rewrite share."""
+    """One LayerNorm in the graph, in any form, with the facts the analysis and rewrite share."""
 
-    node: ir.Node
+    kind: str
+    node: ir.Node  # anchor: the node whose `terms` inputs must be zero-mean
     name: str  # display name, unique in the graph
-    x: ir.Value
+    out: ir.Value  # the normalized result (the LN output, after gamma and beta)
     scale: ir.Value | None
-    bias: ir.Value | None
-    axis: int | None  # non-negative normalized axis, None if the rank is unknown
+    bias: ir.Value | None  # beta
+    axis: int | None  # non-negative normalized axis; None if unknown
     epsilon: float
+    terms: tuple[Requirement, ...] = ()
+    nodes: tuple[ir.Node, ...] = ()  # every node the rewrite replaces
     # Why it cannot be folded whatever its upstream looks like; None if it may be.
     form_problem: str | None = None
+    # (node, input index) pairs through which this LN removes a shift of its input.
+    sink_uses: tuple[tuple[ir.Node, int], ...] = field(default=())
+
+    @property
+    def x(self) -> ir.Value:
+        return self.node.inputs[0]  # type: ignore[return-value]
 
 
-def find_layer_norms(graph: ir.Graph, shapes: ShapeTable, names: dict[ir.Node, str]) -> list[LnCandidate]:
-    """Every `LayerNormalization` in the main graph, in graph order."""
-    found = []
-    for node in graph:
-        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
-            continue
-        inputs = list(node.inputs) + [None] * (3 - len(node.inputs))
-        eps_attr = node.attributes.get("epsilon")
-        cand = LnCandidate(
-            node=node,
-            name=names[node],
-            x=inputs[0],
-            scale=inputs[1],
-            bias=inputs[2],
-            axis=None,
-            epsilon=eps_attr.as_float() if eps_attr is not None else LN_DEFAULT_EPSILON,
-        )
-        cand.form_problem = _form_problem(cand, shapes)
-        found.append(cand)
-    return found
+def _const_scalar(value: ir.Value | None) -> float | None:
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None or value.is_graph_input():
+        return None
+    arr = np.asarray(tensor.numpy())
+    return float(arr.reshape(-1)[0]) if arr.size == 1 else None
 
 
-def _form_problem(cand: LnCandidate, shapes: ShapeTable) -> str | None:
-    node = cand.node
+def _used(value: ir.Value | None) -> bool:
+    return value is not None and (bool(value.uses()) or value.is_graph_output())
+
+
+def _only_use(value: ir.Value) -> tuple[ir.Node, int] | None:
+    uses = value.uses()
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0]
+
+
+def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def _attr_eps(node: ir.Node, default: float) -> float:
+    attr = node.attributes.get("epsilon")
+    return attr.as_float() if attr is not None else default
+
+
+def _check_float(cand: LnCandidate, shapes: ShapeTable) -> str | None:
+    dtype = shapes.dtype(cand.x)
+    if dtype is not None and dtype not in _FLOATS:
+        return f"its input is {dtype.name}, not a float type"
+    return None
+
+
+def _layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate:
+    inputs = list(node.inputs) + [None] * (3 - len(node.inputs))
+    cand = LnCandidate(
+        LAYER_NORM, node, name, node.outputs[0], inputs[1], inputs[2], None, _attr_eps(node, LN_DEFAULT_EPSILON)
+    )
+    cand.nodes = (node,)
     rank = shapes.rank(cand.x)
     if rank is None:
-        return f"the rank of input '{cand.x.name}' is unknown, so the normalized axis is unknown"
+        cand.form_problem = f"the rank of input '{cand.x.name}' is unknown, so the normalized axis is unknown"
+        return cand
     axis_attr = node.attributes.get("axis")
     first = axis_attr.as_int() if axis_attr is not None else -1
     first = first + rank if first < 0 else first
     if first != rank - 1:
-        return f"it normalizes over {rank - first} axes ({first}..{rank - 1}); RMSNorm folding needs one axis"
+        cand.form_problem = f"it normalizes over {rank - first} axes ({first}..{rank - 1}); RMSNorm folding needs one axis"
+        return cand
     cand.axis = first
-    if cand.x.dtype is not None and cand.x.dtype not in (
-        ir.DataType.FLOAT,
-        ir.DataType.FLOAT16,
-        ir.DataType.BFLOAT16,
-        ir.DataType.DOUBLE,
-    ):
-        return f"its input is {cand.x.dtype.name}, not a float type"
+    cand.terms = (Requirement(0, first),)
+    cand.form_problem = _check_float(cand, shapes)
     for i, out in enumerate(node.outputs[1:], start=1):
-        if out is not None and (out.uses() or out.is_graph_output()):
+        if _used(out):
             what = "Mean" if i == 1 else "InvStdDev"
-            return f"its {what} output '{out.name}' is used, and RMSNorm has no such output"
+            cand.form_problem = f"its {what} output '{out.name}' is used, and RMSNorm has no such output"
+            return cand  # and it does not absorb a shift of its input either: not a sink
+    cand.sink_uses = ((node, 0),)
     if cand.scale is None:
-        return f"{node_label(node)} has no scale input"
-    return None
+        cand.form_problem = f"{node_label(node)} has no scale input"
+    return cand
+
+
+def _skip_layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate:
+    inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
+    cand = LnCandidate(
+        SKIP_LAYER_NORM, node, name, node.outputs[0], inputs[2], inputs[3], None,
+        _attr_eps(node, SKIP_LN_DEFAULT_EPSILON),
+    )
+    cand.nodes = (node,)
+    rank, skip_rank = shapes.rank(inputs[0]), shapes.rank(inputs[1])
+    if rank is None or skip_rank is None:
+        cand.form_problem = "the ranks of its input and skip are unknown, so the normalized axis is unknown"
+        return cand
+    cand.axis = rank - 1
+    terms = [Requirement(0, rank - 1), Requirement(1, skip_rank - 1)]
+    if inputs[4] is not None:
+        terms.append(Requirement(4, 0))
+    cand.terms = tuple(terms)
+    cand.form_problem = _check_float(cand, shapes)
+    for i in (1, 2):
+        if i < len(node.outputs) and _used(node.outputs[i]):
+            cand.form_problem = f"its {'mean' if i == 1 else 'inv_std_var'} output is used"
+            return cand
+    cand.sink_uses = tuple((node, t.index) for t in terms)
+    return cand
+
+
+def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
+    """Match the decomposed pattern anchored at its first ReduceMean; None if it is not one."""
+    x = mean.inputs[0]
+    rank = shapes.rank(x)
+    axis = _reduce_axis(mean, rank)
+    if x is None or rank is None or axis is None:
+        return None
+    use = _only_use(mean.outputs[0])
+    if use is None or use[0].op_type != "Sub" or use[1] != 1 or use[0].inputs[0] is not x:
+        return None
+    sub = use[0]
+    d = sub.outputs[0]
+    if d.is_graph_output():
+        return None
+    square = norm = None
+    for node, index in d.uses():
+        if node.op_type == "Pow" and index == 0 and _const_scalar(node.inputs[1]) == 2.0:
+            square = node
+        elif node.op_type == "Mul" and node.inputs[0] is d and node.inputs[1] is d:
+            square = node
+        elif node.op_type in ("Div", "Mul") and index == 0 and node.inputs[1] is not d:
+            norm = node
+    if square is None or norm is None or len({n for n, _ in d.uses()}) != 2:
+        return None
+    chain = [mean, sub, square]
+    step = _only_use(square.outputs[0])
+    if step is None or step[0].op_type != "ReduceMean" or _reduce_axis(step[0], rank) != axis:
+        return None
+    chain.append(step[0])
+    step = _only_use(step[0].outputs[0])
+    if step is None or step[0].op_type != "Add":
+        return None
+    epsilon = _const_scalar(_other(step[0], step[0].inputs[step[1]]))
+    if epsilon is None:
+        return None
+    chain.append(step[0])
+    step = _only_use(step[0].outputs[0])
+    if step is None or step[0].op_type != "Sqrt":
+        return None
+    chain.append(step[0])
+    root = step[0].outputs[0]
+    if norm.op_type == "Div":
+        if norm.inputs[1] is not root or _only_use(root) is None:
+            return None
+    else:
+        step = _only_use(root)
+        if step is None or step[0].op_type != "Reciprocal" or norm.inputs[1] is not step[0].outputs[0]:
+            return None
+        chain.append(step[0])
+    chain.append(norm)
+    out = norm.outputs[0]
+    scale = beta = None
+    step = _only_use(out)
+    if step is not None and step[0].op_type == "Mul" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
+        scale = _other(step[0], out)
+        chain.append(step[0])
+        out = step[0].outputs[0]
+        step = _only_use(out)
+    if step is not None and step[0].op_type == "Add" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
+        beta = _other(step[0], out)
+        chain.append(step[0])
+        out = step[0].outputs[0]
+    cand = LnCandidate(DECOMPOSED, mean, name, out, scale, beta, axis, epsilon)
+    cand.nodes = tuple(chain)
+    cand.terms = (Requirement(0, axis),)
+    cand.sink_uses = ((mean, 0), (sub, 0))
+    cand.form_problem = _check_float(cand, shapes)
+    if cand.form_problem is None and axis != rank - 1:
+        cand.form_problem = f"it normalizes over axis {axis}, not the last one; RMSNorm ops normalize trailing axes"
+    return cand
+
+
+def _reduce_axis(node: ir.Node, rank: int | None) -> int | None:
+    """The single axis a keepdims ReduceMean reduces over, else None."""
+    if rank is None:
+        return None
+    keep = node.attributes.get("keepdims")
+    if keep is not None and keep.as_int() == 0:
+        return None
+    attr = node.attributes.get("axes")
+    if attr is not None:
+        axes = list(attr.as_ints())
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        tensor = ir.convenience.get_const_tensor(node.inputs[1])
+        if tensor is None:
+            return None
+        axes = [int(a) for a in np.asarray(tensor.numpy()).reshape(-1)]
+    else:
+        return None
+    if len(axes) != 1:
+        return None
+    return axes[0] + rank if axes[0] < 0 else axes[0]
+
+
+def _along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: ShapeTable) -> bool:
+    """A constant that varies only along `axis` (gamma / beta of a decomposed LN)."""
+    if value is None or value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
+        return False
+    shape = shapes.shape(value)
+    if shape is None:
+        return False
+    offset = rank - len(shape)
+    return all(d == 1 for i, d in enumerate(shape) if i + offset != axis)
+
+
+def find_layer_norms(graph: ir.Graph, shapes: ShapeTable, names: dict[ir.Node, str]) -> list[LnCandidate]:
+    """Every LayerNorm of the main graph, in any recognized form, in graph order."""
+    found = []
+    for node in graph:
+        if node.domain in ("", "ai.onnx") and node.op_type == "LayerNormalization":
+            found.append(_layer_norm(node, names[node], shapes))
+        elif node.domain == "com.microsoft" and node.op_type == "SkipLayerNormalization":
+            found.append(_skip_layer_norm(node, names[node], shapes))
+        elif node.domain == "com.microsoft" and node.op_type == "EmbedLayerNormalization":
+            cand = LnCandidate(EMBED_LAYER_NORM, node, names[node], node.outputs[0], None, None, None, 0.0)
+            cand.form_problem = "EmbedLayerNormalization fuses the embeddings with the LN and has no RMSNorm counterpart"
+            found.append(cand)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "ReduceMean":
+            cand = _decomposed(node, names[node], shapes)
+            if cand is not None:
+                found.append(cand)
+    return found

@@ -55,7 +55,7 @@ def _proto_dims(type_proto: onnx.TypeProto) -> Shape | None:
     return tuple(out)
 
 
-def _infer(model: ir.Model) -> dict[str, Shape]:
+def _infer(model: ir.Model) -> dict[str, tuple[Shape | None, int]]:
     """Run ONNX shape inference on a light copy; return shapes by value name."""
     try:
         proto = ir.serde.serialize_model(model)
@@ -81,20 +81,40 @@ def _infer(model: ir.Model) -> dict[str, Shape]:
     except Exception as e:  # custom ops or malformed graphs: fall back to declared shapes
         logger.debug("shape inference failed: %s", e)
         return {}
-    shapes: dict[str, Shape] = {}
+    shapes: dict[str, tuple[Shape | None, int]] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
-        dims = _proto_dims(vi.type)
-        if dims is not None:
-            shapes[vi.name] = dims
+        if vi.type.HasField("tensor_type"):
+            shapes[vi.name] = (_proto_dims(vi.type), vi.type.tensor_type.elem_type)
     return shapes
+
+
+# Ops whose output 0 has the rank of input 0.
+_SAME_RANK = {
+    "FastGelu", "BiasGelu", "Gelu", "QuickGelu", "BiasAdd", "Attention", "MultiHeadAttention",
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+    "LayerNormalization", "Relu", "Tanh", "Sigmoid", "Erf", "Cast", "Identity", "Neg", "Dropout",
+}
 
 
 class ShapeTable:
     """Shapes of the values of one graph, as declared or inferred (never written back)."""
 
     def __init__(self, model: ir.Model):
-        self._inferred: dict[str, Shape] | None = None
+        self._inferred: dict[str, tuple[Shape | None, int]] | None = None
         self._model = model
+
+    def _lookup(self, value: ir.Value) -> tuple[Shape | None, int]:
+        if self._inferred is None:
+            self._inferred = _infer(self._model)
+        return self._inferred.get(value.name or "", (None, 0))
+
+    def dtype(self, value: ir.Value | None) -> ir.DataType | None:
+        if value is None:
+            return None
+        if value.dtype is not None:
+            return value.dtype
+        elem = self._lookup(value)[1]
+        return ir.DataType(elem) if elem else None
 
     def shape(self, value: ir.Value | None) -> Shape | None:
         if value is None:
@@ -104,18 +124,29 @@ class ShapeTable:
         declared = _dims(value.shape)
         if declared is not None and all(d is not None for d in declared):
             return declared
-        if self._inferred is None:
-            self._inferred = _infer(self._model)
-        inferred = self._inferred.get(value.name or "")
+        inferred = self._lookup(value)[0]
         if declared is None:
             return inferred
         if inferred is None or len(inferred) != len(declared):
             return declared
         return tuple(d if d is not None else i for d, i in zip(declared, inferred))
 
-    def rank(self, value: ir.Value | None) -> int | None:
+    def rank(self, value: ir.Value | None, _depth: int = 0) -> int | None:
         shape = self.shape(value)
-        return None if shape is None else len(shape)
+        if shape is not None:
+            return len(shape)
+        # ONNX shape inference stops at ops it does not know (ORT's contrib ops: FastGelu,
+        # BiasGelu, Attention...). Their output rank is still plain to see.
+        node = value.producer() if value is not None else None
+        if node is None or _depth > 64:
+            return None
+        if node.op_type in _SAME_RANK and value is node.outputs[0]:
+            return self.rank(node.inputs[0], _depth + 1)
+        if node.op_type == "MatMul":
+            ranks = [self.rank(v, _depth + 1) for v in node.inputs]
+            if all(r is not None and r >= 2 for r in ranks):
+                return max(ranks)  # type: ignore[type-var]
+        return None
 
 
 def dims_equal(a: Dim, b: Dim) -> bool:

@@ -72,7 +72,9 @@ def test_beta_folds_into_linear_consumers_or_stays_an_add():
     result = fold_checked(_pre_ln(), folded=2)
     assert result.plan.decision("ln1").beta == "consumers"  # ln1 feeds only fc (MatMul + bias Add)
     assert result.plan.decision("ln_f").beta == "add"  # ln_f is a graph output
-    assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"] + 1
+    # ln_f's beta Add is new; its residual Add became SkipSimplifiedLayerNormalization's sum.
+    assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"]
+    assert ops(result.model_proto)["SkipSimplifiedLayerNormalization"] == 1
 
 
 def test_beta_folds_into_gemm_bias_even_when_absent():
@@ -112,17 +114,27 @@ def test_verification_failure_raises_instead_of_returning_a_model():
 
 def test_node_order_and_value_info_are_kept():
     original = onnx.load(MODELS / "gpt2.onnx")
-    folded = onnx_lnfold.fold(original).model_proto
-    new_ops = {"SimplifiedLayerNormalization"}
-    before = [n.name for n in original.graph.node if n.op_type != "LayerNormalization"]
-    after_nodes = [n for n in folded.graph.node if n.op_type not in new_ops]
-    after = [n.name for n in after_nodes if not n.name.endswith("/beta")]
+    result = onnx_lnfold.fold(original)
+    folded = result.model_proto
+    new_ops = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+    fused = {d.residual_add for d in result.plan.folded if d.residual_add}
+    assert len(fused) == 4
+    # LNs, and the residual Adds that became SkipSimplifiedLayerNormalization, are replaced in place;
+    # every other node keeps its place (identified by its first output).
+    before = [
+        n.output[0]
+        for n in original.graph.node
+        if n.op_type != "LayerNormalization" and n.name not in fused
+    ]
+    after = [n.output[0] for n in folded.graph.node if n.op_type not in new_ops and not n.name.endswith("/beta")]
     assert after == before
     info_before = {v.name for v in original.graph.value_info}
     info_after = {v.name: v for v in folded.graph.value_info}
-    assert info_before <= set(info_after)
+    alive = {o for n in folded.graph.node for o in n.output} - {o.name for o in folded.graph.output}
+    assert info_before & alive <= set(info_after)
+    assert len(info_before & alive) > 100
     for node in folded.graph.node:
-        for out in node.output:
+        for out in filter(None, node.output):
             if node.op_type in new_ops or node.name.endswith("/beta"):
                 assert out in info_after and info_after[out].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
                 assert len(info_after[out].type.tensor_type.shape.dim) == 3
@@ -131,12 +143,20 @@ def test_node_order_and_value_info_are_kept():
 def test_emitted_op_attributes():
     folded = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False).model_proto
     rms = [n for n in folded.graph.node if n.op_type == "SimplifiedLayerNormalization"]
-    assert len(rms) == 5
+    skip = [n for n in folded.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert len(rms) == 1 and len(skip) == 4
     for node in rms:
         assert node.domain == ""
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["axis"] == 2 and attrs["stash_type"] == 1
         assert attrs["epsilon"] == pytest.approx(1e-5)
+    for node in skip:
+        assert node.domain == "com.microsoft"
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["epsilon"] == pytest.approx(1e-5)  # written: the op's default is 1e-12
+    # Where the residual sum feeds the next block, output 3 carries it; outputs 1 and 2 stay empty.
+    with_sum = [n for n in skip if len(n.output) == 4]
+    assert len(with_sum) == 3 and all(n.output[1] == n.output[2] == "" for n in with_sum)
 
 
 def test_report_serializes_everything_a_pipeline_needs():

@@ -1,0 +1,172 @@
+"""What a folded LN becomes (FOLDING.md section 4). Pure: decides, mutates nothing.
+
+- target "ort" (default): `SimplifiedLayerNormalization` (domain ''), or
+  `com.microsoft::SkipSimplifiedLayerNormalization` where the LN reads a residual `Add` (ONNX
+  Runtime fuses `Add + LayerNormalization` at session start but never `Add +
+  SimplifiedLayerNormalization`, so without this the fold would lose a fusion the original had)
+  and for `SkipLayerNormalization` inputs;
+- target "onnx": the standard `RMSNormalization` (opset 23), for models already at opset >= 23.
+
+`beta` goes into the biases of the consumers when they are all linear layers with constant
+weights (`bias += beta @ W`), else it stays an explicit `Add`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._recognize import DECOMPOSED, LAYER_NORM, SKIP_LAYER_NORM, LnCandidate
+from onnx_lnfold._shapes import ShapeTable, dims_equal
+
+RMS_OP = "SimplifiedLayerNormalization"
+SKIP_RMS_OP = "com.microsoft::SkipSimplifiedLayerNormalization"
+ONNX_RMS_OP = "RMSNormalization"
+TARGETS = ("ort", "onnx")
+ONNX_RMS_OPSET = 23
+
+
+def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The value's tensor if it is a true constant (an initializer that is not a graph input)."""
+    if value is None or value.is_graph_input():
+        return None
+    if value.const_value is not None and value.is_initializer():
+        return value.const_value
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
+        return ir.convenience.get_const_tensor(value)
+    return None
+
+
+def check_target(model: ir.Model, target: str) -> None:
+    if target not in TARGETS:
+        raise LnFoldError(f"unknown target '{target}': choose one of {', '.join(TARGETS)}")
+    if target == "onnx":
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+        if opset < ONNX_RMS_OPSET:
+            raise LnFoldError(
+                f"--target onnx emits RMSNormalization (opset {ONNX_RMS_OPSET}); this model's default opset is "
+                f"{opset}: convert it first (onnx.version_converter) or use the default target 'ort'"
+            )
+
+
+@dataclass
+class Rewrite:
+    op: str
+    residual_add: ir.Node | None  # the Add folded into a SkipSimplifiedLayerNormalization
+    beta: str  # "none", "add" or "consumers"
+    beta_consumers: list[ir.Node]  # the linear layers whose bias absorbs beta
+
+
+def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node]) -> ir.Node | None:
+    """The residual Add feeding `cand`, if it can become SkipSimplifiedLayerNormalization's sum."""
+    if shapes.dtype(cand.x) not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return None  # the only types ONNX Runtime's CPU and CUDA kernels take
+    add = cand.x.producer()
+    if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or add in claimed:
+        return None
+    if len(add.inputs) != 2 or any(v is None or constant_of(v) is not None for v in add.inputs):
+        return None  # a bias Add, not a residual
+    a, b = (shapes.shape(v) for v in add.inputs)
+    if a is None or b is None or len(a) != len(b) or len(a) not in (2, 3) or not isinstance(a[-1], int):
+        return None
+    if not all(dims_equal(p, q) for p, q in zip(a, b)):
+        return None
+    if constant_of(cand.scale) is None:
+        return None
+    return add
+
+
+def _linear_consumers(value: ir.Value, shapes: ShapeTable, depth: int = 0) -> list[ir.Node] | None:
+    """The linear layers `value` feeds, looking through reshapes that keep the last axis
+    (GPT-2's `Reshape -> Gemm`); None if anything else reads it."""
+    found = []
+    for node, index in value.uses():
+        if node.op_type in ("Reshape", "Flatten") and index == 0 and depth < 2:
+            src, dst = shapes.shape(value), shapes.shape(node.outputs[0])
+            if src is None or dst is None or not isinstance(src[-1], int) or src[-1] != dst[-1]:
+                return None
+            if node.outputs[0].is_graph_output():
+                return None
+            inner = _linear_consumers(node.outputs[0], shapes, depth + 1)
+            if inner is None:
+                return None
+            found += inner
+            continue
+        if index != 0 or not _takes_bias(node):
+            return None
+        found.append(node)
+    return found
+
+
+# Ops after a MatMul that add a constant bias to it: (op, domain) -> index of the bias input.
+_BIAS_FOLLOWERS = {("Add", ""): None, ("FastGelu", "com.microsoft"): 1, ("BiasGelu", "com.microsoft"): 1}
+
+
+def bias_slot(matmul: ir.Node) -> tuple[ir.Node, int] | None:
+    """The (node, input index) of the constant bias added to a MatMul's output, if there is one."""
+    out = matmul.outputs[0]
+    if out.is_graph_output() or len(out.uses()) != 1:
+        return None
+    follower, index = out.uses()[0]
+    key = (follower.op_type, follower.domain if follower.domain != "ai.onnx" else "")
+    if key not in _BIAS_FOLLOWERS or len(follower.inputs) != 2:
+        return None
+    slot = _BIAS_FOLLOWERS[key]
+    if slot is None:  # Add: the bias is whichever input the MatMul is not
+        slot = 1 - index
+    elif index != 0:
+        return None
+    weight = constant_of(matmul.inputs[1])
+    bias = constant_of(follower.inputs[slot])
+    if weight is None or bias is None or tuple(bias.shape.dims) not in ((weight.shape[1],), (1, weight.shape[1])):
+        return None
+    return follower, slot
+
+
+def _takes_bias(node: ir.Node) -> bool:
+    """A linear layer with a constant weight whose bias can absorb `beta @ W`."""
+    weight = constant_of(node.inputs[1]) if len(node.inputs) > 1 else None
+    if weight is None or len(weight.shape) != 2:
+        return False
+    if node.op_type == "Gemm":
+        trans_a = node.attributes.get("transA")
+        if trans_a is not None and trans_a.as_int():
+            return False
+        return len(node.inputs) < 3 or node.inputs[2] is None or constant_of(node.inputs[2]) is not None
+    return node.op_type == "MatMul" and bias_slot(node) is not None
+
+
+def beta_placement(cand: LnCandidate, shapes: ShapeTable) -> tuple[str, list[ir.Node]]:
+    """Where a folded LN's beta goes: 'none', into the 'consumers' biases, or an explicit 'add'.
+
+    Folding into consumers needs every consumer to be a linear layer with a constant weight whose
+    bias we can edit: MatMul followed only by an Add of a constant, or Gemm (transA=0), possibly
+    behind reshapes that keep the last axis.
+    """
+    if cand.bias is None:
+        return "none", []
+    out = cand.out
+    if constant_of(cand.bias) is None or out.is_graph_output() or not out.uses():
+        return "add", []
+    if len(shapes.shape(cand.bias) or ()) > 1:
+        return "add", []  # beta broadcast over more than the normalized axis
+    consumers = _linear_consumers(out, shapes)
+    if not consumers:
+        return "add", []
+    return "consumers", consumers
+
+
+def choose_rewrite(cand: LnCandidate, target: str, shapes: ShapeTable, claimed: set[ir.Node]) -> Rewrite:
+    beta, consumers = beta_placement(cand, shapes)
+    if cand.kind == SKIP_LAYER_NORM:
+        return Rewrite(SKIP_RMS_OP, None, beta, consumers)
+    assert cand.kind in (LAYER_NORM, DECOMPOSED), cand.kind
+    if target == "onnx":
+        return Rewrite(ONNX_RMS_OP, None, beta, consumers)
+    add = _residual_add(cand, shapes, claimed)
+    if add is not None:
+        claimed.add(add)
+    return Rewrite(SKIP_RMS_OP if add is not None else RMS_OP, add, beta, consumers)
