@@ -131,8 +131,7 @@ def _scale(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> ir.Value:
     cand = decision._cand
     if cand.scale is not None:
         return cand.scale
-    dim = cand.x.shape[cand.axis]
-    dtype = cand.x.dtype
+    dim, dtype = cand.ones_scale
     ones = ir.Tensor(np.ones((dim,), dtype=dtype.numpy()), dtype=dtype, name=fresh_name(f"{cand.name}.scale", taken))
     return _new_constant(graph, ones)
 

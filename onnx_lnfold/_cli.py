@@ -19,6 +19,7 @@ from onnx_lnfold._inputs import load_inputs, parse_input_shape
 from onnx_lnfold._load import load_path
 from onnx_lnfold._report import FoldReport, count_ops
 from onnx_lnfold._save import StagedModel, check_destination, default_output
+from onnx_lnfold._targets import TARGETS
 from onnx_lnfold._verify import Verification
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -40,6 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-place", action="store_true", help="allow the output to replace the input file")
     p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
     p.add_argument("--dry-run", action="store_true", help="analyze and print the plan; write nothing")
+    p.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="ort",
+        help="ort: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (ONNX Runtime ops; default); "
+        "onnx: the standard RMSNormalization (models at opset >= 23)",
+    )
+    p.add_argument(
+        "--no-aux-centering",
+        action="store_true",
+        help="never insert an explicit x - ReduceMean(x) to unlock LNs whose stream no weight edit can center",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument("--rtol", type=float, help="max |diff|/max|ref| allowed (default 1e-4 fp32, 1e-2 fp16)")
     p.add_argument(
@@ -90,7 +103,7 @@ def run(argv: list[str] | None = None) -> int:
         model = load_path(source)
         ops = count_ops(model)
         report = FoldReport(
-            plan=analyze(model),
+            plan=analyze(model, target=args.target, auxiliary_centering=not args.no_aux_centering),
             ops_before=ops,
             ops_after=ops,
             verification=Verification("skipped", "dry run: nothing was changed"),
@@ -99,7 +112,7 @@ def run(argv: list[str] | None = None) -> int:
         _emit(report, args)
         return EXIT_OK
 
-    result = fold(source, verify=False)
+    result = fold(source, verify=False, target=args.target, auxiliary_centering=not args.no_aux_centering)
     report = result.report
     staged = StagedModel(result.model, destination)  # type: ignore[arg-type]
     try:

@@ -89,18 +89,23 @@ def fold(
     rtol: float | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
+    target: str = "ort",
+    auxiliary_centering: bool = True,
 ) -> FoldResult:
     """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
 
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
     changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
     model whose outputs differ beyond `rtol`, and `LnFoldError` for bad input.
+
+    `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
+    `auxiliary_centering=False` never inserts an explicit centering node.
     """
     ir_model, path = load_model(model)
     ops_before = count_ops(ir_model)
     original_src = _OrtSource(ir_model) if (verify and path is None) else None
     try:
-        plan = analyze(ir_model)
+        plan = analyze(ir_model, target=target, auxiliary_centering=auxiliary_centering)
         apply_plan(ir_model, plan)
         report = FoldReport(
             plan=plan,

@@ -20,12 +20,14 @@ class LnFoldPass(ir.passes.InPlacePass):
     on `self.plan` so a pipeline can report why LNs were kept.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, target: str = "ort", auxiliary_centering: bool = True) -> None:
         super().__init__()
+        self.target = target
+        self.auxiliary_centering = auxiliary_centering
         self.plan: CenteringPlan | None = None
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.plan = analyze(model)
+        self.plan = analyze(model, target=self.target, auxiliary_centering=self.auxiliary_centering)
         apply_plan(model, self.plan)
         for decision in self.plan.kept:
             logger.info("kept %s: %s", decision.node, decision.reason)

@@ -50,6 +50,9 @@ class LnCandidate:
     form_problem: str | None = None
     # (node, input index) pairs through which this LN removes a shift of its input.
     sink_uses: tuple[tuple[ir.Node, int], ...] = field(default=())
+    # Length and dtype of the normalized axis, for a decomposed LN written without gamma (the
+    # rewrite then needs a scale of ones).
+    ones_scale: tuple[int, ir.DataType] | None = None
 
     @property
     def x(self) -> ir.Value:
@@ -217,6 +220,12 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
     cand.form_problem = _check_float(cand, shapes)
     if cand.form_problem is None and axis != rank - 1:
         cand.form_problem = f"it normalizes over axis {axis}, not the last one; RMSNorm ops normalize trailing axes"
+    if cand.form_problem is None and scale is None:
+        dim, dtype = (shapes.shape(x) or (None,) * rank)[axis], shapes.dtype(x)
+        if not isinstance(dim, int) or dtype is None:
+            cand.form_problem = "it has no gamma and the length or type of its normalized axis is unknown"
+        else:
+            cand.ones_scale = (dim, dtype)
     return cand
 
 

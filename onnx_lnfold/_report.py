@@ -54,7 +54,10 @@ class FoldReport:
             width = max(len(d.node) for d in plan.decisions)
             for d in plan.decisions:
                 if d.folded:
-                    what = f"-> {d.rewrite}" + {"add": ", beta as Add", "consumers": ", beta folded into consumer biases"}.get(d.beta or "", "")
+                    what = f"-> {d.rewrite}"
+                    if d.residual_add:
+                        what += f" (with residual Add '{d.residual_add}')"
+                    what += {"add": ", beta as Add", "consumers": ", beta folded into consumer biases"}.get(d.beta or "", "")
                 else:
                     what = d.reason
                 lines.append(f"  {d.node:<{width}}  {d.status:<6}  {what}")
@@ -68,6 +71,11 @@ class FoldReport:
                 axis = "zeroed" if e.axis is None else f"axis {e.axis}"
                 copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
                 lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
+        for c in plan.centerings:
+            lines.append(
+                f"Explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis} ({c.cost}) "
+                f"unlocks {len(c.required_by)} LN(s): {', '.join(c.required_by)}"
+            )
         changed = sorted(k for k in set(self.ops_before) | set(self.ops_after) if self.ops_before.get(k, 0) != self.ops_after.get(k, 0))
         if changed:
             lines.append("Ops: " + "; ".join(f"{k} {self.ops_before.get(k, 0)} -> {self.ops_after.get(k, 0)}" for k in changed))

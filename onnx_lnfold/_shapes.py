@@ -142,6 +142,8 @@ class ShapeTable:
             return None
         if node.op_type in _SAME_RANK and value is node.outputs[0]:
             return self.rank(node.inputs[0], _depth + 1)
+        if node.op_type.startswith("Skip") and len(node.outputs) > 3 and value is node.outputs[3]:
+            return self.rank(node.inputs[0], _depth + 1)  # the residual sum
         if node.op_type == "MatMul":
             ranks = [self.rank(v, _depth + 1) for v in node.inputs]
             if all(r is not None and r >= 2 for r in ranks):

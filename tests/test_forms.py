@@ -1,0 +1,184 @@
+"""LN forms and emitted forms: decomposed LNs, SkipLayerNormalization, residual fusion,
+explicit centering, the ONNX target (FOLDING.md sections 3-5)."""
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import onnx_lnfold
+from graphs import Graph, fold_checked, ops
+
+
+def _decomposed(g: Graph, x: str, d: int, name: str, square="Pow", divide="Div", affine=True, opset=18) -> str:
+    axes = g.ints(f"{name}.axes", [-1])
+    if opset >= 18:
+        mean = g.node("ReduceMean", [x, axes], name=f"{name}/mean")
+    else:
+        mean = g.node("ReduceMean", [x], name=f"{name}/mean", axes=[-1])
+    diff = g.node("Sub", [x, mean], name=f"{name}/sub")
+    if square == "Pow":
+        sq = g.node("Pow", [diff, g.const(f"{name}.two", value=np.float32(2.0))], name=f"{name}/pow")
+    else:
+        sq = g.node("Mul", [diff, diff], name=f"{name}/square")
+    if opset >= 18:
+        var = g.node("ReduceMean", [sq, g.ints(f"{name}.axes2", [-1])], name=f"{name}/var")
+    else:
+        var = g.node("ReduceMean", [sq], name=f"{name}/var", axes=[-1])
+    eps = g.node("Constant", [], name=f"{name}/eps_const", value=onnx.numpy_helper.from_array(np.array(1e-6, np.float32)))
+    root = g.node("Sqrt", [g.node("Add", [var, eps], name=f"{name}/add_eps")], name=f"{name}/sqrt")
+    if divide == "Div":
+        n = g.node("Div", [diff, root], name=f"{name}/div")
+    else:
+        n = g.node("Mul", [diff, g.node("Reciprocal", [root], name=f"{name}/recip")], name=f"{name}/mul_recip")
+    if affine:
+        n = g.node("Mul", [n, g.const(f"{name}.gamma", (d,))], name=f"{name}/gamma")
+        n = g.node("Add", [n, g.const(f"{name}.beta", (d,))], name=f"{name}/beta")
+    return n
+
+
+@pytest.mark.parametrize("square", ["Pow", "Mul"])
+@pytest.mark.parametrize("divide", ["Div", "Reciprocal"])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("opset", [13, 18])
+def test_decomposed_layer_norm_variants_fold(square, divide, affine, opset):
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    g.output(_decomposed(g, h, 16, "ln", square, divide, affine, opset))
+    result = fold_checked(g.model(opset=opset), folded=1)
+    (decision,) = result.plan.decisions
+    assert decision.op_type == "decomposed LayerNorm" and decision.epsilon == pytest.approx(1e-6)
+    counts = ops(result.model_proto)
+    assert counts["SimplifiedLayerNormalization"] == 1
+    assert not {"ReduceMean", "Sqrt", "Pow", "Reciprocal", "Div"} & set(counts)
+
+
+def test_decomposed_layer_norm_is_a_sink_for_other_lns():
+    """The stream feeds a kept decomposed LN too: its mean subtraction removes the shift."""
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h = g.linear(x, 8, 16, "proj")
+    g.output(g.ln(h, 16, "ln"))
+    side = g.node("Add", [h, g.node("Relu", [g.linear(x, 8, 16, "side")])])
+    g.output(_decomposed(g, side, 16, "dec"))
+    result = fold_checked(g.model(), folded=1, kept=1)
+    assert result.plan.decision("ln").folded
+
+
+def test_decomposed_pattern_with_a_shared_intermediate_is_not_an_ln():
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    out = _decomposed(g, h, 16, "dec")
+    g.output(out)
+    g.output("dec/mean_out")  # the mean is used elsewhere: not a LayerNorm any more
+    result = onnx_lnfold.fold(g.model())
+    assert not result.plan.decisions
+
+
+def _skip_ln(g: Graph, a: str, b: str, d: int, name: str, bias=True, sum_out=False):
+    ins = [a, b, g.const(f"{name}.gamma", (d,)), g.const(f"{name}.beta", (d,))]
+    if bias:
+        ins.append(g.const(f"{name}.bias", (d,)))
+    outs = g.node("SkipLayerNormalization", ins, n_out=4 if sum_out else 1, name=name, domain="com.microsoft", epsilon=1e-5)
+    return outs
+
+
+def test_skip_layer_norm_folds_with_its_bias_centered():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    y, _, _, total = _skip_ln(g, g.linear(x, 8, 16, "a", bias=False), g.linear(x, 8, 16, "b"), 16, "sln", sum_out=True)
+    g.output(y)
+    g.output(g.ln(total, 16, "ln2"))
+    model = g.model(ms_domain=True)
+    model.graph.node[-2].output[1] = model.graph.node[-2].output[2] = ""
+    result = fold_checked(model, folded=2)
+    decision = result.plan.decision("sln")
+    assert decision.rewrite == "com.microsoft::SkipSimplifiedLayerNormalization"
+    assert {e.tensor: e.role for e in result.plan.edits}["sln.bias"] == "SkipLayerNormalization bias"
+    assert ops(result.model_proto)["SkipSimplifiedLayerNormalization"] == 1
+
+
+def test_residual_add_becomes_skip_simplified_and_keeps_a_shared_sum():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h0 = g.linear(x, 8, 16, "embed")
+    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")], name="residual")
+    g.output(g.ln(h1, 16, "ln2"))
+    g.output(g.node("Neg", [h1], name="reads_the_sum"))  # a second consumer of the sum
+    result = onnx_lnfold.fold(g.model())
+    # h1 is a graph output's input: centering would change it, so nothing folds...
+    assert not result.plan.folded
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h0 = g.linear(x, 8, 16, "embed")
+    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")], name="residual")
+    h2 = g.node("Add", [h1, g.linear(g.ln(h1, 16, "ln2"), 16, 16, "mlp2")], name="residual2")
+    g.output(g.ln(h2, 16, "ln3"))
+    result = fold_checked(g.model(), folded=3)
+    assert result.plan.decision("ln2").residual_add == "residual"
+    skip = [n for n in result.model_proto.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert len(skip) == 2
+    with_sum = [n for n in skip if len(n.output) == 4]
+    assert len(with_sum) == 1 and with_sum[0].output[3] == "residual_out"  # the sum keeps its name
+
+
+def test_explicit_centering_unlocks_a_stream_no_weight_can_center():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h0 = g.node("Relu", [g.linear(x, 8, 16, "stem")], name="act")
+    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")])
+    g.output(g.ln(h1, 16, "ln_f"))
+    result = fold_checked(g.model(), folded=2)
+    (centering,) = result.plan.centerings
+    assert centering.tensor == "act_out" and centering.axis == 2 and centering.required_by == ("ln1", "ln_f")
+    assert ops(result.model_proto)["ReduceMean"] == 1
+
+
+def test_explicit_centering_that_unlocks_one_ln_is_not_worth_it():
+    g = Graph()
+    h = g.node("Relu", [g.linear(g.input("x", ["b", "s", 8]), 8, 16, "stem")], name="act")
+    g.output(g.ln(h, 16, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert "Relu 'act' does not carry a zero mean" in result.plan.kept[0].reason
+    assert not result.plan.centerings
+
+
+def test_explicit_centering_can_be_disabled():
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h0 = g.node("Relu", [g.linear(x, 8, 16, "stem")], name="act")
+    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")])
+    g.output(g.ln(h1, 16, "ln_f"))
+    result = onnx_lnfold.fold(g.model(), auxiliary_centering=False)
+    assert not result.plan.folded and not result.plan.centerings
+
+
+def test_onnx_target_emits_rms_normalization_that_passes_the_checker():
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    g.output(g.ln(g.node("Add", [h, g.linear(g.input("y", ["b", "s", 8]), 8, 16, "p2")]), 16, "ln"), ["b", "s", 16])
+    model = g.model(opset=23)
+    model.ir_version = 11
+    result = onnx_lnfold.fold(model, target="onnx")
+    assert result.plan.decision("ln").rewrite == "RMSNormalization"
+    folded = result.model_proto
+    onnx.checker.check_model(folded, full_check=True)
+    assert ops(folded) .get("RMSNormalization") == 1 and "SkipSimplifiedLayerNormalization" not in ops(folded)
+    assert result.report.verification.status == "passed"
+
+
+def test_onnx_target_refuses_older_opsets():
+    g = Graph()
+    g.output(g.ln(g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj"), 16, "ln"))
+    with pytest.raises(onnx_lnfold.LnFoldError, match="opset 23"):
+        onnx_lnfold.fold(g.model(opset=18), target="onnx")
+
+
+def test_channels_first_layer_norm_through_transposes():
+    g = Graph()
+    x = g.input("x", ["b", 3, 8, 8])
+    y = g.node("Conv", [x, g.const("cw", (16, 3, 3, 3)), g.const("cb", (16,))], pads=[1, 1, 1, 1])
+    t = g.node("Transpose", [y], perm=[0, 2, 3, 1])
+    n = g.ln(t, 16, "ln")
+    g.output(g.node("Transpose", [n], perm=[0, 3, 1, 2]))
+    fold_checked(g.model(), folded=1)
