@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import onnx_ir as ir
@@ -47,6 +48,20 @@ _NORMALIZATIONS = {
     "RMSNormalization",
     "EmbedLayerNormalization",
 }
+
+
+# Per-channel weights along the tracked axis (None: uniform). A tensor "zero-mean with weights w"
+# means `tensor * w` is zero-mean: what a layer scale `Mul(linear, w)` asks of its linear layer.
+Weights = Optional[tuple]
+
+
+def _weigh(weights: Weights, factor: np.ndarray, divide: bool = False) -> Weights:
+    """weights * factor (or / factor), None when the result is uniform along the axis."""
+    base = np.ones_like(factor) if weights is None else np.asarray(weights)
+    out = base / factor if divide else base * factor
+    if np.allclose(out, out[0], rtol=1e-9, atol=0):
+        return None
+    return tuple(float(v) for v in out)
 
 
 _SKIP_NORMALIZATIONS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
@@ -76,8 +91,9 @@ class _Leaf:
     axis: int | None
     node: ir.Node
     index: int
-    seeds: tuple[tuple[ir.Value, int], ...]  # (changed output of `node`, its shift axis)
+    seeds: tuple[tuple[ir.Value, int, Weights], ...]  # (changed output of `node`, its shift axis, weights)
     aux: bool = False
+    weights: Weights = None  # center `value * weights` (an affine chain), not `value`
 
 
 @dataclass(frozen=True)
@@ -94,19 +110,19 @@ class _Tracer:
         self.shapes = shapes
         self.sinks = sinks
         self.aux_denied = aux_denied  # None: auxiliary centering off
-        self.memo: dict[tuple[ir.Value, int], frozenset[_Leaf] | _Blocked] = {}
+        self.memo: dict[tuple[ir.Value, int, Weights], frozenset[_Leaf] | _Blocked] = {}
 
     def prove(self, node: ir.Node, reqs: tuple[_carry.Requirement, ...] | list[_carry.Requirement]):
         """Leaves making every required input of `node` zero-mean, or why not."""
         while True:
-            result = self._collect(node, reqs, None)
+            result = self._collect(node, reqs, None, None)
             if not isinstance(result, list):
                 return result
-            for value, axis in result:
-                self.zero_mean(value, axis)
+            for value, axis, weights in result:
+                self.zero_mean(value, axis, weights)
 
-    def zero_mean(self, value: ir.Value, axis: int) -> frozenset[_Leaf] | _Blocked:
-        stack = [(value, axis)]
+    def zero_mean(self, value: ir.Value, axis: int, weights: Weights = None) -> frozenset[_Leaf] | _Blocked:
+        stack = [(value, axis, weights)]
         while stack:
             key = stack[-1]
             if key in self.memo:
@@ -118,9 +134,9 @@ class _Tracer:
                 continue
             self.memo[key] = result
             stack.pop()
-        return self.memo[(value, axis)]
+        return self.memo[(value, axis, weights)]
 
-    def _step(self, value: ir.Value, axis: int):
+    def _step(self, value: ir.Value, axis: int, weights: Weights):
         if value.is_graph_input():
             if value.is_initializer():
                 return _Blocked(
@@ -138,7 +154,7 @@ class _Tracer:
             terms = _skip_sum_terms(node, self.shapes, axis)
             if terms is None:
                 return _Blocked(f"the rank of the skip input of {node_label(node)} is unknown", value.name, value)
-            return self._collect(node, terms, (value, axis))
+            return self._collect(node, terms, (value, axis), weights)
         if node.op_type in _NORMALIZATIONS:
             return _Blocked(
                 f"tensor '{value.name}' is the output of {node_label(node)}, whose gamma*n+beta "
@@ -149,15 +165,28 @@ class _Tracer:
         reqs = _carry.backward(node, value.index(), axis, self.shapes)
         if isinstance(reqs, str):
             return _Blocked(f"tensor '{value.name}' comes from a node that breaks the chain: {reqs}", value.name, value)
-        return self._collect(node, reqs, (value, axis))
+        if weights is not None and node.op_type == "Slice":
+            return _Blocked(f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
+        return self._collect(node, reqs, (value, axis), weights)
 
-    def _collect(self, node: ir.Node, reqs, out: tuple[ir.Value, int] | None):
+    def _collect(self, node: ir.Node, reqs, out: tuple[ir.Value, int] | None, weights: Weights):
         leaves: set[_Leaf] = set()
         pending = []
         for req in reqs:
             inp = node.inputs[req.index] if req.index < len(node.inputs) else None
             if inp is None:
                 continue
+            req_weights = weights
+            if req.factor is not None:
+                assert out is not None
+                factor = _carry.axis_vector(node, req.factor, self.shapes.rank(out[0]) or 0, out[1], self.shapes)
+                if factor is None or not np.all(factor != 0):
+                    return _Blocked(
+                        f"{node_label(node)} scales the stream by '{node.inputs[req.factor].name}', "
+                        "which has a zero entry: no weight edit can center the product",
+                        node.inputs[req.factor].name,
+                    )
+                req_weights = _weigh(weights, factor)
             if inp.is_graph_input() and inp.is_initializer():
                 return _Blocked(
                     f"weight '{inp.name}' of {node_label(node)} is a graph input: it can be overridden "
@@ -165,7 +194,12 @@ class _Tracer:
                     inp.name,
                 )
             if constant_of(inp) is not None:
-                leaf = self._leaf(node, req, out)
+                if req.axis is None and req_weights is not None:
+                    return _Blocked(
+                        f"constant '{inp.name}' is broadcast along a scaled axis; it cannot be centered",
+                        inp.name,
+                    )
+                leaf = self._leaf(node, req, out, weights, req_weights)
                 if isinstance(leaf, _Blocked):
                     return leaf
                 leaves.add(leaf)
@@ -176,13 +210,13 @@ class _Tracer:
                     "it is not a constant, so its mean cannot be removed by editing weights",
                     inp.name,
                 )
-            sub = self.memo.get((inp, req.axis))
+            sub = self.memo.get((inp, req.axis, req_weights))
             if sub is None:
-                pending.append((inp, req.axis))
+                pending.append((inp, req.axis, req_weights))
             elif isinstance(sub, _Blocked):
-                if sub.at is not inp or not self._aux_allowed(inp):
+                if sub.at is not inp or req_weights is not None or not self._aux_allowed(inp):
                     return sub
-                leaf = self._leaf(node, req, out, aux=True)
+                leaf = self._leaf(node, req, out, weights, None, aux=True)
                 if isinstance(leaf, _Blocked):
                     return sub
                 leaves.add(leaf)
@@ -195,21 +229,25 @@ class _Tracer:
             return False
         return self.shapes.dtype(value) in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16)
 
-    def _leaf(self, node: ir.Node, req: _carry.Requirement, out: tuple[ir.Value, int] | None, aux: bool = False):
+    def _leaf(self, node, req, out, out_weights: Weights, weights: Weights, aux: bool = False):
+        """A leaf at input `req.index` of `node`. The change it makes is a shift at the node's
+        outputs once multiplied by `out_weights` (those asked of the output being proven)."""
         inp = node.inputs[req.index]
         if (node, req.index) in self.sinks:
-            seeds: tuple[tuple[ir.Value, int], ...] = ()
+            seeds: tuple[tuple[ir.Value, int, Weights], ...] = ()
         elif req.axis is None:
             assert out is not None
-            seeds = (out,)
+            seeds = ((out[0], out[1], out_weights),)
         else:
             moved = _carry.absorbs(node, req.index, req.axis, self.shapes)
             if moved is None:
                 moved = _carry.forward(node, req.index, req.axis, self.shapes)
             if isinstance(moved, str):  # the two directions of _carry disagree: refuse, never guess
                 return _Blocked(f"internal: cannot follow the shift of '{inp.name}': {moved}", None)
-            seeds = tuple((node.outputs[k], a) for k, a in sorted(moved.items()) if node.outputs[k] is not None)
-        return _Leaf(inp, req.axis, node, req.index, seeds, aux)
+            seeds = tuple(
+                (node.outputs[k], a, out_weights) for k, a in sorted(moved.items()) if node.outputs[k] is not None
+            )
+        return _Leaf(inp, req.axis, node, req.index, seeds, aux, weights)
 
 
 @dataclass
@@ -221,7 +259,7 @@ class _Violation:
 
 def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.Node, int]]) -> list[_Violation]:
     """Propagate every leaf's shift forward; report each place it is not absorbed."""
-    changed: dict[ir.Value, list] = {}  # value -> [axis, source mask]
+    changed: dict[ir.Value, list] = {}  # value -> [axis, source mask, weights]
     touched: dict[ir.Node, dict[int, int]] = {}  # node -> {changed input index: mask}
     violations: dict[tuple[str, str], _Violation] = {}
     queue: deque[ir.Value] = deque()
@@ -231,13 +269,17 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
         v = violations.setdefault((tensor, reason), _Violation(reason, tensor, 0))
         v.sources |= mask
 
-    def mark(value: ir.Value, axis: int, mask: int) -> None:
+    def mark(value: ir.Value, axis: int, mask: int, weights: Weights) -> None:
         entry = changed.get(value)
         if entry is None:
-            changed[value] = [axis, mask]
+            changed[value] = [axis, mask, weights]
             queue.append(value)
-        elif entry[0] != axis:
-            violate(f"tensor '{value.name}' would shift along two different axes", value.name, mask | entry[1])
+        elif entry[0] != axis or entry[2] != weights:
+            violate(
+                f"tensor '{value.name}' would change in two incompatible ways (different axes or per-channel weights)",
+                value.name,
+                mask | entry[1],
+            )
         elif entry[1] | mask != entry[1]:
             entry[1] |= mask
             queue.append(value)
@@ -245,29 +287,40 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
     for i, leaf in enumerate(leaves):
         touched.setdefault(leaf.node, {})
         touched[leaf.node][leaf.index] = touched[leaf.node].get(leaf.index, 0) | (1 << i)
-        for value, axis in leaf.seeds:
-            mark(value, axis, 1 << i)
+        for value, axis, weights in leaf.seeds:
+            mark(value, axis, 1 << i, weights)
 
     while queue:
         value = queue.popleft()
-        axis, mask = changed[value]
+        axis, mask, weights = changed[value]
         if value.is_graph_output():
             violate(f"tensor '{value.name}' would change, and it is a graph output", value.name, mask)
         for node, index in value.uses():
             uses = touched.setdefault(node, {})
             uses[index] = uses.get(index, 0) | mask
-            if (node, index) in sinks:
-                continue
-            moved = _carry.absorbs(node, index, axis, shapes)
-            if moved is None:
+            absorbed = _carry.absorbs(node, index, axis, shapes)
+            if (node, index) in sinks or absorbed is not None:
+                if weights is not None:
+                    moved = f"it feeds {node_label(node)}, and its change is not uniform along the axis"
+                else:
+                    moved = {} if (node, index) in sinks else absorbed
+            else:
                 moved = _carry.forward(node, index, axis, shapes)
+                if weights is not None and node.op_type == "Slice":
+                    moved = f"it feeds {node_label(node)} while scaled per channel"
             if isinstance(moved, str):
                 violate(f"tensor '{value.name}' would change, and {moved}", value.name, mask)
                 broken.add(node)
                 continue
+            out_weights = weights
+            if node.op_type == "Mul" and moved:
+                out_rank = shapes.rank(node.outputs[0]) or 0
+                factor = _carry.axis_vector(node, 1 - index, out_rank, moved[0], shapes)
+                if factor is not None:
+                    out_weights = _weigh(weights, factor, divide=True)
             for k, out_axis in moved.items():
                 if k < len(node.outputs) and node.outputs[k] is not None:
-                    mark(node.outputs[k], out_axis, mask)
+                    mark(node.outputs[k], out_axis, mask, out_weights)
 
     for node, uses in touched.items():
         if len(uses) > 1 and node.op_type not in _carry.JOINTLY_LINEAR and node not in broken:
@@ -313,15 +366,15 @@ def _edits(
     leaves: list[tuple[_Leaf, str]], names: dict[ir.Node, str], taken: set[str]
 ) -> tuple[list[CenteringEdit], list[AuxCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use."""
-    groups: dict[tuple[ir.Value, int | None, bool], list[tuple[_Leaf, str]]] = {}
+    groups: dict[tuple[ir.Value, int | None, bool, Weights], list[tuple[_Leaf, str]]] = {}
     for leaf, ln in leaves:
-        groups.setdefault((leaf.value, leaf.axis, leaf.aux), []).append((leaf, ln))
+        groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights), []).append((leaf, ln))
     per_value: dict[ir.Value, int] = {}
-    for value, _, aux in groups:
+    for value, _, aux, _ in groups:
         if not aux:
             per_value[value] = per_value.get(value, 0) + 1
     edits, centerings = [], []
-    for (value, axis, aux), members in groups.items():
+    for (value, axis, aux, weights), members in groups.items():
         uses = _sorted_uses(members, names)
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
@@ -352,6 +405,7 @@ def _edits(
                 new_name=fresh_name(f"{value.name}{suffix}", taken) if untie else None,
                 copy_bytes=nbytes if untie else 0,
                 required_by=required_by,
+                weights=weights,
                 _value=value,
                 _uses=tuple(uses),
             )

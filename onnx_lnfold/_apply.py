@@ -21,13 +21,18 @@ from onnx_lnfold._targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, bias_slot, co
 logger = logging.getLogger(__name__)
 
 
-def _centered(tensor: ir.TensorProtocol, axis: int | None, name: str) -> ir.Tensor:
+def _centered(tensor: ir.TensorProtocol, axis: int | None, name: str, weights=None) -> ir.Tensor:
     data = np.asarray(tensor.numpy())
     wide = data.astype(np.float64)
     if axis is None:
         wide = np.zeros_like(wide)
-    else:
+    elif weights is None:
         wide = wide - wide.mean(axis=axis, keepdims=True)
+    else:  # affine chain: make (tensor * w) zero-mean; w has no zero entry
+        shape = [1] * wide.ndim
+        shape[axis] = len(weights)
+        w = np.asarray(weights, dtype=np.float64).reshape(shape)
+        wide = wide - (wide * w).mean(axis=axis, keepdims=True) / w
     return ir.Tensor(wide.astype(data.dtype), dtype=tensor.dtype, name=name)
 
 
@@ -48,11 +53,11 @@ def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
     tensor = constant_of(value)
     assert tensor is not None, edit.tensor
     if edit.untie:
-        copy = _new_constant(graph, _centered(tensor, edit.axis, edit.new_name or ""))
+        copy = _new_constant(graph, _centered(tensor, edit.axis, edit.new_name or "", edit.weights))
         for node, index in edit._uses:
             node.replace_input_with(index, copy)
         return
-    centered = _centered(tensor, edit.axis, value.name or "")
+    centered = _centered(tensor, edit.axis, value.name or "", edit.weights)
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant":
         for key in list(producer.attributes):

@@ -39,6 +39,27 @@ class Requirement:
 
     index: int
     axis: int | None
+    # Index of a constant input that multiplies this one and varies along the axis (a layer
+    # scale): then `input * factor`, not the input, must be zero-mean (an affine chain).
+    factor: int | None = None
+
+
+def axis_vector(node: ir.Node, index: int, out_rank: int, axis: int, shapes: ShapeTable) -> np.ndarray | None:
+    """Input `index` of `node` as a 1-D vector along output `axis`, if it is a constant that varies
+    along that axis only (a per-channel scale); else None."""
+    value = node.inputs[index]
+    if value is None or value.is_graph_input():
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return None
+    arr = np.asarray(tensor.numpy()).astype(np.float64)
+    in_axis = axis - (out_rank - arr.ndim)
+    if in_axis < 0 or arr.shape[in_axis] == 1:
+        return None
+    if any(d != 1 for i, d in enumerate(arr.shape) if i != in_axis):
+        return None
+    return arr.reshape(-1)
 
 
 def node_label(node: ir.Node) -> str:
@@ -235,9 +256,12 @@ def backward(node: ir.Node, output_index: int, axis: int, shapes: ShapeTable) ->
             return [Requirement(1, aligned[1])]
         if aligned[0] is None:
             return f"{node_label(node)} multiplies two tensors that are constant along the normalized axis"
+        for factor in (1, 0):  # a constant per-channel scale: an affine chain
+            if axis_vector(node, factor, out_rank, axis, shapes) is not None:
+                return [Requirement(1 - factor, aligned[1 - factor], factor=factor)]
         return (
             f"{node_label(node)} multiplies by a tensor that varies along the normalized axis "
-            "(an affine chain; not supported yet)"
+            "and is not a constant per-channel scale"
         )
     if op == "MatMul":
         out_rank = _out_rank(node, shapes)
@@ -343,6 +367,8 @@ def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
             return f"{why} as the divisor"
         other = node.inputs[1 - input_index]
         if not _constant_along(shapes, other, out_rank, out_axis):
+            if op == "Mul" and axis_vector(node, 1 - input_index, out_rank, out_axis, shapes) is not None:
+                return {0: out_axis}  # a per-channel scale: the caller rescales the shift
             return f"{why}, which multiplies it by a tensor that varies along the axis"
         return {0: out_axis}
     if op == "MatMul":

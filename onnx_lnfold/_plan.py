@@ -28,6 +28,8 @@ class CenteringEdit:
     new_name: str | None  # name of the centered copy when untied
     copy_bytes: int  # bytes the copy adds to the model (0 when edited in place)
     required_by: tuple[str, ...]  # the LN nodes this edit serves
+    # Per-channel weights w of an affine chain: `tensor * w` is centered, not `tensor`.
+    weights: tuple[float, ...] | None = field(repr=False, default=None)
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
 
@@ -35,6 +37,7 @@ class CenteringEdit:
         return {
             "tensor": self.tensor,
             "axis": self.axis,
+            "weighted": self.weights is not None,
             "role": self.role,
             "uses": list(self.uses),
             "untie": self.untie,

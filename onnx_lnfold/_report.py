@@ -68,7 +68,7 @@ class FoldReport:
             )
             width = max(len(e.tensor) for e in plan.edits)
             for e in plan.edits:
-                axis = "zeroed" if e.axis is None else f"axis {e.axis}"
+                axis = "zeroed" if e.axis is None else f"axis {e.axis}" + ("*w" if e.weights else "")
                 copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
                 lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
         for c in plan.centerings:

@@ -40,12 +40,51 @@ def test_scaling_by_a_factor_constant_along_the_axis(op):
     fold_checked(g.model(), folded=1)
 
 
-def test_mul_by_a_factor_varying_along_the_axis_is_kept():
+def test_layer_scale_affine_chain_centers_the_product():
+    """CaiT / ConvNeXt layer scale: residual + gamma * Linear(...). The linear layer is centered so
+    that gamma * output is zero-mean: W[:, j] -= mean_j(W[:, j] * g[j]) / g[j]."""
     g = Graph()
-    h = g.node("Mul", [_stream(g), g.const("ls", (16,))])
+    x = g.input("x", ["b", "s", 8])
+    h0 = g.linear(x, 8, 16, "embed")
+    branch = g.linear(g.node("Relu", [g.linear(g.ln(h0, 16, "ln1"), 16, 32, "fc1")]), 32, 16, "fc2")
+    h1 = g.node("Add", [h0, g.node("Mul", [g.const("layer_scale", (16,)), branch], name="ls")])
+    g.output(g.ln(h1, 16, "ln2"))
+    result = fold_checked(g.model(), folded=2)
+    edits = {e.tensor: e for e in result.plan.edits}
+    assert edits["fc2.weight"].weights is not None and edits["fc2.bias"].weights is not None
+    assert edits["embed.weight"].weights is None
+    assert edits["fc2.weight"].to_dict()["weighted"] is True
+
+
+def test_layer_scale_with_a_zero_entry_is_kept():
+    g = Graph()
+    h = _stream(g)
+    scale = np.linspace(0.5, 1.5, 16).astype(np.float32)
+    scale[3] = 0.0
+    h = g.node("Mul", [h, g.const("ls", value=scale)], name="ls")
     g.output(g.ln(h, 16, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
-    assert "varies along the normalized axis" in result.plan.kept[0].reason
+    assert "has a zero entry" in result.plan.kept[0].reason
+
+
+def test_mul_by_a_data_dependent_factor_varying_along_the_axis_is_kept():
+    g = Graph()
+    h = g.node("Mul", [_stream(g), g.input("gate", ["b", "s", 16])])
+    g.output(g.ln(h, 16, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert "not a constant per-channel scale" in result.plan.kept[0].reason
+
+
+def test_scaled_stream_must_not_reach_a_sink_before_the_scale():
+    """One linear layer read raw by one LN and scaled by another: centering it for either LN
+    changes what the other sees by a non-uniform amount, so both are refused."""
+    g = Graph()
+    branch = _stream(g)
+    g.output(g.ln(branch, 16, "ln_raw"))
+    g.output(g.ln(g.node("Mul", [branch, g.const("ls", (16,))], name="ls"), 16, "ln_scaled"))
+    result = fold_checked(g.model(), folded=0, kept=2)
+    assert "its change is not uniform along the axis" in result.plan.decision("ln_raw").reason
+    assert "two incompatible ways" in result.plan.decision("ln_scaled").reason
 
 
 def test_divisor_varying_along_the_axis_is_kept():
