@@ -31,7 +31,7 @@ from onnx_lnfold import _carry
 from onnx_lnfold._carry import node_label
 from onnx_lnfold._names import display_names, fresh_name, taken_names
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
-from onnx_lnfold._recognize import LnCandidate, find_layer_norms
+from onnx_lnfold._recognize import LnCandidate, find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._targets import check_target, choose_rewrite, constant_of
 
@@ -482,7 +482,7 @@ def analyze(
     graph = model.graph
     shapes = shapes or ShapeTable(model)
     names = display_names(graph)
-    candidates = find_layer_norms(graph, shapes, names)
+    candidates = find_layer_norms(graph, shapes, names) + find_in_functions(model, names)
     sinks = {use for cand in candidates for use in cand.sink_uses}
 
     active, blocked = _fold_set(candidates, shapes, sinks, names, None)

@@ -86,9 +86,10 @@ def _apply_centering(graph: ir.Graph, centering: AuxCentering, opset: int, taken
     sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/sub")
     producer = x.producer()
     if producer is None:
-        graph.insert_before(next(iter(graph)), [reduce, sub])
+        owner = x.graph or graph
+        owner.insert_before(next(iter(owner)), [reduce, sub])
     else:
-        graph.insert_after(producer, [reduce, sub])
+        producer.graph.insert_after(producer, [reduce, sub])
     for node, index in centering._uses:
         node.replace_input_with(index, centered)
 
@@ -200,13 +201,14 @@ def _rewrite(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
     elif decision.beta == "consumers":
         beta = np.asarray(constant_of(cand.bias).numpy()).astype(np.float64)  # type: ignore[union-attr]
         _fold_beta_into_consumers(graph, decision._beta_consumers, beta, taken)
-    graph.insert_after(anchor, new_nodes)
+    owner = anchor.graph  # the main graph, or the If/Loop body the LN lives in
+    owner.insert_after(anchor, new_nodes)
     out.replace_all_uses_with(final, replace_graph_outputs=True)
     sum_name = None
     if old_sum is not None and len(rms.outputs) > 3:
         sum_name = old_sum.name
         old_sum.replace_all_uses_with(rms.outputs[3], replace_graph_outputs=True)
-    graph.remove(removed, safe=True)
+    owner.remove(removed, safe=True)
     for param in (cand.scale, cand.bias):  # gamma/beta the rewrite no longer reads
         if param is not None and param.is_initializer() and not param.uses() and not param.is_graph_output():
             if not param.is_graph_input():

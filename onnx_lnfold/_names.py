@@ -6,10 +6,11 @@ import onnx_ir as ir
 
 
 def display_names(graph: ir.Graph) -> dict[ir.Node, str]:
-    """Unique, readable names for every node (exporters sometimes leave names empty)."""
+    """Unique, readable names for every node, subgraphs included (exporters sometimes leave
+    names empty)."""
     names: dict[ir.Node, str] = {}
     seen: set[str] = set()
-    for i, node in enumerate(graph):
+    for i, node in enumerate(ir.traversal.RecursiveGraphIterator(graph)):
         name = node.name or f"{node.op_type}_{i}"
         if name in seen:
             name = f"{name}#{i}"
@@ -19,10 +20,10 @@ def display_names(graph: ir.Graph) -> dict[ir.Node, str]:
 
 
 def taken_names(graph: ir.Graph) -> set[str]:
-    """Every tensor name in use in the graph."""
+    """Every tensor and node name in use in the graph and its subgraphs."""
     names = {v.name for v in graph.inputs if v.name}
     names |= set(graph.initializers)
-    for node in graph:
+    for node in ir.traversal.RecursiveGraphIterator(graph):
         names |= {o.name for o in node.outputs if o.name}
         if node.name:
             names.add(node.name)

@@ -263,9 +263,10 @@ def _along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: S
 
 
 def find_layer_norms(graph: ir.Graph, shapes: ShapeTable, names: dict[ir.Node, str]) -> list[LnCandidate]:
-    """Every LayerNorm of the main graph, in any recognized form, in graph order."""
+    """Every LayerNorm of the graph and its subgraphs (If/Loop/Scan bodies), in any recognized
+    form, in graph order."""
     found = []
-    for node in graph:
+    for node in ir.traversal.RecursiveGraphIterator(graph):
         if node.domain in ("", "ai.onnx") and node.op_type == "LayerNormalization":
             found.append(_layer_norm(node, names[node], shapes))
         elif node.domain == "com.microsoft" and node.op_type == "SkipLayerNormalization":
@@ -277,5 +278,22 @@ def find_layer_norms(graph: ir.Graph, shapes: ShapeTable, names: dict[ir.Node, s
         elif node.domain in ("", "ai.onnx") and node.op_type == "ReduceMean":
             cand = _decomposed(node, names[node], shapes)
             if cand is not None:
+                found.append(cand)
+    return found
+
+
+def find_in_functions(model: ir.Model, names: dict[ir.Node, str]) -> list[LnCandidate]:
+    """LNs inside model-local functions: reported, not folded (a function body is shared by
+    every call, and its constants by every caller)."""
+    found = []
+    for function in model.functions.values():
+        for node in ir.traversal.RecursiveGraphIterator(function):
+            if node.op_type in ("LayerNormalization", "SkipLayerNormalization"):
+                name = f"{function.name}/{node.name or node.op_type}"
+                cand = LnCandidate(LAYER_NORM, node, name, node.outputs[0], None, None, None, 0.0)
+                cand.form_problem = (
+                    f"it is inside model-local function '{function.domain}::{function.name}'; inline "
+                    "functions first (onnx.inliner.inline_local_functions) to fold it"
+                )
                 found.append(cand)
     return found

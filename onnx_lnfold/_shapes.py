@@ -82,9 +82,17 @@ def _infer(model: ir.Model) -> dict[str, tuple[Shape | None, int]]:
         logger.debug("shape inference failed: %s", e)
         return {}
     shapes: dict[str, tuple[Shape | None, int]] = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
-        if vi.type.HasField("tensor_type"):
-            shapes[vi.name] = (_proto_dims(vi.type), vi.type.tensor_type.elem_type)
+    graphs = [inferred.graph]
+    while graphs:  # If/Loop/Scan bodies carry their own value_info
+        g = graphs.pop()
+        for vi in list(g.value_info) + list(g.output) + list(g.input):
+            if vi.type.HasField("tensor_type"):
+                shapes[vi.name] = (_proto_dims(vi.type), vi.type.tensor_type.elem_type)
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    graphs.append(attr.g)
+                graphs.extend(attr.graphs)
     return shapes
 
 

@@ -182,3 +182,85 @@ def test_channels_first_layer_norm_through_transposes():
     n = g.ln(t, 16, "ln")
     g.output(g.node("Transpose", [n], perm=[0, 3, 1, 2]))
     fold_checked(g.model(), folded=1)
+
+
+def _if_model(expose_stream: bool = False) -> onnx.ModelProto:
+    """An If whose branches normalize a linear layer (weight from the outer graph) of the input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(rng.normal(0.3, 1, (8, 16)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(1, 0.2, 16).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.normal(0, 0.2, 16).astype(np.float32), "beta"),
+    ]
+
+    def branch(name, op):
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], [f"{name}_h"], name=f"{name}/matmul"),
+            helper.make_node("LayerNormalization", [f"{name}_h", "gamma", "beta"], [f"{name}_n"], name=f"{name}/ln", axis=-1),
+            helper.make_node(op, [f"{name}_n"], [f"{name}_y"], name=f"{name}/act"),
+        ]
+        out = f"{name}_h" if expose_stream and name == "then" else f"{name}_y"
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["b", 16])])
+
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=branch("then", "Relu"), else_branch=branch("else", "Neg"), name="if")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+def _run_both_branches(original, folded):
+    from onnx_lnfold._verify import compare, run_model
+
+    x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"x": x, "cond": np.array(cond)}
+        for diff in compare(run_model(original.SerializeToString(), feeds), run_model(folded.SerializeToString(), feeds)):
+            assert diff.rel_diff < 1e-5, (cond, diff)
+
+
+def test_layer_norms_inside_if_branches_fold_where_exact():
+    model = _if_model()
+    result = onnx_lnfold.fold(model, inputs={"x": np.ones((2, 8), np.float32), "cond": np.array(True)})
+    assert {d.node for d in result.plan.folded} == {"then/ln", "else/ln"}
+    assert [(e.tensor, e.untie) for e in result.plan.edits] == [("w", False)]
+    _run_both_branches(model, result.model_proto)
+
+
+def test_layer_norm_in_a_branch_whose_stream_is_a_branch_output_is_kept():
+    model = _if_model(expose_stream=True)
+    result = onnx_lnfold.fold(model, inputs={"x": np.ones((2, 8), np.float32), "cond": np.array(False)})
+    # The else branch's use of the weight gets a centered copy; the then branch keeps the original.
+    assert {d.node for d in result.plan.folded} == {"else/ln"}
+    assert "would change, and it is a graph output" in result.plan.decision("then/ln").reason
+    (edit,) = result.plan.edits
+    assert edit.untie and edit.uses == ("else/matmul:1",)
+    _run_both_branches(model, result.model_proto)
+
+
+def test_layer_norm_inside_a_model_local_function_is_reported():
+    from onnx import TensorProto, helper
+
+    fn = helper.make_function(
+        "local", "ln_fn", ["x", "g"], ["y"], [helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=-1)],
+        [helper.make_opsetid("", 18)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("ln_fn", ["x", "g"], ["y"], domain="local")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(np.full(4, 1.5, np.float32), "g")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)], functions=[fn])
+    plan = onnx_lnfold.fold(model).plan
+    (decision,) = plan.decisions
+    assert decision.status == "kept" and "model-local function 'local::ln_fn'" in decision.reason
