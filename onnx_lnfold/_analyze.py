@@ -233,21 +233,32 @@ class _Tracer:
         """A leaf at input `req.index` of `node`. The change it makes is a shift at the node's
         outputs once multiplied by `out_weights` (those asked of the output being proven)."""
         inp = node.inputs[req.index]
-        if (node, req.index) in self.sinks:
-            seeds: tuple[tuple[ir.Value, int, Weights], ...] = ()
+        absorbed = _absorbed(node, req.index, req.axis, self.shapes, self.sinks) if req.axis is not None else None
+        if isinstance(absorbed, dict):
+            seeds: tuple[tuple[ir.Value, int, Weights], ...] = tuple(
+                (node.outputs[k], a, out_weights) for k, a in sorted(absorbed.items()) if node.outputs[k] is not None
+            )
         elif req.axis is None:
             assert out is not None
             seeds = ((out[0], out[1], out_weights),)
         else:
-            moved = _carry.absorbs(node, req.index, req.axis, self.shapes)
-            if moved is None:
-                moved = _carry.forward(node, req.index, req.axis, self.shapes)
+            moved = absorbed if absorbed is not None else _carry.forward(node, req.index, req.axis, self.shapes)
             if isinstance(moved, str):  # the two directions of _carry disagree: refuse, never guess
                 return _Blocked(f"internal: cannot follow the shift of '{inp.name}': {moved}", None)
             seeds = tuple(
                 (node.outputs[k], a, out_weights) for k, a in sorted(moved.items()) if node.outputs[k] is not None
             )
         return _Leaf(inp, req.axis, node, req.index, seeds, aux, weights)
+
+
+def _absorbed(node: ir.Node, index: int, axis: int, shapes: ShapeTable, sinks) -> dict[int, int] | str | None:
+    """What a normalization does with a shift arriving at input `index`: {outputs still carrying it}
+    ({} when fully absorbed; SkipLayerNorm's sum carries it on), a reason it cannot, or None when
+    `node` is not a normalization. Decomposed LNs are known by their `sinks` uses."""
+    moved = _carry.absorbs(node, index, axis, shapes)
+    if moved is None and (node, index) in sinks:
+        return {}
+    return moved
 
 
 @dataclass
@@ -298,12 +309,12 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
         for node, index in value.uses():
             uses = touched.setdefault(node, {})
             uses[index] = uses.get(index, 0) | mask
-            absorbed = _carry.absorbs(node, index, axis, shapes)
-            if (node, index) in sinks or absorbed is not None:
+            absorbed = _absorbed(node, index, axis, shapes, sinks)
+            if absorbed is not None:
                 if weights is not None:
                     moved = f"it feeds {node_label(node)}, and its change is not uniform along the axis"
                 else:
-                    moved = {} if (node, index) in sinks else absorbed
+                    moved = absorbed
             else:
                 moved = _carry.forward(node, index, axis, shapes)
                 if weights is not None and node.op_type == "Slice":

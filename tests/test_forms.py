@@ -264,3 +264,16 @@ def test_layer_norm_inside_a_model_local_function_is_reported():
     plan = onnx_lnfold.fold(model).plan
     (decision,) = plan.decisions
     assert decision.status == "kept" and "model-local function 'local::ln_fn'" in decision.reason
+
+
+def test_skip_layer_norm_sum_that_is_a_graph_output_blocks_its_bias_edit():
+    """Centering the bias shifts output 3 (the residual sum): here a graph output."""
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    y, _, _, total = _skip_ln(g, g.linear(x, 8, 16, "a", bias=False), g.linear(x, 8, 16, "b"), 16, "sln", sum_out=True)
+    g.output(y)
+    g.output(total)
+    model = g.model(ms_domain=True)
+    model.graph.node[-1].output[1] = model.graph.node[-1].output[2] = ""
+    result = fold_checked(model, folded=0, kept=1)
+    assert result.plan.kept[0].reason == "tensor 'sln_out3' would change, and it is a graph output"
