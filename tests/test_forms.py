@@ -3,7 +3,6 @@ explicit centering, the ONNX target (FOLDING.md sections 3-5)."""
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
