@@ -14,21 +14,60 @@ from onnx_lnfold._errors import LnFoldError
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
 
 
+def external_tensors(model: ir.Model):
+    """(owner name, tensor) for every external tensor of the model: initializers of every graph
+    and tensor attributes (Constant nodes), subgraphs included."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.name, value.const_value
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.is_ref() or attr.value is None:
+                    continue
+                if attr.type == ir.AttributeType.TENSOR:
+                    tensors = [attr.value]
+                elif attr.type == ir.AttributeType.TENSORS:
+                    tensors = list(attr.value)
+                else:
+                    continue
+                for tensor in tensors:
+                    if isinstance(tensor, ir.ExternalTensor):
+                        yield tensor.name or node.name, tensor
+
+
+def external_data_files(model: ir.Model, base: Path) -> set[Path]:
+    """The resolved paths of the external data files the model reads."""
+    return {(base / t.location).resolve() for _, t in external_tensors(model)}
+
+
 def _check_external_data(model: ir.Model, base: Path) -> None:
-    """Every external tensor must lie, and exist, inside the model's folder."""
+    """Every external tensor must lie, and exist in full, inside the model's folder."""
     root = base.resolve()
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if not isinstance(tensor, ir.ExternalTensor):
-            continue
+    sizes: dict[Path, os.stat_result] = {}
+    for name, tensor in external_tensors(model):
         location = Path(tensor.location)
         target = (base / location).resolve()
         if location.is_absolute() or root not in target.parents:
             raise LnFoldError(
-                f"external data '{tensor.location}' of tensor '{value.name}' lies outside the model's folder; refusing to read it"
+                f"external data '{tensor.location}' of tensor '{name}' lies outside the model's folder; refusing to read it"
             )
-        if not target.is_file():
-            raise LnFoldError(f"external data file '{tensor.location}' of tensor '{value.name}' is missing")
+        if target not in sizes:
+            if not target.is_file():
+                raise LnFoldError(f"external data file '{tensor.location}' of tensor '{name}' is missing")
+            sizes[target] = target.stat()
+        stat = sizes[target]
+        if stat.st_nlink > 1:  # onnx_ir refuses these at read time (a hard link can point anywhere)
+            raise LnFoldError(
+                f"external data file '{tensor.location}' has {stat.st_nlink} hard links; onnx_ir refuses to read "
+                "hard-linked external data: copy the file instead"
+            )
+        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        if end > stat.st_size:
+            raise LnFoldError(
+                f"external data file '{tensor.location}' is truncated: tensor '{name}' ends at byte {end:,}, "
+                f"the file has {stat.st_size:,}"
+            )
 
 
 def load_path(path: str | os.PathLike) -> ir.Model:
@@ -41,6 +80,8 @@ def load_path(path: str | os.PathLike) -> ir.Model:
         raise LnFoldError(f"{p}: file is empty")
     try:
         proto = onnx.load(str(p), load_external_data=False)
+    except OSError as e:
+        raise LnFoldError(f"{p}: cannot read ({e.strerror or e})") from None
     except (DecodeError, ValueError, RuntimeError) as e:
         raise LnFoldError(f"{p}: not a readable ONNX model ({type(e).__name__})") from None
     if not proto.HasField("graph") or proto.ir_version == 0:
