@@ -8,6 +8,8 @@ a symbol shared by several inputs gets one size.
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 import onnx_ir as ir
 
@@ -102,9 +104,38 @@ def synthesize_inputs(
     return feeds
 
 
+def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
+    """User-given verification inputs must name every graph input, and only those, with its
+    element type and rank: else onnxruntime would fail on the original and the check be skipped."""
+    graph_inputs = {v.name: v for v in model.graph.inputs if not v.is_initializer()}
+    missing = sorted(set(graph_inputs) - set(inputs))
+    extra = sorted(set(inputs) - set(graph_inputs))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(missing))
+        if extra:
+            parts.append("not graph inputs: " + ", ".join(extra))
+        raise LnFoldError(f"--inputs does not match the graph inputs ({'; '.join(parts)})")
+    for name, value in graph_inputs.items():
+        array = inputs[name]
+        if value.dtype is not None:
+            try:
+                expected = np.dtype(value.dtype.numpy())
+            except (TypeError, ValueError, NotImplementedError):  # no numpy counterpart: let ORT judge
+                expected = None
+            if expected is not None and array.dtype != expected:
+                raise LnFoldError(f"--inputs: '{name}' is {array.dtype}, the graph input is {expected}")
+        if value.shape is not None and len(value.shape) != array.ndim:
+            raise LnFoldError(f"--inputs: '{name}' has rank {array.ndim}, the graph input has rank {len(value.shape)}")
+
+
 def load_inputs(path: str) -> dict[str, np.ndarray]:
     try:
-        with np.load(path) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("an .npy array, not an .npz archive of named arrays")
+        with data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise LnFoldError(f"{path}: cannot read inputs ({e})".splitlines()[0]) from None
