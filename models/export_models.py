@@ -523,8 +523,9 @@ def main(argv=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / "manifest.json"
     manifest = {}
-    if args.only and manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text()).get("models", {})
+    previous = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if args.only:
+        manifest = previous.get("models", {})
 
     names = args.only or list(SPECS)
     for name in names:
@@ -539,6 +540,8 @@ def main(argv=None):
               f"  ORT vs torch max abs diff: {d}", flush=True)
 
     ordered = {k: manifest[k] for k in SPECS if k in manifest}
+    # Entries written by other scripts (export_coverage_models.py) are kept as they are.
+    others = {k: v for k, v in previous.get("models", {}).items() if k not in SPECS}
     total = sum(v["file_size_bytes"] for v in ordered.values())
     doc = {
         "generator": "models/export_models.py",
@@ -547,8 +550,9 @@ def main(argv=None):
         "reference_inputs": {"batch": REF_BATCH, "seq": REF_SEQ},
         "dynamic_check_inputs": {"batch": ALT_BATCH, "seq": ALT_SEQ},
         "total_onnx_bytes": total,
-        "models": ordered,
+        "models": {**ordered, **others},
     }
+    doc.update({k: v for k, v in previous.items() if k.startswith("coverage_")})
     manifest_path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {manifest_path} ({len(ordered)} models, {total} bytes of .onnx)")
     for k, v in ordered.items():
