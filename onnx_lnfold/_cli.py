@@ -14,9 +14,10 @@ from pathlib import Path
 from onnx_lnfold import __version__
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._fold import check_equivalence, fold
+from onnx_lnfold._fold import check_equivalence, fold_loaded
 from onnx_lnfold._inputs import load_inputs, parse_input_shape
-from onnx_lnfold._load import load_path
+from onnx_lnfold._load import external_data_files, load_path
+from onnx_lnfold._progress import Progress
 from onnx_lnfold._report import FoldReport, count_ops
 from onnx_lnfold._save import StagedModel, check_destination, default_output
 from onnx_lnfold._targets import TARGETS
@@ -79,9 +80,28 @@ def _destination(args: argparse.Namespace, source: Path) -> Path | None:
     return Path(args.output) if args.output else default_output(source)
 
 
+def _check_json_path(args: argparse.Namespace, source: Path, destination: Path | None, input_data: set[Path]) -> None:
+    if not args.json:
+        return
+    target = Path(args.json)
+    resolved = target.resolve()
+    taken = {source.resolve(), *input_data}
+    if destination is not None:
+        taken |= {destination.resolve(), destination.resolve().with_name(destination.name + ".data")}
+    if resolved in taken:
+        raise LnFoldError(f"{target}: --json would overwrite the input or output model")
+    if target.is_dir():
+        raise LnFoldError(f"{target}: --json path is a directory")
+    if not target.parent.is_dir():
+        raise LnFoldError(f"{target.parent}: folder of --json does not exist")
+
+
 def _emit(report: FoldReport, args: argparse.Namespace) -> None:
     if args.json:
-        Path(args.json).write_text(report.to_json() + "\n")
+        try:
+            Path(args.json).write_text(report.to_json() + "\n")
+        except OSError as e:
+            raise LnFoldError(f"{args.json}: cannot write the report: {e.strerror or e}") from None
     if not args.quiet:
         print(report.format_text())
 
@@ -90,6 +110,14 @@ def run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
         logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+    progress = Progress(enabled=False if args.quiet else None)
+    try:
+        return _run(args, progress)
+    finally:
+        progress.close()
+
+
+def _run(args: argparse.Namespace, progress: Progress) -> int:
     source = Path(args.model)
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
     if args.rtol is not None and not args.rtol > 0:
@@ -99,9 +127,16 @@ def run(argv: list[str] | None = None) -> int:
         check_destination(source, destination, args.in_place)
     inputs = load_inputs(args.inputs) if args.inputs else None
 
+    progress.phase(f"Loading {source}")
+    model = load_path(source)
+    input_data = external_data_files(model, source.parent)
+    if destination is not None:
+        check_destination(source, destination, args.in_place, input_data)
+    _check_json_path(args, source, destination, input_data)
+
     if args.dry_run:
-        model = load_path(source)
         ops = count_ops(model)
+        progress.phase("Analyzing")
         report = FoldReport(
             plan=analyze(model, target=args.target, auxiliary_centering=not args.no_aux_centering),
             ops_before=ops,
@@ -109,21 +144,34 @@ def run(argv: list[str] | None = None) -> int:
             verification=Verification("skipped", "dry run: nothing was changed"),
             source=str(source),
         )
+        progress.close()
         _emit(report, args)
         return EXIT_OK
 
-    result = fold(source, verify=False, target=args.target, auxiliary_centering=not args.no_aux_centering)
+    progress.phase("Folding")
+    result = fold_loaded(
+        model,
+        source,
+        verify=False,
+        inputs=inputs,
+        target=args.target,
+        auxiliary_centering=not args.no_aux_centering,
+    )
     report = result.report
-    staged = StagedModel(result.model, destination)  # type: ignore[arg-type]
+    # Written (to a temporary folder beside the destination) before verification: onnxruntime
+    # reads the staged file, so a model with external data is written once.
+    staged = StagedModel(result.model, destination, progress=progress, rebind=True)  # type: ignore[arg-type]
     try:
         if args.no_verify:
             report.verification = Verification("skipped", "disabled by --no-verify")
         elif not report.plan.folded:
             report.verification = Verification("skipped", "nothing was folded: the model is unchanged")
         else:
+            progress.phase("Verifying in onnxruntime")
             report.verification = check_equivalence(
                 source, staged.path, result.model, rtol=args.rtol, input_shapes=shapes, inputs=inputs
             )
+        progress.close()
         if report.verification.status == "failed":
             staged.discard()
             report.notes.append(f"Refused to write {destination}: the folded model is not equivalent.")
@@ -134,6 +182,10 @@ def run(argv: list[str] | None = None) -> int:
     except BaseException:
         staged.discard()
         raise
+    if args.in_place and staged.data_name is not None:
+        new_data = (source.parent / staged.data_name).resolve()
+        for old in sorted(input_data - {new_data}):
+            report.notes.append(f"The input's old external data file {old.name} is no longer used by {source.name}.")
     _emit(report, args)
     return EXIT_OK
 

@@ -15,11 +15,11 @@ import onnx_ir as ir
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
 from onnx_lnfold._errors import LnFoldError, VerificationFailed
-from onnx_lnfold._inputs import synthesize_inputs
+from onnx_lnfold._inputs import check_inputs, synthesize_inputs
 from onnx_lnfold._load import ModelSource, load_model
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._report import FoldReport, count_ops
-from onnx_lnfold._save import uses_external_data
+from onnx_lnfold._save import _PROTO_LIMIT, release_mapped, uses_external_data, weight_bytes
 from onnx_lnfold._verify import DEFAULT_RTOL, ModelBytesOrPath, Verification, verify
 
 
@@ -47,19 +47,25 @@ class FoldResult:
     def save(self, path: str | os.PathLike) -> None:
         from onnx_lnfold._save import StagedModel
 
-        StagedModel(self.model, Path(path)).commit()
+        StagedModel(self.model, Path(path), rebind=True).commit()
         self.report.output = str(path)
 
 
 class _OrtSource:
-    """A model as ONNX Runtime can read it: bytes, or a temporary file when weights are external."""
+    """A model as ONNX Runtime can read it: bytes, or a temporary file when weights are external
+    (or too large for one protobuf). Untouched external tensors are copied by the kernel
+    (`copy_file_range`), never read into memory; in-memory tensors are written as they are."""
 
     def __init__(self, model: ir.Model):
         self._dir: str | None = None
-        if uses_external_data(model):
+        if uses_external_data(model) or weight_bytes(model) > _PROTO_LIMIT:
             self._dir = tempfile.mkdtemp(prefix="lnfold-verify-")
             path = os.path.join(self._dir, "model.onnx")
-            ir.save(model, path, external_data="model.onnx.data")
+            try:
+                ir.save(model, path, external_data="model.onnx.data")
+            except BaseException:
+                self.close()
+                raise
             self.source: ModelBytesOrPath = path
         else:
             self.source = ir.to_proto(model).SerializeToString()
@@ -102,11 +108,39 @@ def fold(
     `auxiliary_centering=False` never inserts an explicit centering node.
     """
     ir_model, path = load_model(model)
+    return fold_loaded(
+        ir_model,
+        path,
+        verify=verify,
+        rtol=rtol,
+        input_shapes=input_shapes,
+        inputs=inputs,
+        target=target,
+        auxiliary_centering=auxiliary_centering,
+    )
+
+
+def fold_loaded(
+    ir_model: ir.Model,
+    path: Path | None,
+    *,
+    verify: bool = True,
+    rtol: float | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    inputs: dict[str, np.ndarray] | None = None,
+    target: str = "ort",
+    auxiliary_centering: bool = True,
+) -> FoldResult:
+    """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
+    it was read from, if any (onnxruntime then reads the original from there)."""
+    if inputs is not None:
+        check_inputs(ir_model, inputs)
     ops_before = count_ops(ir_model)
     original_src = _OrtSource(ir_model) if (verify and path is None) else None
     try:
         plan = analyze(ir_model, target=target, auxiliary_centering=auxiliary_centering)
         apply_plan(ir_model, plan)
+        release_mapped(ir_model)  # pages of the weights read while centering
         report = FoldReport(
             plan=plan,
             ops_before=ops_before,
@@ -135,4 +169,4 @@ def fold(
     return FoldResult(ir_model, report)
 
 
-__all__ = ["FoldResult", "fold", "check_equivalence", "LnFoldError"]
+__all__ = ["FoldResult", "fold", "fold_loaded", "check_equivalence", "LnFoldError"]

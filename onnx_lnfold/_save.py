@@ -11,9 +11,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import onnx
 import onnx_ir as ir
 
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._progress import Progress
 
 # Protobuf cannot hold a message over 2 GiB: above this the weights go to external data.
 _PROTO_LIMIT = 2**31 - 2**26
@@ -31,33 +33,113 @@ def uses_external_data(model: ir.Model) -> bool:
     return any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
 
 
-class StagedModel:
-    """A model written next to its destination, not yet in place: `commit()` or `discard()`."""
+def release_mapped(model: ir.Model) -> None:
+    """Close the memory maps of external tensors already read (their pages count in RSS); a later
+    read maps the file again."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                try:
+                    value.const_value.release()
+                except BufferError:  # someone still holds an array on the map: it stays open
+                    pass
 
-    def __init__(self, model: ir.Model, destination: Path):
+
+def _os_error(what: str, e: OSError) -> LnFoldError:
+    return LnFoldError(f"{what}: {e.strerror or e}")
+
+
+class StagedModel:
+    """A model written next to its destination, not yet in place: `commit()` or `discard()`.
+
+    The model goes to `destination`, its weights (when external, or too large for one protobuf) to
+    `destination.name + '.data'` beside it; both are written into a temporary folder inside the
+    destination folder and renamed into place by `commit()`, the data file first. A data file the
+    input model still reads (in-place runs) is replaced only by that rename, so memory maps of the
+    old file stay valid. With `rebind`, the model's external-data initializers are switched to
+    the written file (in-memory edits are released; the model stays usable after `commit()`).
+    """
+
+    def __init__(self, model: ir.Model, destination: Path, *, progress: Progress | None = None, rebind: bool = False):
         self.destination = destination
         folder = destination.parent
-        if not folder.is_dir():
+        if not folder.exists():
             raise LnFoldError(f"{folder}: output folder does not exist")
+        if not folder.is_dir():
+            raise LnFoldError(f"{folder}: output folder is not a folder")
         if not os.access(folder, os.W_OK):
             raise LnFoldError(f"{folder}: output folder is not writable")
-        self._dir = Path(tempfile.mkdtemp(prefix=".lnfold-", dir=folder))
+        try:
+            self._dir = Path(tempfile.mkdtemp(prefix=".lnfold-", dir=folder))
+        except OSError as e:
+            raise _os_error(f"{folder}: cannot write to the output folder", e) from None
         self.path = self._dir / destination.name
         self.data_name: str | None = None
+        self._model = model
+        self._rebound: list[ir.ExternalTensor] = []
         try:
+            release_mapped(model)
             if uses_external_data(model) or weight_bytes(model) > _PROTO_LIMIT:
                 self.data_name = destination.name + ".data"
-                ir.save(model, self.path, external_data=self.data_name)
+                callback = None
+                if progress is not None and progress.enabled:
+                    callback = progress.save_callback(f"Writing {self.data_name}", weight_bytes(model))
+                ir.save(model, self.path, external_data=self.data_name, callback=callback)
+                if progress is not None:
+                    progress.finish()
+                if rebind:
+                    self._rebind()
             else:
                 ir.save(model, self.path)
+        except OSError as e:
+            self.discard()
+            raise _os_error(f"{destination}: cannot write the output", e) from None
         except BaseException:
             self.discard()
             raise
 
+    @property
+    def data_path(self) -> Path | None:
+        return self._dir / self.data_name if self.data_name else None
+
+    def _rebind(self) -> None:
+        """Point the model's external-data initializers at the staged data file."""
+        proto = onnx.load(str(self.path), load_external_data=False)
+        initializers = self._model.graph.initializers
+        for init in proto.graph.initializer:
+            value = initializers.get(init.name)
+            if init.data_location != onnx.TensorProto.EXTERNAL or value is None or value.const_value is None:
+                continue
+            info = {e.key: e.value for e in init.external_data}
+            old = value.const_value
+            tensor = ir.ExternalTensor(
+                info["location"],
+                int(info.get("offset", 0)),
+                int(info["length"]) if "length" in info else None,
+                old.dtype,
+                shape=ir.Shape(old.shape),
+                name=value.name,
+                base_dir=str(self._dir),
+            )
+            if isinstance(old, ir.ExternalTensor):
+                try:
+                    old.release()
+                except BufferError:
+                    pass
+            value.const_value = tensor
+            self._rebound.append(tensor)
+
     def commit(self) -> Path:
-        if self.data_name:
-            os.replace(self._dir / self.data_name, self.destination.parent / self.data_name)
-        os.replace(self.path, self.destination)
+        folder = self.destination.parent
+        try:
+            if self.data_name:
+                os.replace(self._dir / self.data_name, folder / self.data_name)
+            os.replace(self.path, self.destination)
+        except OSError as e:
+            self.discard()
+            raise _os_error(f"{self.destination}: cannot move the output into place", e) from None
+        for tensor in self._rebound:  # maps already open follow the renamed file; new ones find it here
+            tensor.base_dir = str(folder)
         shutil.rmtree(self._dir, ignore_errors=True)
         return self.destination
 
@@ -70,8 +152,25 @@ def default_output(path: Path) -> Path:
     return path.with_name(f"{path.stem}.lnfold{path.suffix or '.onnx'}")
 
 
-def check_destination(source: Path | None, destination: Path, in_place: bool) -> None:
-    if source is not None and not in_place and destination.resolve() == source.resolve():
+def check_destination(
+    source: Path | None, destination: Path, in_place: bool, input_data: set[Path] | frozenset[Path] = frozenset()
+) -> None:
+    """Refuse a destination that would overwrite the input model or a data file it reads.
+
+    `input_data`: the resolved external data files of the input. With `in_place` the output
+    replaces the input model, and its data file (`OUT.onnx.data`) may replace the input's (it is
+    written under a temporary name and renamed after: the input is read to the end first).
+    """
+    target = destination.resolve()
+    same = source is not None and target == source.resolve()
+    if same and not in_place:
         raise LnFoldError(f"{destination}: output would overwrite the input; pass --in-place to allow it")
     if destination.is_dir():
         raise LnFoldError(f"{destination}: output path is a directory")
+    if target in input_data:
+        raise LnFoldError(f"{destination}: output would overwrite the input's external data file")
+    data = target.with_name(target.name + ".data")
+    if data in input_data and not same:
+        raise LnFoldError(
+            f"{destination}: its data file {data.name} would overwrite the input's external data file; choose another output name"
+        )
