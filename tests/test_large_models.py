@@ -218,4 +218,4 @@ def test_model_over_2gb_folds_verifies_and_is_written_beside_the_output(tmp_path
     assert "13 folded, 0 kept" in stdout and "Verification (passed" in stdout
     assert sorted(os.listdir(out.parent)) == ["big.lnfold.onnx", "big.lnfold.onnx.data"]
     assert _locations(out) == {"big.lnfold.onnx.data"}
-    assert out.with_name("big.lnfold.onnx.data").stat().st_size >= make_large_model.weight_bytes(**BIG)
+    assert out.with_name("big.lnfold.onnx.data").stat().st_size > 0.99 * make_large_model.weight_bytes(**BIG)
