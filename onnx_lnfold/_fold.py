@@ -19,8 +19,12 @@ from onnx_lnfold._inputs import check_inputs, synthesize_inputs
 from onnx_lnfold._load import ModelSource, load_model
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._report import FoldReport, count_ops
-from onnx_lnfold._save import _PROTO_LIMIT, release_mapped, uses_external_data, weight_bytes
+from onnx_lnfold._save import release_mapped, uses_external_data, weight_bytes
 from onnx_lnfold._verify import DEFAULT_RTOL, ModelBytesOrPath, Verification, verify
+
+
+# Above this many weight bytes, onnxruntime reads a model for verification from a temporary file.
+_IN_MEMORY_LIMIT = 64 << 20
 
 
 def default_rtol(model: ir.Model) -> float:
@@ -52,13 +56,14 @@ class FoldResult:
 
 
 class _OrtSource:
-    """A model as ONNX Runtime can read it: bytes, or a temporary file when weights are external
-    (or too large for one protobuf). Untouched external tensors are copied by the kernel
-    (`copy_file_range`), never read into memory; in-memory tensors are written as they are."""
+    """A model as ONNX Runtime can read it: bytes for small models, else a temporary file with
+    external data. Serializing to bytes holds the weights twice more (the proto and its bytes);
+    the file is written tensor by tensor, untouched external tensors copied by the kernel
+    (`copy_file_range`), never read into memory."""
 
     def __init__(self, model: ir.Model):
         self._dir: str | None = None
-        if uses_external_data(model) or weight_bytes(model) > _PROTO_LIMIT:
+        if uses_external_data(model) or weight_bytes(model) > _IN_MEMORY_LIMIT:
             self._dir = tempfile.mkdtemp(prefix="lnfold-verify-")
             path = os.path.join(self._dir, "model.onnx")
             try:
