@@ -84,6 +84,8 @@ def _linear_consumers(value: ir.Value, shapes: ShapeTable, depth: int = 0) -> li
     (GPT-2's `Reshape -> Gemm`); None if anything else reads it."""
     found = []
     for node, index in value.uses():
+        if node.op_type in ("Shape", "Size"):
+            continue  # reads only the shape, which beta does not change
         if node.op_type in ("Reshape", "Flatten") and index == 0 and depth < 2:
             src, dst = shapes.shape(value), shapes.shape(node.outputs[0])
             if src is None or dst is None or not isinstance(src[-1], int) or src[-1] != dst[-1]:
