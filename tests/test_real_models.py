@@ -156,8 +156,9 @@ def test_decomposed_layer_norms_are_recognized_and_folded():
     plan = onnx_lnfold.fold(MODELS / "gpt2_torchscript_opset14.onnx", verify=False).plan
     assert {d.op_type for d in plan.decisions} == {"decomposed LayerNorm"}
     assert all(d.epsilon == pytest.approx(1e-5) for d in plan.decisions)
-    # Each LN output feeds Shape nodes and a Reshape -> Gemm (Conv1D): beta goes into the Gemm bias.
-    assert [d.beta for d in plan.decisions] == ["consumers"] * 5
+    # Block LNs feed Shape nodes and a Reshape -> Gemm (Conv1D): beta goes into the Gemm bias.
+    # ln_f feeds the bias-free LM head: its beta stays an Add.
+    assert [d.beta for d in plan.decisions] == ["consumers"] * 4 + ["add"]
 
 
 def test_bert_folds_the_embeddings_layer_norm():
