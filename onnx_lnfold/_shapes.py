@@ -55,27 +55,50 @@ def _proto_dims(type_proto: onnx.TypeProto) -> Shape | None:
     return tuple(out)
 
 
+def _light_proto(model: ir.Model) -> onnx.ModelProto:
+    """The graph with small constants only: large initializers become typed graph inputs.
+
+    Built node by node so that no large tensor is ever copied into protobuf (serializing the
+    whole model would hold every weight in memory once more).
+    """
+    g = model.graph
+    graph = onnx.GraphProto(name=g.name or "graph")
+    declared = set()
+    for value in g.inputs:
+        graph.input.append(ir.serde.serialize_value(value))
+        declared.add(value.name)
+    for name, value in g.initializers.items():
+        tensor = value.const_value
+        if tensor is None:
+            continue
+        if tensor.size <= _INLINE_LIMIT and not isinstance(tensor, ir.ExternalTensor):
+            graph.initializer.append(ir.serde.serialize_tensor(tensor))
+        elif name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(name, int(tensor.dtype), list(tensor.shape.dims)))
+    outputs = {v.name for v in g.outputs}
+    for node in g:
+        graph.node.append(ir.serde.serialize_node(node))
+        for out in node.outputs:  # declared value_info helps inference through unknown ops
+            if out.name and out.name not in outputs and (out.type is not None or out.shape is not None):
+                graph.value_info.append(ir.serde.serialize_value(out))
+    for value in g.outputs:
+        graph.output.append(ir.serde.serialize_value(value))
+    proto = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()]
+    )
+    proto.ir_version = model.ir_version
+    for function in model.functions.values():
+        proto.functions.append(ir.serde.serialize_function(function))
+    return proto
+
+
 def _infer(model: ir.Model) -> dict[str, tuple[Shape | None, int]]:
-    """Run ONNX shape inference on a light copy; return shapes by value name."""
+    """Run ONNX shape inference on a light copy; return (shape, elem type) by value name."""
     try:
-        proto = ir.serde.serialize_model(model)
+        proto = _light_proto(model)
     except Exception as e:  # a model the IR cannot write back cannot be inferred either
         logger.debug("shape inference skipped: %s", e)
         return {}
-    graph = proto.graph
-    kept = []
-    input_names = {i.name for i in graph.input}
-    for init in graph.initializer:
-        n_elems = 1
-        for d in init.dims:
-            n_elems *= d
-        if n_elems <= _INLINE_LIMIT and init.data_location != onnx.TensorProto.EXTERNAL:
-            kept.append(init)
-            continue
-        if init.name not in input_names:
-            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception as e:  # custom ops or malformed graphs: fall back to declared shapes
