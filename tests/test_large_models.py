@@ -113,6 +113,20 @@ def test_cli_output_is_verified_beside_the_output_and_input_untouched(model, tmp
     np.testing.assert_allclose(_outputs(out, IDS)["logits"], _outputs(model, IDS)["logits"], rtol=1e-4, atol=1e-5)
 
 
+def test_existing_output_is_replaced_whole_or_not_at_all(model, tmp_path):
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"old model")
+    out.with_name("out.onnx.data").write_bytes(b"old data")
+    code, _, err = _cli(model, "-o", out, "--rtol", "1e-30")  # verification fails: nothing may change
+    assert code == 1, err
+    assert out.read_bytes() == b"old model" and out.with_name("out.onnx.data").read_bytes() == b"old data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out.onnx", "out.onnx.data"]
+    code, _, err = _cli(model, "-o", out, "-q")
+    assert code == 0, err
+    assert _locations(out) == {"out.onnx.data"} and out.with_name("out.onnx.data").stat().st_size > 100_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out.onnx", "out.onnx.data"]
+
+
 def test_relative_paths_and_default_output(model):
     code, _, err = _cli("m.onnx", "-q", cwd=model.parent)
     assert code == 0, err
