@@ -21,19 +21,76 @@ from onnx_lnfold._targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, bias_slot, co
 logger = logging.getLogger(__name__)
 
 
-def _centered(tensor: ir.TensorProtocol, axis: int | None, name: str, weights=None) -> ir.Tensor:
-    data = np.asarray(tensor.numpy())
-    wide = data.astype(np.float64)
-    if axis is None:
-        wide = np.zeros_like(wide)
-    elif weights is None:
-        wide = wide - wide.mean(axis=axis, keepdims=True)
-    else:  # affine chain: make (tensor * w) zero-mean; w has no zero entry
-        shape = [1] * wide.ndim
-        shape[axis] = len(weights)
-        w = np.asarray(weights, dtype=np.float64).reshape(shape)
-        wide = wide - (wide * w).mean(axis=axis, keepdims=True) / w
-    return ir.Tensor(wide.astype(data.dtype), dtype=tensor.dtype, name=name)
+# Centering works on slabs of about this many bytes: a multi-GB weight never exists in float64.
+_SLAB_BYTES = 8 << 20
+
+
+def _slabs(shape: tuple[int, ...], axis: int, itemsize: int):
+    """Index tuples cutting `shape` along an axis other than `axis` into ~_SLAB_BYTES pieces."""
+    if len(shape) < 2:
+        yield (slice(None),) * len(shape)
+        return
+    cut = 0 if axis != 0 else 1
+    row = itemsize * int(np.prod(shape, dtype=np.int64)) // max(shape[cut], 1)
+    step = max(1, _SLAB_BYTES // max(row, 1))
+    for start in range(0, shape[cut], step):
+        index = [slice(None)] * len(shape)
+        index[cut] = slice(start, start + step)
+        yield tuple(index)
+
+
+def _release(tensor: ir.TensorProtocol) -> None:
+    """Unmap an external tensor's pages once read (mapped pages count in the process's RSS)."""
+    if isinstance(tensor, ir.ExternalTensor):
+        try:
+            tensor.release()
+        except BufferError:  # an array still views the map: it stays until that array goes
+            pass
+
+
+def _centered(tensor: ir.TensorProtocol, axis: int | None, name: str, weights=None) -> ir.TensorProtocol:
+    """`tensor` minus its mean along `axis` (of `tensor * weights` / weights for an affine chain),
+    computed in float64 and cast back. Lazy: it is computed when written, one tensor at a time."""
+
+    def compute() -> ir.Tensor:
+        data = np.asarray(tensor.numpy())
+        out = np.empty_like(data)
+        if axis is None:
+            out[...] = 0
+        else:
+            w = None
+            if weights is not None:
+                shape = [1] * data.ndim
+                shape[axis] = len(weights)
+                w = np.asarray(weights, dtype=np.float64).reshape(shape)
+            for index in _slabs(data.shape, axis, data.itemsize):
+                x = data[index]
+                if w is None:  # float64 mean, float64 subtraction, one rounding back
+                    np.subtract(x, x.mean(axis=axis, dtype=np.float64, keepdims=True), out=out[index], casting="same_kind")
+                else:  # affine chain: (tensor * w) becomes zero-mean; w has no zero entry
+                    wide = x.astype(np.float64)
+                    out[index] = wide - (wide * w).mean(axis=axis, keepdims=True) / w
+            del x
+        del data
+        _release(tensor)
+        return ir.Tensor(out, dtype=tensor.dtype, name=name)
+
+    return ir.LazyTensor(compute, dtype=tensor.dtype, shape=ir.Shape(tensor.shape), name=name)
+
+
+def _times_weight(beta: np.ndarray, tensor: ir.TensorProtocol, trans: bool) -> np.ndarray:
+    """beta @ W (or beta @ W.T) in float64, a slab of rows at a time."""
+    w = np.asarray(tensor.numpy())
+    rows = w.shape[1] if trans else w.shape[0]
+    out = np.zeros(w.shape[0] if trans else w.shape[1], dtype=np.float64)
+    step = max(1, _SLAB_BYTES // max(1, w.itemsize * (w.shape[0] if trans else w.shape[1])))
+    for start in range(0, rows, step):
+        part = slice(start, start + step)
+        block = (w[:, part].T if trans else w[part]).astype(np.float64)
+        out += beta[part] @ block
+    del w
+    _release(tensor)
+    return out
 
 
 def _new_constant(graph: ir.Graph, tensor: ir.Tensor) -> ir.Value:
@@ -111,13 +168,14 @@ def _add_bias_delta(graph: ir.Graph, node: ir.Node, bias_index: int, delta: np.n
 def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: np.ndarray, taken: set[str]) -> None:
     """consumer(y + beta) == consumer(y) with bias += beta @ W, for every linear consumer."""
     for node in consumers:
-        weight = np.asarray(constant_of(node.inputs[1]).numpy()).astype(np.float64)  # type: ignore[union-attr]
+        weight = constant_of(node.inputs[1])
+        assert weight is not None
         if node.op_type == "Gemm":
             attrs = node.attributes
             trans_b = attrs["transB"].as_int() if "transB" in attrs else 0
             alpha = attrs["alpha"].as_float() if "alpha" in attrs else 1.0
             beta_g = attrs["beta"].as_float() if "beta" in attrs else 1.0
-            delta = alpha * (beta @ (weight.T if trans_b else weight))
+            delta = alpha * _times_weight(beta, weight, bool(trans_b))
             if len(node.inputs) > 2 and node.inputs[2] is not None:
                 _add_bias_delta(graph, node, 2, delta / beta_g, taken)
             else:
@@ -129,7 +187,7 @@ def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: n
             continue
         slot = bias_slot(node)
         assert slot is not None, node.name
-        _add_bias_delta(graph, slot[0], slot[1], beta @ weight, taken)
+        _add_bias_delta(graph, slot[0], slot[1], _times_weight(beta, weight, False), taken)
 
 
 def _scale(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> ir.Value:

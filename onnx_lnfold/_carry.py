@@ -53,13 +53,13 @@ def axis_vector(node: ir.Node, index: int, out_rank: int, axis: int, shapes: Sha
     tensor = ir.convenience.get_const_tensor(value)
     if tensor is None:
         return None
-    arr = np.asarray(tensor.numpy()).astype(np.float64)
-    in_axis = axis - (out_rank - arr.ndim)
-    if in_axis < 0 or arr.shape[in_axis] == 1:
+    shape = tuple(tensor.shape.dims)
+    in_axis = axis - (out_rank - len(shape))
+    if in_axis < 0 or shape[in_axis] == 1:
         return None
-    if any(d != 1 for i, d in enumerate(arr.shape) if i != in_axis):
-        return None
-    return arr.reshape(-1)
+    if any(d != 1 for i, d in enumerate(shape) if i != in_axis):
+        return None  # checked before reading: a weight matrix is never loaded just to say no
+    return np.asarray(tensor.numpy()).astype(np.float64).reshape(-1)
 
 
 def node_label(node: ir.Node) -> str:

@@ -63,7 +63,7 @@ def _const_scalar(value: ir.Value | None) -> float | None:
     if value is None:
         return None
     tensor = ir.convenience.get_const_tensor(value)
-    if tensor is None or value.is_graph_input():
+    if tensor is None or value.is_graph_input() or tensor.size != 1:
         return None
     arr = np.asarray(tensor.numpy())
     return float(arr.reshape(-1)[0]) if arr.size == 1 else None
