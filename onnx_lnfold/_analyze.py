@@ -487,9 +487,10 @@ def analyze(
     *,
     target: str = "ort",
     auxiliary_centering: bool = True,
+    fuse_residual: str = "auto",
 ) -> CenteringPlan:
     """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing."""
-    check_target(model, target)
+    check_target(model, target, fuse_residual)
     graph = model.graph
     shapes = shapes or ShapeTable(model)
     names = display_names(graph)
@@ -516,7 +517,7 @@ def analyze(
             reason = f"input is zero-mean once {n} constant(s) are centered"
             if aux:
                 reason += f" and {', '.join(repr(t) for t in aux)} explicitly centered"
-            rewrite = choose_rewrite(cand, target, shapes, claimed)
+            rewrite = choose_rewrite(cand, target, shapes, claimed, fuse_residual)
             decisions.append(
                 LnDecision(
                     node=cand.name,
@@ -530,6 +531,7 @@ def analyze(
                     residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
                     _cand=cand,
                     _residual_add=rewrite.residual_add,
+                    _bias_add=rewrite.bias_add,
                     _beta_consumers=rewrite.beta_consumers,
                 )
             )

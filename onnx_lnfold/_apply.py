@@ -219,6 +219,13 @@ def _rewrite(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
         else:
             add = decision._residual_add
             inputs = [add.inputs[0], add.inputs[1], _scale(graph, decision, taken)]
+            bias_add = decision._bias_add
+            if bias_add is not None:  # x + bias + skip: the bias becomes the op's bias input
+                slot = 0 if inputs[0] is bias_add.outputs[0] else 1
+                is_const = [constant_of(v) is not None for v in bias_add.inputs]
+                inputs[slot] = bias_add.inputs[is_const.index(False)]
+                inputs.append(bias_add.inputs[is_const.index(True)])
+                removed.add(bias_add)
             old_sum = add.outputs[0]
             anchor = add
             removed.add(add)

@@ -20,7 +20,7 @@ from onnx_lnfold._load import external_data_files, load_path
 from onnx_lnfold._progress import Progress
 from onnx_lnfold._report import FoldReport, count_ops
 from onnx_lnfold._save import StagedModel, check_destination, default_output
-from onnx_lnfold._targets import TARGETS
+from onnx_lnfold._targets import FUSE_RESIDUAL, TARGETS
 from onnx_lnfold._verify import Verification
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="ort",
         help="ort: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (ONNX Runtime ops; default); "
         "onnx: the standard RMSNormalization (models at opset >= 23)",
+    )
+    p.add_argument(
+        "--fuse-residual",
+        choices=FUSE_RESIDUAL,
+        default="auto",
+        help="which residual Adds become SkipSimplifiedLayerNormalization: auto (where ONNX Runtime "
+        "fuses the original's Add + LayerNormalization; default), always, never",
     )
     p.add_argument(
         "--no-aux-centering",
@@ -138,7 +145,12 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         ops = count_ops(model)
         progress.phase("Analyzing")
         report = FoldReport(
-            plan=analyze(model, target=args.target, auxiliary_centering=not args.no_aux_centering),
+            plan=analyze(
+                model,
+                target=args.target,
+                auxiliary_centering=not args.no_aux_centering,
+                fuse_residual=args.fuse_residual,
+            ),
             ops_before=ops,
             ops_after=ops,
             verification=Verification("skipped", "dry run: nothing was changed"),
@@ -156,6 +168,7 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         inputs=inputs,
         target=args.target,
         auxiliary_centering=not args.no_aux_centering,
+        fuse_residual=args.fuse_residual,
     )
     report = result.report
     # Written (to a temporary folder beside the destination) before verification: onnxruntime

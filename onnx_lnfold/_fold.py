@@ -102,6 +102,7 @@ def fold(
     inputs: dict[str, np.ndarray] | None = None,
     target: str = "ort",
     auxiliary_centering: bool = True,
+    fuse_residual: str = "auto",
 ) -> FoldResult:
     """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
 
@@ -110,7 +111,8 @@ def fold(
     model whose outputs differ beyond `rtol`, and `LnFoldError` for bad input.
 
     `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
-    `auxiliary_centering=False` never inserts an explicit centering node.
+    `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
+    ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization.
     """
     ir_model, path = load_model(model)
     return fold_loaded(
@@ -122,6 +124,7 @@ def fold(
         inputs=inputs,
         target=target,
         auxiliary_centering=auxiliary_centering,
+        fuse_residual=fuse_residual,
     )
 
 
@@ -135,6 +138,7 @@ def fold_loaded(
     inputs: dict[str, np.ndarray] | None = None,
     target: str = "ort",
     auxiliary_centering: bool = True,
+    fuse_residual: str = "auto",
 ) -> FoldResult:
     """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
     it was read from, if any (onnxruntime then reads the original from there)."""
@@ -143,7 +147,9 @@ def fold_loaded(
     ops_before = count_ops(ir_model)
     original_src = _OrtSource(ir_model) if (verify and path is None) else None
     try:
-        plan = analyze(ir_model, target=target, auxiliary_centering=auxiliary_centering)
+        plan = analyze(
+            ir_model, target=target, auxiliary_centering=auxiliary_centering, fuse_residual=fuse_residual
+        )
         apply_plan(ir_model, plan)
         release_mapped(ir_model)  # pages of the weights read while centering
         report = FoldReport(

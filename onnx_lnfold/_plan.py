@@ -90,6 +90,7 @@ class LnDecision:
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
     _cand: Any = field(repr=False, compare=False, default=None)  # the LnCandidate
     _residual_add: ir.Node | None = field(repr=False, compare=False, default=None)
+    _bias_add: ir.Node | None = field(repr=False, compare=False, default=None)
     _beta_consumers: list = field(repr=False, compare=False, default_factory=list)
 
     @property

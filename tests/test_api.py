@@ -72,9 +72,11 @@ def test_beta_folds_into_linear_consumers_or_stays_an_add():
     result = fold_checked(_pre_ln(), folded=2)
     assert result.plan.decision("ln1").beta == "consumers"  # ln1 feeds only fc (MatMul + bias Add)
     assert result.plan.decision("ln_f").beta == "add"  # ln_f is a graph output
-    # ln_f's beta Add is new; its residual Add became SkipSimplifiedLayerNormalization's sum.
-    assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"]
-    assert ops(result.model_proto)["SkipSimplifiedLayerNormalization"] == 1
+    # ln_f's beta Add is new; its residual Add became SkipSimplifiedLayerNormalization's sum and
+    # the projection's bias Add before it the op's bias input (as ORT's own fusion does).
+    assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"] - 1
+    (skip,) = [n for n in result.model_proto.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert list(skip.input)[3] == "proj.bias"
 
 
 def test_beta_folds_into_gemm_bias_even_when_absent():
@@ -114,7 +116,7 @@ def test_verification_failure_raises_instead_of_returning_a_model():
 
 def test_node_order_and_value_info_are_kept():
     original = onnx.load(MODELS / "gpt2.onnx")
-    result = onnx_lnfold.fold(original)
+    result = onnx_lnfold.fold(original, fuse_residual="always")
     folded = result.model_proto
     new_ops = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
     fused = {d.residual_add for d in result.plan.folded if d.residual_add}
@@ -141,7 +143,7 @@ def test_node_order_and_value_info_are_kept():
 
 
 def test_emitted_op_attributes():
-    folded = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False).model_proto
+    folded = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False, fuse_residual="always").model_proto
     rms = [n for n in folded.graph.node if n.op_type == "SimplifiedLayerNormalization"]
     skip = [n for n in folded.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
     assert len(rms) == 1 and len(skip) == 4

@@ -32,8 +32,8 @@ def test_default_output_beside_the_input_and_report(gpt2):
     target = gpt2.with_name("gpt2.lnfold.onnx")
     assert target.is_file()
     assert "LayerNorm nodes: 5 folded, 0 kept (of 5)" in out
-    assert "LayerNormalization 5 -> 0" in out and "SimplifiedLayerNormalization 0 -> 1" in out
-    assert "com.microsoft::SkipSimplifiedLayerNormalization 0 -> 4" in out
+    assert "LayerNormalization 5 -> 0" in out and "SimplifiedLayerNormalization 0 -> 4" in out
+    assert "com.microsoft::SkipSimplifiedLayerNormalization 0 -> 1" in out
     assert "Verification (passed" in out and f"Wrote {target}" in out
     assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.lnfold.onnx", "gpt2.onnx"]  # no temp files left
 

@@ -113,7 +113,11 @@ def test_residual_add_becomes_skip_simplified_and_keeps_a_shared_sum():
     h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")], name="residual")
     h2 = g.node("Add", [h1, g.linear(g.ln(h1, 16, "ln2"), 16, 16, "mlp2")], name="residual2")
     g.output(g.ln(h2, 16, "ln3"))
-    result = fold_checked(g.model(), folded=3)
+    model = g.model()
+    # auto: only the last residual Add (read by ln3 alone) is what ORT would have fused.
+    auto = fold_checked(model, folded=3)
+    assert [d.residual_add for d in auto.plan.folded] == [None, None, "residual2"]
+    result = onnx_lnfold.fold(model, fuse_residual="always")
     assert result.plan.decision("ln2").residual_add == "residual"
     skip = [n for n in result.model_proto.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
     assert len(skip) == 2
