@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -110,7 +111,10 @@ def _emit(report: FoldReport, args: argparse.Namespace) -> None:
         except OSError as e:
             raise LnFoldError(f"{args.json}: cannot write the report: {e.strerror or e}") from None
     if not args.quiet:
-        print(report.format_text())
+        try:
+            print(report.format_text(), flush=True)
+        except BrokenPipeError:  # `... | head`: the reader left; the exit code still tells
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -212,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("onnx_lnfold: interrupted; nothing written", file=sys.stderr)
         return 130
+
     except Exception as e:  # an internal error: one line unless --debug asked for the traceback
         if argv is None and "--debug" in sys.argv or argv is not None and "--debug" in argv:
             raise

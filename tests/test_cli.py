@@ -137,3 +137,10 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, make_args, me
 def _write(path, data: bytes):
     path.write_bytes(data)
     return path
+
+
+def test_report_piped_into_head_ends_quietly():
+    cmd = f"{sys.executable} -m onnx_lnfold {MODELS / 'gpt2.onnx'} --dry-run | head -1; exit ${{PIPESTATUS[0]}}"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("onnx_lnfold:")
+    assert proc.stderr == ""
