@@ -106,7 +106,7 @@ class _Blocked:
 class _Tracer:
     """Backward zero-mean proofs, memoized per (tensor, axis). Iterative: streams are deep."""
 
-    def __init__(self, shapes: ShapeTable, sinks: set[tuple[ir.Node, int]], aux_denied: set[ir.Value] | None):
+    def __init__(self, shapes: ShapeTable, sinks: dict[tuple[ir.Node, int], int], aux_denied: set[ir.Value] | None):
         self.shapes = shapes
         self.sinks = sinks
         self.aux_denied = aux_denied  # None: auxiliary centering off
@@ -257,6 +257,8 @@ def _absorbed(node: ir.Node, index: int, axis: int, shapes: ShapeTable, sinks) -
     `node` is not a normalization. Decomposed LNs are known by their `sinks` uses."""
     moved = _carry.absorbs(node, index, axis, shapes)
     if moved is None and (node, index) in sinks:
+        if sinks[(node, index)] != axis:
+            return f"it feeds {node_label(node)}, a LayerNorm over another axis"
         return {}
     return moved
 
@@ -495,7 +497,9 @@ def analyze(
     shapes = shapes or ShapeTable(model)
     names = display_names(graph)
     candidates = find_layer_norms(graph, shapes, names) + find_in_functions(model, names)
-    sinks = {use for cand in candidates for use in cand.sink_uses}
+    # Uses through which a recognized LN removes a shift along its axis (decomposed LNs; the
+    # LayerNormalization op answers for itself in _carry.absorbs).
+    sinks = {use: cand.axis for cand in candidates if cand.axis is not None for use in cand.sink_uses}
 
     active, blocked = _fold_set(candidates, shapes, sinks, names, None)
     if auxiliary_centering and blocked:
@@ -530,6 +534,7 @@ def analyze(
                     beta=rewrite.beta,  # type: ignore[arg-type]
                     residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
                     _cand=cand,
+                    _out_type=(shapes.shape(cand.out), shapes.dtype(cand.out)),
                     _residual_add=rewrite.residual_add,
                     _bias_add=rewrite.bias_add,
                     _beta_consumers=rewrite.beta_consumers,

@@ -100,9 +100,15 @@ def _new_constant(graph: ir.Graph, tensor: ir.Tensor) -> ir.Value:
     return value
 
 
-def _like(value: ir.Value, name: str) -> ir.Value:
-    """A new tensor with the type and shape of `value` (they become its value_info)."""
-    return ir.Value(name=name, shape=value.shape, type=value.type)
+def _like(value: ir.Value, name: str, inferred=(None, None)) -> ir.Value:
+    """A new tensor with the type and shape of `value` (they become its value_info), or the
+    inferred ones where the model declares none: shape inference cannot see through the new ops."""
+    shape, dtype = value.shape, value.type
+    if shape is None and inferred[0] is not None:
+        shape = ir.Shape(list(inferred[0]))
+    if dtype is None and inferred[1] is not None:
+        dtype = ir.TensorType(inferred[1])
+    return ir.Value(name=name, shape=shape, type=dtype)
 
 
 def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
@@ -232,7 +238,7 @@ def _rewrite(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
         keep_sum = old_sum is not None and (
             old_sum.is_graph_output() or any(n not in removed for n, _ in old_sum.uses())
         )
-        y = _like(out, fresh_name(f"{out_name}.rms", taken))
+        y = _like(out, fresh_name(f"{out_name}.rms", taken), decision._out_type)
         outputs = [y]
         if keep_sum:  # outputs 1 and 2 (mean, inv_std_var) stay unnamed: not computed
             outputs += [ir.Value(), ir.Value(), _like(old_sum, fresh_name(f"{old_sum.name}.sum", taken))]
@@ -249,7 +255,7 @@ def _rewrite(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
     else:
         anchor = cand.nodes[-1]  # a pattern's nodes are in data order, so this one comes last
         op = ONNX_RMS_OP if decision.rewrite == ONNX_RMS_OP else RMS_OP
-        y = _like(out, fresh_name(f"{out_name}.rms", taken))
+        y = _like(out, fresh_name(f"{out_name}.rms", taken), decision._out_type)
         rms = ir.Node(
             "",
             op,
@@ -261,7 +267,7 @@ def _rewrite(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
     new_nodes = [rms]
     final = y
     if decision.beta == "add":
-        final = _like(out, fresh_name(f"{out_name}.beta", taken))
+        final = _like(out, fresh_name(f"{out_name}.beta", taken), decision._out_type)
         new_nodes.append(ir.Node("", "Add", [y, cand.bias], outputs=[final], name=fresh_name(f"{stem}/beta", taken)))
     elif decision.beta == "consumers":
         beta = np.asarray(constant_of(cand.bias).numpy()).astype(np.float64)  # type: ignore[union-attr]

@@ -128,11 +128,18 @@ _RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 JOINTLY_LINEAR = {"Add", "Sub", "Sum", "Concat", "Gemm", "Conv", "SkipLayerNormalization"}
 
 
-def _unary_check(node: ir.Node) -> str | None:
+_NARROW = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+
+
+def _unary_check(node: ir.Node, shapes: ShapeTable) -> str | None:
     if node.op_type == "Cast":
-        to = _int_attr(node, "to", 0)
-        if ir.DataType(to) not in _FLOAT_TYPES:
-            return f"{node_label(node)} casts to {ir.DataType(to).name}, not a float type"
+        to = ir.DataType(_int_attr(node, "to", 0))
+        if to not in _FLOAT_TYPES:
+            return f"{node_label(node)} casts to {to.name}, not a float type"
+        if to in _NARROW and shapes.dtype(node.inputs[0]) != to:
+            # Rounding to fewer bits is not linear: the centered tensor rounds differently, and
+            # the difference is no longer a shift the LN removes.
+            return f"{node_label(node)} narrows to {to.name}, whose rounding does not commute with centering"
     if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
         mode = ir.convenience.get_const_tensor(node.inputs[2])
         if mode is None or bool(np.asarray(mode.numpy()).reshape(-1)[0]):
@@ -168,9 +175,9 @@ def _layout_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool)
         perm = list(perm_attr.as_ints()) if perm_attr else list(reversed(range(len(src_shape))))
         return perm.index(axis) if forward else perm[axis]
     if op == "Expand":
-        offset = len(dst_shape) - len(src_shape)
+        offset = len(dst_shape) - len(src_shape)  # forward: out rank - in rank; backward: its negative
         if forward:
-            return axis - offset
+            return axis + offset
         return axis + offset if axis + offset >= 0 else f"{node_label(node)} broadcasts along the axis"
     if op in ("ReduceMean", "ReduceSum"):
         in_rank = len(src_shape) if forward else len(dst_shape)
@@ -235,7 +242,7 @@ def backward(node: ir.Node, output_index: int, axis: int, shapes: ShapeTable) ->
     if node.domain not in ("", "ai.onnx"):
         return f"{node_label(node)} ({node.domain}) does not carry a zero mean"
     if op in _UNARY:
-        return _unary_check(node) or [Requirement(0, axis)]
+        return _unary_check(node, shapes) or [Requirement(0, axis)]
     if op in _ELEMENTWISE:
         out_rank = _out_rank(node, shapes)
         in_shapes = [shapes.shape(v) for v in node.inputs]
@@ -353,7 +360,7 @@ def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
     if node.domain not in ("", "ai.onnx"):
         return f"{why}, which does not pass a mean shift through"
     if op in _UNARY:
-        reason = _unary_check(node)
+        reason = _unary_check(node, shapes)
         return f"{why}: {reason}" if reason else {0: axis}
     if op in _ELEMENTWISE:
         out_rank = _out_rank(node, shapes)

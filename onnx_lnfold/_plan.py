@@ -89,6 +89,7 @@ class LnDecision:
     blocking_tensor: str | None = None  # the tensor named in the reason, when there is one
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
     _cand: Any = field(repr=False, compare=False, default=None)  # the LnCandidate
+    _out_type: Any = field(repr=False, compare=False, default=(None, None))  # inferred (shape, dtype)
     _residual_add: ir.Node | None = field(repr=False, compare=False, default=None)
     _bias_add: ir.Node | None = field(repr=False, compare=False, default=None)
     _beta_consumers: list = field(repr=False, compare=False, default_factory=list)

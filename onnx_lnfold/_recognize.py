@@ -156,7 +156,7 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
     x = mean.inputs[0]
     rank = shapes.rank(x)
     axis = _reduce_axis(mean, rank)
-    if x is None or rank is None or axis is None:
+    if x is None or axis is None:
         return None
     use = _only_use(mean.outputs[0])
     if use is None or use[0].op_type != "Sub" or use[1] != 1 or use[0].inputs[0] is not x:
@@ -204,6 +204,11 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
     out = norm.outputs[0]
     scale = beta = None
     step = _only_use(out)
+    if rank is None:  # recognized, and reported, but not folded: the axis is unknown
+        cand = LnCandidate(DECOMPOSED, mean, name, out, None, None, None, epsilon)
+        cand.nodes = tuple(chain)
+        cand.form_problem = f"the rank of input '{x.name}' is unknown, so the normalized axis is unknown"
+        return cand
     if step is not None and step[0].op_type == "Mul" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
         scale = _other(step[0], out)
         chain.append(step[0])
@@ -230,9 +235,8 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
 
 
 def _reduce_axis(node: ir.Node, rank: int | None) -> int | None:
-    """The single axis a keepdims ReduceMean reduces over, else None."""
-    if rank is None:
-        return None
+    """The single axis a keepdims ReduceMean reduces over (as written, if the rank is unknown),
+    else None."""
     keep = node.attributes.get("keepdims")
     if keep is not None and keep.as_int() == 0:
         return None
@@ -248,6 +252,8 @@ def _reduce_axis(node: ir.Node, rank: int | None) -> int | None:
         return None
     if len(axes) != 1:
         return None
+    if rank is None:
+        return axes[0]
     return axes[0] + rank if axes[0] < 0 else axes[0]
 
 

@@ -175,6 +175,10 @@ class ShapeTable:
             return self.rank(node.inputs[0], _depth + 1)
         if node.op_type.startswith("Skip") and len(node.outputs) > 3 and value is node.outputs[3]:
             return self.rank(node.inputs[0], _depth + 1)  # the residual sum
+        if node.op_type in ("Add", "Sub", "Mul", "Div", "Sum", "Pow") and value is node.outputs[0]:
+            ranks = [self.rank(v, _depth + 1) for v in node.inputs if v is not None]
+            if ranks and all(r is not None for r in ranks):
+                return max(ranks)  # type: ignore[type-var]
         if node.op_type == "MatMul":
             ranks = [self.rank(v, _depth + 1) for v in node.inputs]
             if all(r is not None and r >= 2 for r in ranks):

@@ -173,6 +173,11 @@ def bias_slot(matmul: ir.Node) -> tuple[ir.Node, int] | None:
     return follower, slot
 
 
+def _int(node: ir.Node, name: str) -> int:
+    attr = node.attributes.get(name)
+    return attr.as_int() if attr is not None else 0
+
+
 def _takes_bias(node: ir.Node) -> bool:
     """A linear layer with a constant weight whose bias can absorb `beta @ W`."""
     weight = constant_of(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -182,7 +187,12 @@ def _takes_bias(node: ir.Node) -> bool:
         trans_a = node.attributes.get("transA")
         if trans_a is not None and trans_a.as_int():
             return False
-        return len(node.inputs) < 3 or node.inputs[2] is None or constant_of(node.inputs[2]) is not None
+        if len(node.inputs) < 3 or node.inputs[2] is None:
+            return True
+        bias = constant_of(node.inputs[2])
+        n = weight.shape[0] if _int(node, "transB") else weight.shape[1]
+        # beta @ W is a row of N: the bias must be one too (not a scalar or an [M, N] block).
+        return bias is not None and tuple(bias.shape.dims) in ((n,), (1, n))
     return node.op_type == "MatMul" and bias_slot(node) is not None
 
 
