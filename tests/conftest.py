@@ -16,7 +16,7 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--runslow"):
         return
-    skip = pytest.mark.skip(reason="slow: needs torch and minutes; run with --runslow")
+    skip = pytest.mark.skip(reason="slow: needs torch, minutes or GBs; run with --runslow")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
