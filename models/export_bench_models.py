@@ -139,31 +139,14 @@ def seed_for(name: str) -> int:
 
 
 def perturb(model, seed: int) -> None:
-    """Move every float parameter and buffer off its init (same recipe as export_models.py)."""
+    """Move every float parameter and buffer off its init: export_models.py's recipe, shared."""
     import torch
 
-    g = torch.Generator().manual_seed(seed + 1)
-
-    def rn(t):
-        return torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from export_models import perturb as perturb_like_the_test_models
 
     with torch.no_grad():
-        ln_params = set()
-        for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm):
-                if m.weight is not None:
-                    m.weight.copy_(1.0 + 0.1 * rn(m.weight))
-                    ln_params.add(id(m.weight))
-                if m.bias is not None:
-                    m.bias.copy_(0.05 * rn(m.bias))
-                    ln_params.add(id(m.bias))
-        for n, p in model.named_parameters():  # de-duplicates tied weights: they stay tied
-            if id(p) in ln_params or not p.is_floating_point():
-                continue
-            p.add_((0.05 if n.endswith("bias") else 0.02) * rn(p))
-        for _, b in model.named_buffers():
-            if b.is_floating_point():
-                b.mul_(1.0 + 0.01 * rn(b)).add_(1e-3 * rn(b))
+        perturb_like_the_test_models(model, seed)
 
 
 def max_seq_of(model, spec: Spec) -> int:
