@@ -52,14 +52,13 @@ from typing import Callable
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export_models as em  # noqa: E402
 from export_models import (  # noqa: E402
-    ALT_BATCH, ALT_SEQ, HEADS, HIDDEN, REF_BATCH, REF_SEQ, count_op, describe_graph,
+    ALT_BATCH, ALT_SEQ, HEADS, HIDDEN, REF_BATCH, count_op, describe_graph,
     finalize_onnx, make_inputs, make_wrapper, max_diff, perturb, run_ort, seed_for, shape_of,
     tied_info, torch_run)
 

@@ -27,7 +27,6 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper
 
