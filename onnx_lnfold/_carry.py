@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._shapes import Shape, ShapeTable, match_reshaped_axis
 
-_FLOAT_TYPES = {
+FLOAT_TYPES = {
     ir.DataType.FLOAT,
     ir.DataType.FLOAT16,
     ir.DataType.BFLOAT16,
@@ -134,7 +134,7 @@ _NARROW = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 def _unary_check(node: ir.Node, shapes: ShapeTable) -> str | None:
     if node.op_type == "Cast":
         to = ir.DataType(_int_attr(node, "to", 0))
-        if to not in _FLOAT_TYPES:
+        if to not in FLOAT_TYPES:
             return f"{node_label(node)} casts to {to.name}, not a float type"
         if to in _NARROW and shapes.dtype(node.inputs[0]) != to:
             # Rounding to fewer bits is not linear: the centered tensor rounds differently, and

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._carry import Requirement, node_label
+from onnx_lnfold._carry import FLOAT_TYPES, Requirement, node_label
 from onnx_lnfold._shapes import ShapeTable
 
 # LayerNormalization's epsilon default (ONNX spec). SkipSimplifiedLayerNormalization's default
@@ -29,7 +29,6 @@ SKIP_LAYER_NORM = "com.microsoft::SkipLayerNormalization"
 DECOMPOSED = "decomposed LayerNorm"
 EMBED_LAYER_NORM = "com.microsoft::EmbedLayerNormalization"
 
-_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
 
 
 @dataclass(eq=False)  # identity semantics: one candidate per LN
@@ -91,7 +90,7 @@ def _attr_eps(node: ir.Node, default: float) -> float:
 
 def _check_float(cand: LnCandidate, shapes: ShapeTable) -> str | None:
     dtype = shapes.dtype(cand.x)
-    if dtype is not None and dtype not in _FLOATS:
+    if dtype is not None and dtype not in FLOAT_TYPES:
         return f"its input is {dtype.name}, not a float type"
     return None
 

@@ -97,20 +97,24 @@ def test_skip_layer_norm_folds_with_its_bias_centered():
     assert ops(result.model_proto)["SkipSimplifiedLayerNormalization"] == 1
 
 
+def _first_block(g: Graph):
+    """x -> embed linear (h0) -> ln1 -> mlp -> residual Add (h1)."""
+    h0 = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "embed")
+    return g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")], name="residual")
+
+
+def test_residual_sum_read_by_a_graph_output_blocks_the_stream():
+    g = Graph()
+    h1 = _first_block(g)
+    g.output(g.ln(h1, 16, "ln2"))
+    g.output(g.node("Neg", [h1], name="reads_the_sum"))  # the sum, negated, is a graph output
+    result = onnx_lnfold.fold(g.model())
+    assert not result.plan.folded
+
+
 def test_residual_add_becomes_skip_simplified_and_keeps_a_shared_sum():
     g = Graph()
-    x = g.input("x", ["b", "s", 8])
-    h0 = g.linear(x, 8, 16, "embed")
-    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")], name="residual")
-    g.output(g.ln(h1, 16, "ln2"))
-    g.output(g.node("Neg", [h1], name="reads_the_sum"))  # a second consumer of the sum
-    result = onnx_lnfold.fold(g.model())
-    # h1 is a graph output's input: centering would change it, so nothing folds...
-    assert not result.plan.folded
-    g = Graph()
-    x = g.input("x", ["b", "s", 8])
-    h0 = g.linear(x, 8, 16, "embed")
-    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")], name="residual")
+    h1 = _first_block(g)
     h2 = g.node("Add", [h1, g.linear(g.ln(h1, 16, "ln2"), 16, 16, "mlp2")], name="residual2")
     g.output(g.ln(h2, 16, "ln3"))
     model = g.model()
@@ -125,13 +129,18 @@ def test_residual_add_becomes_skip_simplified_and_keeps_a_shared_sum():
     assert len(with_sum) == 1 and with_sum[0].output[3] == "residual_out"  # the sum keeps its name
 
 
-def test_explicit_centering_unlocks_a_stream_no_weight_can_center():
+def _relu_stem_model() -> onnx.ModelProto:
+    """A pre-LN stream that starts at a Relu output: no weight edit can center it."""
     g = Graph()
     x = g.input("x", ["b", "s", 8])
     h0 = g.node("Relu", [g.linear(x, 8, 16, "stem")], name="act")
     h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")])
     g.output(g.ln(h1, 16, "ln_f"))
-    result = fold_checked(g.model(), folded=2)
+    return g.model()
+
+
+def test_explicit_centering_unlocks_a_stream_no_weight_can_center():
+    result = fold_checked(_relu_stem_model(), folded=2)
     (centering,) = result.plan.centerings
     assert centering.tensor == "act_out" and centering.axis == 2 and centering.required_by == ("ln1", "ln_f")
     assert ops(result.model_proto)["ReduceMean"] == 1
@@ -147,12 +156,7 @@ def test_explicit_centering_that_unlocks_one_ln_is_not_worth_it():
 
 
 def test_explicit_centering_can_be_disabled():
-    g = Graph()
-    x = g.input("x", ["b", "s", 8])
-    h0 = g.node("Relu", [g.linear(x, 8, 16, "stem")], name="act")
-    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")])
-    g.output(g.ln(h1, 16, "ln_f"))
-    result = onnx_lnfold.fold(g.model(), auxiliary_centering=False)
+    result = onnx_lnfold.fold(_relu_stem_model(), auxiliary_centering=False)
     assert not result.plan.folded and not result.plan.centerings
 
 
