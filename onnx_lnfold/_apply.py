@@ -1,6 +1,7 @@
 """Carry out a `CenteringPlan` on the model it was computed from: center, untie, rewrite.
 
-Centering is done in float64 and cast back to the tensor's dtype. New nodes take the place of the
+The arithmetic (float64, one rounding back) is in `_centering`; centered weights stay lazy
+until the model is written. New nodes take the place of the
 nodes they replace (node order is kept: ONNX Runtime's memory planning follows it), the LN's output
 name survives on the final tensor, and every new tensor gets its type and shape, because ONNX shape
 inference does not know `SimplifiedLayerNormalization`.
@@ -13,6 +14,7 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
+from onnx_lnfold._centering import CenteredTensor, bias_plus_beta
 from onnx_lnfold._names import fresh_name, taken_names
 from onnx_lnfold._plan import AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import SKIP_LAYER_NORM
@@ -21,79 +23,7 @@ from onnx_lnfold._targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, bias_slot, co
 logger = logging.getLogger(__name__)
 
 
-# Centering works on slabs of about this many bytes: a multi-GB weight never exists in float64.
-_SLAB_BYTES = 8 << 20
-
-
-def _slabs(shape: tuple[int, ...], axis: int, itemsize: int):
-    """Index tuples cutting `shape` along an axis other than `axis` into ~_SLAB_BYTES pieces."""
-    if len(shape) < 2:
-        yield (slice(None),) * len(shape)
-        return
-    cut = 0 if axis != 0 else 1
-    row = itemsize * int(np.prod(shape, dtype=np.int64)) // max(shape[cut], 1)
-    step = max(1, _SLAB_BYTES // max(row, 1))
-    for start in range(0, shape[cut], step):
-        index = [slice(None)] * len(shape)
-        index[cut] = slice(start, start + step)
-        yield tuple(index)
-
-
-def _release(tensor: ir.TensorProtocol) -> None:
-    """Unmap an external tensor's pages once read (mapped pages count in the process's RSS)."""
-    if isinstance(tensor, ir.ExternalTensor):
-        try:
-            tensor.release()
-        except BufferError:  # an array still views the map: it stays until that array goes
-            pass
-
-
-def _centered(tensor: ir.TensorProtocol, axis: int | None, name: str, weights=None) -> ir.TensorProtocol:
-    """`tensor` minus its mean along `axis` (of `tensor * weights` / weights for an affine chain),
-    computed in float64 and cast back. Lazy: it is computed when written, one tensor at a time."""
-
-    def compute() -> ir.Tensor:
-        data = np.asarray(tensor.numpy())
-        out = np.empty_like(data)
-        if axis is None:
-            out[...] = 0
-        else:
-            w = None
-            if weights is not None:
-                shape = [1] * data.ndim
-                shape[axis] = len(weights)
-                w = np.asarray(weights, dtype=np.float64).reshape(shape)
-            for index in _slabs(data.shape, axis, data.itemsize):
-                x = data[index]
-                if w is None:  # float64 mean, float64 subtraction, one rounding back
-                    np.subtract(x, x.mean(axis=axis, dtype=np.float64, keepdims=True), out=out[index], casting="same_kind")
-                else:  # affine chain: (tensor * w) becomes zero-mean; w has no zero entry
-                    wide = x.astype(np.float64)
-                    out[index] = wide - (wide * w).mean(axis=axis, keepdims=True) / w
-            del x
-        del data
-        _release(tensor)
-        return ir.Tensor(out, dtype=tensor.dtype, name=name)
-
-    return ir.LazyTensor(compute, dtype=tensor.dtype, shape=ir.Shape(tensor.shape), name=name)
-
-
-def _times_weight(beta: np.ndarray, tensor: ir.TensorProtocol, trans: bool) -> np.ndarray:
-    """beta @ W (or beta @ W.T) in float64, a slab of rows at a time."""
-    w = np.asarray(tensor.numpy())
-    rows = w.shape[1] if trans else w.shape[0]
-    out = np.zeros(w.shape[0] if trans else w.shape[1], dtype=np.float64)
-    step = max(1, _SLAB_BYTES // max(1, w.itemsize * (w.shape[0] if trans else w.shape[1])))
-    for start in range(0, rows, step):
-        part = slice(start, start + step)
-        block = (w[:, part].T if trans else w[part]).astype(np.float64)
-        out += beta[part] @ block
-    del w
-    _release(tensor)
-    return out
-
-
-def _new_constant(graph: ir.Graph, tensor: ir.Tensor) -> ir.Value:
+def _new_constant(graph: ir.Graph, tensor: ir.TensorProtocol) -> ir.Value:
     value = ir.Value(name=tensor.name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
     value.const_value = tensor
     graph.register_initializer(value)
@@ -116,11 +46,11 @@ def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
     tensor = constant_of(value)
     assert tensor is not None, edit.tensor
     if edit.untie:
-        copy = _new_constant(graph, _centered(tensor, edit.axis, edit.new_name or "", edit.weights))
+        copy = _new_constant(graph, CenteredTensor(tensor, edit.axis, edit.new_name or "", edit.weights))
         for node, index in edit._uses:
             node.replace_input_with(index, copy)
         return
-    centered = _centered(tensor, edit.axis, value.name or "", edit.weights)
+    centered = CenteredTensor(tensor, edit.axis, value.name or "", edit.weights)
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant":
         for key in list(producer.attributes):
@@ -157,18 +87,29 @@ def _apply_centering(graph: ir.Graph, centering: AuxCentering, opset: int, taken
         node.replace_input_with(index, centered)
 
 
-def _add_bias_delta(graph: ir.Graph, node: ir.Node, bias_index: int, delta: np.ndarray, taken: set[str]) -> None:
-    """node.inputs[bias_index] += delta, copying the bias first if anything else reads it."""
+def _add_beta_to_bias(
+    graph: ir.Graph,
+    node: ir.Node,
+    bias_index: int,
+    beta: np.ndarray,
+    weight: ir.TensorProtocol,
+    taken: set[str],
+    *,
+    trans: bool = False,
+    scale: float = 1.0,
+) -> None:
+    """node.inputs[bias_index] += scale * (beta @ weight), copying the bias first if anything
+    else reads it."""
+    how = {"trans": trans, "scale": scale}
     old = node.inputs[bias_index]
     tensor = constant_of(old)
     assert tensor is not None
-    data = np.asarray(tensor.numpy())
-    summed = (data.astype(np.float64) + delta.reshape(data.shape)).astype(data.dtype)
     if len(old.uses()) == 1 and not old.is_graph_output() and old.is_initializer():
-        old.const_value = ir.Tensor(summed, dtype=tensor.dtype, name=old.name)
+        old.const_value = bias_plus_beta(tensor, beta, weight, dtype=tensor.dtype, name=old.name or "", **how)
         return
     name = fresh_name(f"{old.name}.with_beta", taken)
-    node.replace_input_with(bias_index, _new_constant(graph, ir.Tensor(summed, dtype=tensor.dtype, name=name)))
+    summed = bias_plus_beta(tensor, beta, weight, dtype=tensor.dtype, name=name, **how)
+    node.replace_input_with(bias_index, _new_constant(graph, summed))
 
 
 def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: np.ndarray, taken: set[str]) -> None:
@@ -178,22 +119,21 @@ def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: n
         assert weight is not None
         if node.op_type == "Gemm":
             attrs = node.attributes
-            trans_b = attrs["transB"].as_int() if "transB" in attrs else 0
+            trans_b = bool(attrs["transB"].as_int()) if "transB" in attrs else False
             alpha = attrs["alpha"].as_float() if "alpha" in attrs else 1.0
             beta_g = attrs["beta"].as_float() if "beta" in attrs else 1.0
-            delta = alpha * _times_weight(beta, weight, bool(trans_b))
+            scale = alpha / beta_g  # Gemm computes alpha * (A @ B) + beta_g * C
             if len(node.inputs) > 2 and node.inputs[2] is not None:
-                _add_bias_delta(graph, node, 2, delta / beta_g, taken)
+                _add_beta_to_bias(graph, node, 2, beta, weight, taken, trans=trans_b, scale=scale)
             else:
-                dtype = constant_of(node.inputs[1]).dtype  # type: ignore[union-attr]
                 name = fresh_name(f"{node.name or 'gemm'}.bias_from_beta", taken)
-                tensor = ir.Tensor((delta / beta_g).astype(dtype.numpy()), dtype=dtype, name=name)
+                tensor = bias_plus_beta(None, beta, weight, trans=trans_b, scale=scale, dtype=weight.dtype, name=name)
                 node.resize_inputs(3)
                 node.replace_input_with(2, _new_constant(graph, tensor))
             continue
         slot = bias_slot(node)
         assert slot is not None, node.name
-        _add_bias_delta(graph, slot[0], slot[1], _times_weight(beta, weight, False), taken)
+        _add_beta_to_bias(graph, slot[0], slot[1], beta, weight, taken)
 
 
 def _scale(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> ir.Value:
