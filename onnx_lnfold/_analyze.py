@@ -31,7 +31,7 @@ from onnx_lnfold import _carry
 from onnx_lnfold._carry import node_label
 from onnx_lnfold._names import display_names, fresh_name, taken_names
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
-from onnx_lnfold._recognize import LnCandidate, find_in_functions, find_layer_norms
+from onnx_lnfold._recognize import DECOMPOSED, LnCandidate, find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._targets import check_target, choose_rewrite, constant_of
 
@@ -106,10 +106,20 @@ class _Blocked:
 class _Tracer:
     """Backward zero-mean proofs, memoized per (tensor, axis). Iterative: streams are deep."""
 
-    def __init__(self, shapes: ShapeTable, sinks: dict[tuple[ir.Node, int], int], aux_denied: set[ir.Value] | None):
+    def __init__(
+        self,
+        shapes: ShapeTable,
+        sinks: dict[tuple[ir.Node, int], int],
+        aux_denied: set[ir.Value] | None,
+        pattern_outputs: dict[ir.Value, str] | None = None,
+    ):
         self.shapes = shapes
         self.sinks = sinks
         self.aux_denied = aux_denied  # None: auxiliary centering off
+        # Outputs of LNs written as a pattern of ops, with their labels: they stop a proof as an
+        # LN op's output does. Walking into the pattern instead would name a tensor inside it as
+        # the obstacle, one that explicit centering cannot use and that folding the LN removes.
+        self.pattern_outputs = pattern_outputs or {}
         self.memo: dict[tuple[ir.Value, int, Weights], frozenset[_Leaf] | _Blocked] = {}
 
     def prove(self, node: ir.Node, reqs: tuple[_carry.Requirement, ...] | list[_carry.Requirement]):
@@ -155,10 +165,10 @@ class _Tracer:
             if terms is None:
                 return _Blocked(f"the rank of the skip input of {node_label(node)} is unknown", value.name, value)
             return self._collect(node, terms, (value, axis), weights)
-        if node.op_type in _NORMALIZATIONS:
+        if node.op_type in _NORMALIZATIONS or value in self.pattern_outputs:
+            label = self.pattern_outputs.get(value) or node_label(node)
             return _Blocked(
-                f"tensor '{value.name}' is the output of {node_label(node)}, whose gamma*n+beta "
-                "has a data-dependent mean",
+                f"tensor '{value.name}' is the output of {label}, whose gamma*n+beta has a data-dependent mean",
                 value.name,
                 value,
             )
@@ -438,7 +448,8 @@ def _fold_set(
     aux_denied: set[ir.Value] | None,
 ) -> tuple[dict[LnCandidate, frozenset[_Leaf]], dict[LnCandidate, _Blocked]]:
     """Trace every candidate, then drop those whose edits have side effects, until none do."""
-    tracer = _Tracer(shapes, sinks, aux_denied)
+    patterns = {cand.out: f"the LayerNorm pattern at '{cand.name}'" for cand in candidates if cand.kind == DECOMPOSED}
+    tracer = _Tracer(shapes, sinks, aux_denied, patterns)
     blocked: dict[LnCandidate, _Blocked] = {}
     active: dict[LnCandidate, frozenset[_Leaf]] = {}
     for cand in candidates:

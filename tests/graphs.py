@@ -74,6 +74,35 @@ class Graph:
         return model
 
 
+def decomposed_ln(g: Graph, x: str, d: int, name: str, square="Pow", divide="Div", affine=True, opset=18) -> str:
+    """A LayerNorm over the last axis written out as exporters do (opset 13 or 18 ReduceMean),
+    with `square` Pow or Mul, `divide` Div or Reciprocal+Mul, with or without gamma/beta."""
+    axes = g.ints(f"{name}.axes", [-1])
+    if opset >= 18:
+        mean = g.node("ReduceMean", [x, axes], name=f"{name}/mean")
+    else:
+        mean = g.node("ReduceMean", [x], name=f"{name}/mean", axes=[-1])
+    diff = g.node("Sub", [x, mean], name=f"{name}/sub")
+    if square == "Pow":
+        sq = g.node("Pow", [diff, g.const(f"{name}.two", value=np.float32(2.0))], name=f"{name}/pow")
+    else:
+        sq = g.node("Mul", [diff, diff], name=f"{name}/square")
+    if opset >= 18:
+        var = g.node("ReduceMean", [sq, g.ints(f"{name}.axes2", [-1])], name=f"{name}/var")
+    else:
+        var = g.node("ReduceMean", [sq], name=f"{name}/var", axes=[-1])
+    eps = g.node("Constant", [], name=f"{name}/eps_const", value=onnx.numpy_helper.from_array(np.array(1e-6, np.float32)))
+    root = g.node("Sqrt", [g.node("Add", [var, eps], name=f"{name}/add_eps")], name=f"{name}/sqrt")
+    if divide == "Div":
+        n = g.node("Div", [diff, root], name=f"{name}/div")
+    else:
+        n = g.node("Mul", [diff, g.node("Reciprocal", [root], name=f"{name}/recip")], name=f"{name}/mul_recip")
+    if affine:
+        n = g.node("Mul", [n, g.const(f"{name}.gamma", (d,))], name=f"{name}/gamma")
+        n = g.node("Add", [n, g.const(f"{name}.beta", (d,))], name=f"{name}/beta")
+    return n
+
+
 def ops(proto: onnx.ModelProto) -> dict[str, int]:
     counts: dict[str, int] = {}
     for node in proto.graph.node:

@@ -6,34 +6,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
-from graphs import Graph, fold_checked, ops
-
-
-def _decomposed(g: Graph, x: str, d: int, name: str, square="Pow", divide="Div", affine=True, opset=18) -> str:
-    axes = g.ints(f"{name}.axes", [-1])
-    if opset >= 18:
-        mean = g.node("ReduceMean", [x, axes], name=f"{name}/mean")
-    else:
-        mean = g.node("ReduceMean", [x], name=f"{name}/mean", axes=[-1])
-    diff = g.node("Sub", [x, mean], name=f"{name}/sub")
-    if square == "Pow":
-        sq = g.node("Pow", [diff, g.const(f"{name}.two", value=np.float32(2.0))], name=f"{name}/pow")
-    else:
-        sq = g.node("Mul", [diff, diff], name=f"{name}/square")
-    if opset >= 18:
-        var = g.node("ReduceMean", [sq, g.ints(f"{name}.axes2", [-1])], name=f"{name}/var")
-    else:
-        var = g.node("ReduceMean", [sq], name=f"{name}/var", axes=[-1])
-    eps = g.node("Constant", [], name=f"{name}/eps_const", value=onnx.numpy_helper.from_array(np.array(1e-6, np.float32)))
-    root = g.node("Sqrt", [g.node("Add", [var, eps], name=f"{name}/add_eps")], name=f"{name}/sqrt")
-    if divide == "Div":
-        n = g.node("Div", [diff, root], name=f"{name}/div")
-    else:
-        n = g.node("Mul", [diff, g.node("Reciprocal", [root], name=f"{name}/recip")], name=f"{name}/mul_recip")
-    if affine:
-        n = g.node("Mul", [n, g.const(f"{name}.gamma", (d,))], name=f"{name}/gamma")
-        n = g.node("Add", [n, g.const(f"{name}.beta", (d,))], name=f"{name}/beta")
-    return n
+from graphs import Graph, decomposed_ln, fold_checked, ops
 
 
 @pytest.mark.parametrize("square", ["Pow", "Mul"])
@@ -43,7 +16,7 @@ def _decomposed(g: Graph, x: str, d: int, name: str, square="Pow", divide="Div",
 def test_decomposed_layer_norm_variants_fold(square, divide, affine, opset):
     g = Graph()
     h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
-    g.output(_decomposed(g, h, 16, "ln", square, divide, affine, opset))
+    g.output(decomposed_ln(g, h, 16, "ln", square, divide, affine, opset))
     result = fold_checked(g.model(opset=opset), folded=1)
     (decision,) = result.plan.decisions
     assert decision.op_type == "decomposed LayerNorm" and decision.epsilon == pytest.approx(1e-6)
@@ -59,7 +32,7 @@ def test_decomposed_layer_norm_is_a_sink_for_other_lns():
     h = g.linear(x, 8, 16, "proj")
     g.output(g.ln(h, 16, "ln"))
     side = g.node("Add", [h, g.node("Relu", [g.linear(x, 8, 16, "side")])])
-    g.output(_decomposed(g, side, 16, "dec"))
+    g.output(decomposed_ln(g, side, 16, "dec"))
     result = fold_checked(g.model(), folded=1, kept=1)
     assert result.plan.decision("ln").folded
 
@@ -67,7 +40,7 @@ def test_decomposed_layer_norm_is_a_sink_for_other_lns():
 def test_decomposed_pattern_with_a_shared_intermediate_is_not_an_ln():
     g = Graph()
     h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
-    out = _decomposed(g, h, 16, "dec")
+    out = decomposed_ln(g, h, 16, "dec")
     g.output(out)
     g.output("dec/mean_out")  # the mean is used elsewhere: not a LayerNorm any more
     result = onnx_lnfold.fold(g.model())

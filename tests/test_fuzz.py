@@ -29,7 +29,7 @@ from onnx import TensorProto
 
 import onnx_lnfold
 from fuzz_graphs import Built, feeds, models
-from graphs import Graph, assert_equivalent, fold_checked
+from graphs import Graph, assert_equivalent, decomposed_ln, fold_checked
 
 RMS = "SimplifiedLayerNormalization"
 SKIP_RMS = "com.microsoft::SkipSimplifiedLayerNormalization"
@@ -275,6 +275,23 @@ def test_regression_second_fold_changes_nothing():
     g.output(g.ln(h1, 16, "ln_c"))
     first = onnx_lnfold.fold(g.model())
     assert [d.node for d in first.plan.folded] == ["ln_a"]
+    again = onnx_lnfold.fold(first.model_proto)
+    assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, again.plan.to_dict()
+
+
+def test_regression_decomposed_ln_output_is_a_centering_root():
+    """Found by the 10,000-example run: two LNs read `emb_ln(E[ids]) + proj(x)`, where emb_ln is
+    a decomposed LN. The first fold walked into emb_ln's ops, named its ReduceMean as the obstacle
+    and kept both; the second, seeing an RMSNorm output there, centered it explicitly and folded
+    both. A decomposed LN's output now stops a proof as a LayerNormalization's does."""
+    g = Graph()
+    x = g.input("x", [2, "s", 4])
+    emb = g.node("Gather", [g.const("E", (50, 4)), g.input("ids", [2, "s"], onnx.TensorProto.INT64)])
+    h = g.node("Add", [g.linear(x, 4, 4, "proj"), decomposed_ln(g, emb, 4, "emb_ln", affine=False)])
+    g.output(g.ln(h, 4, "ln_b"))
+    g.output(g.ln(h, 4, "ln_c"))
+    first = fold_checked(g.model(), folded=3)
+    assert [c.tensor for c in first.plan.centerings] == ["emb_ln/div_out"]
     again = onnx_lnfold.fold(first.model_proto)
     assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, again.plan.to_dict()
 
