@@ -19,7 +19,7 @@ from onnx_lnfold._inputs import check_inputs, synthesize_inputs
 from onnx_lnfold._load import ModelSource, load_model
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._report import FoldReport, count_ops
-from onnx_lnfold._save import release_mapped, uses_external_data, weight_bytes
+from onnx_lnfold._save import release_mapped, save_with_external_data, uses_external_data, weight_bytes
 from onnx_lnfold._verify import DEFAULT_RTOL, ModelBytesOrPath, Verification, verify
 
 
@@ -67,7 +67,7 @@ class _OrtSource:
             self._dir = tempfile.mkdtemp(prefix="lnfold-verify-")
             path = os.path.join(self._dir, "model.onnx")
             try:
-                ir.save(model, path, external_data="model.onnx.data")
+                save_with_external_data(model, path, "model.onnx.data")
             except BaseException:
                 self.close()
                 raise
@@ -151,7 +151,7 @@ def fold_loaded(
             ir_model, target=target, auxiliary_centering=auxiliary_centering, fuse_residual=fuse_residual
         )
         apply_plan(ir_model, plan)
-        release_mapped(ir_model)  # pages of the weights read while centering
+        release_mapped(ir_model)  # pages of the constants the analysis read (gammas, betas, scales)
         report = FoldReport(
             plan=plan,
             ops_before=ops_before,

@@ -49,6 +49,12 @@ def release_mapped(model: ir.Model) -> None:
                     pass
 
 
+def save_with_external_data(model: ir.Model, path: Path | str, data_name: str, callback=None) -> None:
+    """`ir.save` with every initializer in `data_name` beside `path`: untouched external tensors
+    are copied by the kernel, edited ones computed and written by a second thread meanwhile."""
+    ir.save(model, path, external_data=data_name, callback=callback, max_workers=_WRITERS)
+
+
 def _os_error(what: str, e: OSError) -> LnFoldError:
     return LnFoldError(f"{what}: {e.strerror or e}")
 
@@ -88,7 +94,7 @@ class StagedModel:
                 callback = None
                 if progress is not None and progress.enabled:
                     callback = progress.save_callback(f"Writing {self.data_name}", weight_bytes(model))
-                ir.save(model, self.path, external_data=self.data_name, callback=callback, max_workers=_WRITERS)
+                save_with_external_data(model, self.path, self.data_name, callback)
                 if progress is not None:
                     progress.finish()
                 if rebind:
