@@ -58,7 +58,10 @@ Weights = Optional[tuple]
 def _weigh(weights: Weights, factor: np.ndarray, divide: bool = False) -> Weights:
     """weights * factor (or / factor), None when the result is uniform along the axis."""
     base = np.ones_like(factor) if weights is None else np.asarray(weights)
-    out = base / factor if divide else base * factor
+    # Dividing by a zero entry (a Mul that zeroes a channel of a shifted tensor, followed
+    # forward) gives inf: a non-uniform weight, which no LN absorbs; conservative, as wanted.
+    with np.errstate(divide="ignore"):
+        out = base / factor if divide else base * factor
     if np.allclose(out, out[0], rtol=1e-9, atol=0):
         return None
     return tuple(float(v) for v in out)

@@ -10,6 +10,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._proto_read import read_model
 
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
 
@@ -70,6 +71,16 @@ def _check_external_data(model: ir.Model, base: Path) -> None:
             )
 
 
+def _parse_whole(p: Path) -> ir.Model:
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise LnFoldError(f"{p}: not a readable ONNX model ({type(e).__name__})") from None
+    if not proto.HasField("graph") or proto.ir_version == 0:
+        raise LnFoldError(f"{p}: not an ONNX model (no graph or IR version)")
+    return ir.serde.deserialize_model(proto)
+
+
 def load_path(path: str | os.PathLike) -> ir.Model:
     p = Path(path)
     if not p.exists():
@@ -79,15 +90,14 @@ def load_path(path: str | os.PathLike) -> ir.Model:
     if p.stat().st_size == 0:
         raise LnFoldError(f"{p}: file is empty")
     try:
-        proto = onnx.load(str(p), load_external_data=False)
+        # Large initializers stay in the file (read when used); None: a file to parse whole.
+        model = read_model(p)
+        if model is None:
+            model = _parse_whole(p)
     except OSError as e:
         raise LnFoldError(f"{p}: cannot read ({e.strerror or e})") from None
-    except (DecodeError, ValueError, RuntimeError) as e:
-        raise LnFoldError(f"{p}: not a readable ONNX model ({type(e).__name__})") from None
-    if not proto.HasField("graph") or proto.ir_version == 0:
-        raise LnFoldError(f"{p}: not an ONNX model (no graph or IR version)")
-    try:
-        model = ir.serde.deserialize_model(proto)
+    except LnFoldError:
+        raise
     except Exception as e:  # the IR rejects structurally broken graphs
         raise LnFoldError(f"{p}: malformed ONNX model: {e}".splitlines()[0]) from None
     ir.external_data.set_base_dir(model.graph, str(p.parent))

@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._progress import Progress
+from onnx_lnfold._proto_write import read_from, write_model
 
 # Protobuf cannot hold a message over 2 GiB: above this the weights go to external data.
 _PROTO_LIMIT = 2**31 - 2**26
@@ -66,8 +67,9 @@ class StagedModel:
     `destination.name + '.data'` beside it; both are written into a temporary folder inside the
     destination folder and renamed into place by `commit()`, the data file first. A data file the
     input model still reads (in-place runs) is replaced only by that rename, so memory maps of the
-    old file stay valid. With `rebind`, the model's external-data initializers are switched to
-    the written file (in-memory edits are released; the model stays usable after `commit()`).
+    old file stay valid. With `rebind`, the model's initializers are switched to the written
+    files: external data at once, the weights streamed into a one-file model at `commit()`
+    (in-memory edits are released; the model stays usable after, even if its source is gone).
     """
 
     def __init__(self, model: ir.Model, destination: Path, *, progress: Progress | None = None, rebind: bool = False):
@@ -86,21 +88,24 @@ class StagedModel:
         self.path = self._dir / destination.name
         self.data_name: str | None = None
         self._model = model
+        self._rebind_on_commit = rebind
         self._rebound: list[ir.ExternalTensor] = []
+        self._streamed: dict[str, int] = {}  # one-file output: where streamed initializers start
         try:
             release_mapped(model)
             if uses_external_data(model) or weight_bytes(model) > _PROTO_LIMIT:
                 self.data_name = destination.name + ".data"
-                callback = None
-                if progress is not None and progress.enabled:
-                    callback = progress.save_callback(f"Writing {self.data_name}", weight_bytes(model))
+            callback = None
+            if progress is not None and progress.enabled:
+                callback = progress.save_callback(f"Writing {self.data_name or destination.name}", weight_bytes(model))
+            if self.data_name:
                 save_with_external_data(model, self.path, self.data_name, callback)
-                if progress is not None:
-                    progress.finish()
-                if rebind:
-                    self._rebind()
-            else:
-                ir.save(model, self.path)
+            else:  # one protobuf file, large weights streamed into it
+                self._streamed = write_model(model, self.path, callback)
+            if progress is not None:
+                progress.finish()
+            if rebind and self.data_name:
+                self._rebind()
         except OSError as e:
             self.discard()
             raise _os_error(f"{destination}: cannot write the output", e) from None
@@ -150,6 +155,8 @@ class StagedModel:
             raise _os_error(f"{self.destination}: cannot move the output into place", e) from None
         for tensor in self._rebound:  # maps already open follow the renamed file; new ones find it here
             tensor.base_dir = str(folder)
+        if self._rebind_on_commit and self._streamed:
+            read_from(self._model, self.destination, self._streamed)
         shutil.rmtree(self._dir, ignore_errors=True)
         return self.destination
 

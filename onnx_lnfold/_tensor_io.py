@@ -1,13 +1,16 @@
-"""Read a constant tensor front to back, a block of rows (along axis 0) at a time.
+"""Weights that stay in their file until used, and a reader of any tensor by blocks of rows.
 
-Centering and the beta fold read each weight they touch once, in order. For external data,
-plain `read` calls into one reused buffer are several times faster than touching a memory map
-page by page (each first touch is a page fault), and only one block is ever held: the mapped
-pages of a multi-GB weight never pile up in the process's RSS.
+`FileRegionTensor` is a tensor whose bytes lie in a byte range of a file (the initializers of a
+model file read without their data, see `_proto_read`). `row_blocks` reads a tensor front to
+back, a block of rows (along axis 0) at a time: centering and the beta fold read each weight they
+touch once, in order. From a file, plain `read` calls into one reused buffer are several times
+faster than touching a memory map page by page (each first touch is a page fault), and only one
+block is ever held: the pages of a multi-GB weight never pile up in the process's RSS.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from types import EllipsisType
 
@@ -31,17 +34,91 @@ def rows_per_block(shape: tuple[int, ...], itemsize: int, block_bytes: int = BLO
     return max(1, block_bytes // max(row, 1))
 
 
-def _raw_dtype(tensor: ir.TensorProtocol) -> np.dtype | None:
-    """The little-endian numpy dtype the tensor's bytes are stored as, or None when its elements
-    are not whole bytes (4-bit types are packed)."""
+def raw_dtype(dtype: ir.DataType) -> np.dtype | None:
+    """The little-endian numpy dtype `dtype`'s elements are stored as, or None when they are not
+    whole bytes (4-bit types are packed) or have no fixed width (strings)."""
     try:
-        dtype = np.dtype(tensor.dtype.numpy())
-        bits = tensor.dtype.bitwidth
-    except (TypeError, ValueError):  # strings and other types with no fixed width
+        numpy_dtype = np.dtype(dtype.numpy())
+        bits = dtype.bitwidth
+    except (TypeError, ValueError):
         return None
-    if dtype.itemsize * 8 != bits:
+    if numpy_dtype.itemsize * 8 != bits:
         return None
-    return dtype.newbyteorder("<")
+    return numpy_dtype.newbyteorder("<")
+
+
+def _stamp(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class FileRegionTensor(ir.LazyTensor):
+    """A tensor stored as `length` little-endian bytes at `offset` of the file at `path`; read
+    when used, never kept. The file must not change meanwhile: a read of a file that has (another
+    inode, size or modification time) raises instead of returning other bytes."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        offset: int,
+        length: int,
+        dtype: ir.DataType,
+        shape: ir.Shape,
+        name: str,
+        doc_string: str | None = None,
+        metadata_props: dict[str, str] | None = None,
+    ):
+        super().__init__(self._load, dtype=dtype, shape=shape, name=name, doc_string=doc_string, metadata_props=metadata_props)
+        self.path = os.fspath(path)
+        self.offset = offset
+        self.length = length
+        self._stamp = _stamp(self.path)
+
+    def __repr__(self) -> str:  # LazyTensor's would print its function, a method of this very object
+        return f"{self._repr_base()}(path={self.path!r}, offset={self.offset}, length={self.length}, name={self.name!r})"
+
+    def check(self) -> None:
+        try:
+            same = _stamp(self.path) == self._stamp
+        except OSError:
+            same = False
+        if not same:
+            raise LnFoldError(f"{self.path}: the file changed after the model was read from it; load the model again")
+
+    def _load(self) -> ir.Tensor:
+        self.check()
+        array = np.empty(tuple(self.shape), dtype=raw_dtype(self.dtype))
+        with open(self.path, "rb", buffering=0) as file:
+            file.seek(self.offset)
+            _read_into(file, array, f"{self.path} ({self.name})")
+        return ir.Tensor(array, dtype=self.dtype, name=self.name)
+
+    def tofile(self, file) -> None:
+        """Copy the bytes to a binary file: in the kernel where both are regular files."""
+        self.check()
+        with open(self.path, "rb", buffering=0) as source:
+            copy = getattr(os, "copy_file_range", None)
+            if copy is not None and hasattr(file, "fileno"):
+                file.flush()
+                done, start = 0, file.tell()
+                try:
+                    while done < self.length:
+                        n = copy(source.fileno(), file.fileno(), self.length - done, self.offset + done, start + done)
+                        if n == 0:
+                            raise LnFoldError(f"{self.path}: the file ends before tensor '{self.name}' does")
+                        done += n
+                    file.seek(start + done)
+                    return
+                except OSError:  # another file system, or no support: copy through memory
+                    file.seek(start)
+            source.seek(self.offset)
+            left = self.length
+            while left:
+                chunk = source.read(min(left, BLOCK_BYTES))
+                if not chunk:
+                    raise LnFoldError(f"{self.path}: the file ends before tensor '{self.name}' does")
+                file.write(chunk)
+                left -= len(chunk)
 
 
 def _read_into(file, view: np.ndarray, where: str) -> None:
@@ -50,7 +127,7 @@ def _read_into(file, view: np.ndarray, where: str) -> None:
     while done < len(target):
         n = file.readinto(target[done:])
         if not n:
-            raise LnFoldError(f"{where}: external data ends before the tensor does")
+            raise LnFoldError(f"{where}: the file ends before the tensor does")
         done += n
 
 
@@ -68,8 +145,10 @@ def row_blocks(tensor: ir.TensorProtocol, block_bytes: int = BLOCK_BYTES) -> Ite
     if not shape:
         yield ..., np.asarray(tensor.numpy())
         return
-    dtype = _raw_dtype(tensor)
-    if not isinstance(tensor, ir.ExternalTensor) or dtype is None:
+    dtype = raw_dtype(tensor.dtype)
+    if isinstance(tensor, FileRegionTensor):
+        tensor.check()
+    elif not isinstance(tensor, ir.ExternalTensor) or dtype is None:
         data = np.asarray(tensor.numpy())
         step = rows_per_block(shape, data.itemsize, block_bytes)
         for start in range(0, shape[0], step):

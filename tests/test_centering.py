@@ -136,5 +136,5 @@ def test_data_file_shorter_than_the_tensor_is_a_clear_error(tmp_path):
     array = RNG.standard_normal((64, 8)).astype(np.float32)
     tensor = _external(tmp_path, array, pad=0)
     (tmp_path / "w.data").write_bytes((tmp_path / "w.data").read_bytes()[:1000])
-    with pytest.raises(LnFoldError, match="external data ends before the tensor does"):
+    with pytest.raises(LnFoldError, match="the file ends before the tensor does"):
         CenteredTensor(tensor, 1, "w").tofile(io.BytesIO())
