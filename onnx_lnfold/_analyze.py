@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._carry import node_label
+from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._names import display_names, fresh_name, taken_names
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import DECOMPOSED, LnCandidate, find_in_functions, find_layer_norms
@@ -390,10 +391,32 @@ def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
     return sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
 
 
+# What to do with an embedding table that other uses need unchanged (a tied LM head): "center"
+# the Gather's output with `x - ReduceMean(x)` (two cheap nodes on the embeddings), or "untie":
+# center a copy of the table (no nodes, but the model grows by the table: +31% for GPT-2).
+TIED_WEIGHTS = ("center", "untie")
+
+
+def _gather_outputs(members: list[tuple[_Leaf, str]]) -> list[tuple[ir.Value, int]] | None:
+    """The (output, axis) of each Gather whose table the leaves center, when centering those
+    outputs is the same as centering the table for them: every leaf is a Gather's table (rows
+    gathered, so a row's mean is removed either way), unweighted, changing just that output."""
+    outputs: dict[ir.Value, int] = {}
+    for leaf, _ in members:
+        node = leaf.node
+        if node.op_type != "Gather" or leaf.index != 0 or leaf.weights is not None or leaf.axis is None:
+            return None
+        if len(leaf.seeds) != 1 or leaf.seeds[0][0] is not node.outputs[0] or leaf.seeds[0][2] is not None:
+            return None
+        outputs[node.outputs[0]] = leaf.seeds[0][1]
+    return sorted(outputs.items(), key=lambda item: item[0].name or "")
+
+
 def _edits(
-    leaves: list[tuple[_Leaf, str]], names: dict[ir.Node, str], taken: set[str]
+    leaves: list[tuple[_Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "center"
 ) -> tuple[list[CenteringEdit], list[AuxCentering]]:
-    """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use."""
+    """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
+    for a tied embedding table, center the Gather outputs instead)."""
     groups: dict[tuple[ir.Value, int | None, bool, Weights], list[tuple[_Leaf, str]]] = {}
     for leaf, ln in leaves:
         groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights), []).append((leaf, ln))
@@ -422,6 +445,24 @@ def _edits(
         tensor = constant_of(value)
         assert tensor is not None
         nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64) * tensor.dtype.itemsize)
+        gathered = _gather_outputs(members) if untie and tied_weights == "center" else None
+        if gathered:
+            for out, out_axis in gathered:
+                readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names.get(u[0], ""), u[1]))
+                centerings.append(
+                    AuxCentering(
+                        tensor=out.name or "",
+                        axis=out_axis,
+                        uses=tuple(f"{names.get(n, n.name)}:{i}" for n, i in readers),
+                        new_name=fresh_name(f"{out.name}.centered", taken),
+                        required_by=required_by,
+                        instead_of_untie=value.name,
+                        saved_bytes=nbytes,
+                        _value=out,
+                        _uses=tuple(readers),
+                    )
+                )
+            continue
         suffix = ".centered" if axis is not None else ".zeroed"
         edits.append(
             CenteringEdit(
@@ -506,9 +547,12 @@ def analyze(
     target: str = "ort",
     auxiliary_centering: bool = True,
     fuse_residual: str = "auto",
+    tied_weights: str = "center",
 ) -> CenteringPlan:
     """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing."""
     check_target(model, target, fuse_residual)
+    if tied_weights not in TIED_WEIGHTS:
+        raise LnFoldError(f"unknown tied_weights '{tied_weights}': choose one of {', '.join(TIED_WEIGHTS)}")
     graph = model.graph
     shapes = shapes or ShapeTable(model)
     names = display_names(graph)
@@ -526,7 +570,10 @@ def analyze(
             active, blocked = aux_active, {cand: blocked[cand] for cand in aux_blocked}
 
     edits, centerings = _edits(
-        [(leaf, cand.name) for cand, ls in active.items() for leaf in ls], names, taken_names(graph)
+        [(leaf, cand.name) for cand, ls in active.items() for leaf in ls],
+        names,
+        taken_names(graph),
+        tied_weights if auxiliary_centering else "untie",  # no centering nodes at all, as asked
     )
     claimed: set[ir.Node] = set()
     decisions = []

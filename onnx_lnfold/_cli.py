@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from onnx_lnfold import __version__
-from onnx_lnfold._analyze import analyze
+from onnx_lnfold._analyze import TIED_WEIGHTS, analyze
 from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._fold import check_equivalence, fold_loaded
 from onnx_lnfold._inputs import load_inputs, parse_input_shape
@@ -58,9 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
         "fuses the original's Add + LayerNormalization; default), always, never",
     )
     p.add_argument(
+        "--tied-weights",
+        choices=TIED_WEIGHTS,
+        default="center",
+        help="an embedding table the LM head shares: center the Gather's output with x - ReduceMean(x) "
+        "(default), or untie: center a copy of the table (no extra nodes; the model grows by the table)",
+    )
+    p.add_argument(
         "--no-aux-centering",
         action="store_true",
-        help="never insert an explicit x - ReduceMean(x) to unlock LNs whose stream no weight edit can center",
+        help="never insert an explicit x - ReduceMean(x) (to unlock LNs whose stream no weight edit can "
+        "center, or for tied weights: they are untied)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument("--rtol", type=float, help="max |diff|/max|ref| allowed (default 1e-4 fp32, 1e-2 fp16)")
@@ -154,6 +162,7 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
                 target=args.target,
                 auxiliary_centering=not args.no_aux_centering,
                 fuse_residual=args.fuse_residual,
+                tied_weights=args.tied_weights,
             ),
             ops_before=ops,
             ops_after=ops,
@@ -173,6 +182,7 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         target=args.target,
         auxiliary_centering=not args.no_aux_centering,
         fuse_residual=args.fuse_residual,
+        tied_weights=args.tied_weights,
     )
     report = result.report
     # Written (to a temporary folder beside the destination) before verification: onnxruntime

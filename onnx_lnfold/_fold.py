@@ -103,6 +103,7 @@ def fold(
     target: str = "ort",
     auxiliary_centering: bool = True,
     fuse_residual: str = "auto",
+    tied_weights: str = "center",
 ) -> FoldResult:
     """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
 
@@ -112,7 +113,10 @@ def fold(
 
     `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
     `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
-    ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization.
+    ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
+    `tied_weights` ("center", "untie") says how an embedding table the LM head shares is centered:
+    by `x - ReduceMean(x)` after the Gather, or as a copy (the model grows by the table; also what
+    happens with `auxiliary_centering=False`).
     """
     ir_model, path = load_model(model)
     return fold_loaded(
@@ -125,6 +129,7 @@ def fold(
         target=target,
         auxiliary_centering=auxiliary_centering,
         fuse_residual=fuse_residual,
+        tied_weights=tied_weights,
     )
 
 
@@ -139,6 +144,7 @@ def fold_loaded(
     target: str = "ort",
     auxiliary_centering: bool = True,
     fuse_residual: str = "auto",
+    tied_weights: str = "center",
 ) -> FoldResult:
     """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
     it was read from, if any (onnxruntime then reads the original from there)."""
@@ -148,7 +154,11 @@ def fold_loaded(
     original_src = _OrtSource(ir_model) if (verify and path is None) else None
     try:
         plan = analyze(
-            ir_model, target=target, auxiliary_centering=auxiliary_centering, fuse_residual=fuse_residual
+            ir_model,
+            target=target,
+            auxiliary_centering=auxiliary_centering,
+            fuse_residual=fuse_residual,
+            tied_weights=tied_weights,
         )
         apply_plan(ir_model, plan)
         release_mapped(ir_model)  # pages of the constants the analysis read (gammas, betas, scales)

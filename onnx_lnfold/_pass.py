@@ -20,16 +20,23 @@ class LnFoldPass(ir.passes.InPlacePass):
     on `self.plan` so a pipeline can report why LNs were kept.
     """
 
-    def __init__(self, target: str = "ort", auxiliary_centering: bool = True, fuse_residual: str = "auto") -> None:
+    def __init__(
+        self, target: str = "ort", auxiliary_centering: bool = True, fuse_residual: str = "auto", tied_weights: str = "center"
+    ) -> None:
         super().__init__()
         self.target = target
         self.auxiliary_centering = auxiliary_centering
         self.fuse_residual = fuse_residual
+        self.tied_weights = tied_weights
         self.plan: CenteringPlan | None = None
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.plan = analyze(
-            model, target=self.target, auxiliary_centering=self.auxiliary_centering, fuse_residual=self.fuse_residual
+            model,
+            target=self.target,
+            auxiliary_centering=self.auxiliary_centering,
+            fuse_residual=self.fuse_residual,
+            tied_weights=self.tied_weights,
         )
         apply_plan(model, self.plan)
         for decision in self.plan.kept:

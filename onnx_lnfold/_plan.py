@@ -56,6 +56,10 @@ class AuxCentering:
     uses: tuple[str, ...]  # "node_name:input_index" that read the centered tensor instead
     new_name: str  # name of the centered tensor
     required_by: tuple[str, ...]  # the LN nodes it unlocks
+    # Set when this centers a Gather's output in place of an untied, centered copy of its table
+    # (tied embeddings): the table's name and the bytes that copy would have added.
+    instead_of_untie: str | None = None
+    saved_bytes: int = 0
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
 
@@ -71,6 +75,8 @@ class AuxCentering:
             "new_name": self.new_name,
             "required_by": list(self.required_by),
             "cost": self.cost,
+            "instead_of_untie": self.instead_of_untie,
+            "saved_bytes": self.saved_bytes,
         }
 
 

@@ -72,6 +72,12 @@ class FoldReport:
                 copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
                 lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
         for c in plan.centerings:
+            if c.instead_of_untie:
+                lines.append(
+                    f"Explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis} ({c.cost}) instead of "
+                    f"an untied copy of '{c.instead_of_untie}' (saves {c.saved_bytes:,} bytes; --tied-weights untie)"
+                )
+                continue
             lines.append(
                 f"Explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis} ({c.cost}) "
                 f"unlocks {len(c.required_by)} LN(s): {', '.join(c.required_by)}"

@@ -4,7 +4,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from graphs import Graph, fold_checked
+import onnx_lnfold
+from graphs import Graph, fold_checked, ops
 
 
 def test_stream_tensor_that_is_a_graph_output_blocks_every_ln_that_needs_it():
@@ -21,21 +22,51 @@ def test_stream_tensor_that_is_a_graph_output_blocks_every_ln_that_needs_it():
         assert d.blocking_tensor == "embed/bias_out"
 
 
-def test_tied_embedding_is_untied_and_the_lm_head_keeps_the_original():
+def _tied_model() -> onnx.ModelProto:
+    """Embeddings and LM head share one table, as GPT-2, OPT and BLOOM exports do."""
     g = Graph()
     ids = g.input("ids", ["b", "s"], elem_type=onnx.TensorProto.INT64)
     table = g.const("wte", (40, 16))
-    h = g.node("Gather", [table, ids])
+    h = g.node("Gather", [table, ids], name="embed")
     h = g.node("Add", [h, g.linear(g.ln(h, 16, "ln1"), 16, 16, "mlp")])
     n = g.ln(h, 16, "ln_f")
     g.output(g.node("MatMul", [n, g.node("Transpose", [table], perm=[1, 0])], name="lm_head"))
-    result = fold_checked(g.model(), folded=2)
+    return g.model()
+
+
+def _tied_lm(tied_weights: str):
+    if tied_weights == "center":  # the default
+        return fold_checked(_tied_model(), folded=2)
+    result = onnx_lnfold.fold(_tied_model(), tied_weights=tied_weights)
+    assert len(result.plan.folded) == 2 and result.report.verification.status == "passed"
+    return result
+
+
+def test_tied_embedding_is_centered_after_the_gather_and_the_table_is_kept():
+    result = _tied_lm("center")
+    assert not [e for e in result.plan.edits if e.tensor == "wte"] and result.plan.untied_bytes == 0
+    (centering,) = result.plan.centerings
+    assert (centering.tensor, centering.axis, centering.instead_of_untie) == ("embed_out", 2, "wte")
+    assert centering.saved_bytes == 40 * 16 * 4 and centering.uses == ("add_5:0", "ln1:0")
+    inits = result.model.graph.initializers
+    assert "wte.centered" not in inits and len(inits["wte"].const_value.numpy()) == 40
+    assert ops(result.model_proto)["ReduceMean"] == 1
+
+
+def test_tied_embedding_is_untied_on_request_and_the_lm_head_keeps_the_original():
+    result = _tied_lm("untie")
+    assert not result.plan.centerings
     (edit,) = [e for e in result.plan.edits if e.tensor == "wte"]
     assert edit.untie and edit.new_name == "wte.centered"
     assert edit.copy_bytes == 40 * 16 * 4 == result.plan.untied_bytes
     inits = result.model.graph.initializers
     assert not np.allclose(inits["wte"].const_value.numpy().mean(axis=1), 0)
     np.testing.assert_allclose(inits["wte.centered"].const_value.numpy().mean(axis=1), 0, atol=1e-6)
+
+
+def test_no_aux_centering_unties_tied_weights():
+    plan = onnx_lnfold.fold(_tied_model(), auxiliary_centering=False, verify=False).plan
+    assert not plan.centerings and plan.untied_bytes == 40 * 16 * 4
 
 
 def test_weight_listed_as_graph_input_is_not_a_constant():

@@ -79,8 +79,16 @@ def test_folded_model_matches_torch(folded):
         np.testing.assert_allclose(got[key], ref, rtol=0, atol=2e-5 * np.abs(ref).max())
 
 
-def test_gpt2_tied_lm_head_is_untied():
-    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
+def test_gpt2_tied_embedding_is_centered_after_its_gather():
+    plan = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False).plan
+    assert plan.untied_bytes == 0 and not [e for e in plan.edits if e.untie]
+    (centering,) = plan.centerings
+    assert centering.instead_of_untie == "model.lm_head.weight" and centering.saved_bytes == 512 * 64 * 4
+    assert centering.axis == 2 and len(centering.required_by) == 5  # the residual stream starts there
+
+
+def test_gpt2_tied_lm_head_is_untied_on_request():
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False, tied_weights="untie")
     untied = [e for e in result.plan.edits if e.untie]
     assert len(untied) == 1
     (edit,) = untied
@@ -108,7 +116,7 @@ def test_bloom_without_auxiliary_centering_folds_only_the_embeddings_layer_norm(
 
 def test_bloom_centers_the_embeddings_layer_norm_output_once():
     plan = onnx_lnfold.fold(MODELS / "bloom.onnx", verify=False).plan
-    (centering,) = plan.centerings
+    (centering,) = [c for c in plan.centerings if not c.instead_of_untie]  # the other: tied embeddings
     assert centering.tensor == "layer_norm" and centering.axis == 2
     assert len(centering.required_by) == 5
 
@@ -134,8 +142,10 @@ def test_residual_fusion_survives_in_onnxruntimes_own_optimized_graph(tmp_path):
             before, after = optimized_nodes(MODELS / f"{name}.onnx"), optimized_nodes(tmp_path / "folded.onnx")
             # RMSNorm ops have no beta input: a beta costs one Add where nothing downstream has
             # a bias to absorb it (an LM head); the report says so per LN.
+            # An explicit centering (tied embeddings) is one ReduceMean and one Sub.
             beta_adds = sum(d.beta == "add" for d in result.plan.folded)
-            assert sum(after.values()) <= sum(before.values()) + beta_adds, (name, mode, before, after)
+            centering = 2 * len(result.plan.centerings)
+            assert sum(after.values()) <= sum(before.values()) + beta_adds + centering, (name, mode, before, after)
             assert after.get("SkipSimplifiedLayerNormalization", 0) >= before.get("SkipLayerNormalization", 0), name
 
 
