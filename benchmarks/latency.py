@@ -167,7 +167,7 @@ def time_model(meta: dict, paths: dict[str, str], configs: list[tuple[int, int]]
 # Profile and bound
 # --------------------------------------------------------------------------- #
 def norm_groups(optimized_model: str) -> dict[str, str]:
-    """node name -> 'norm_op' / 'residual_add' / 'beta_add' in the graph ORT executes."""
+    """node name -> 'norm_op' / 'residual_add' / 'beta_add' / 'centering' in the graph ORT executes."""
     import onnx
 
     m = onnx.load(optimized_model, load_external_data=False)
@@ -186,6 +186,9 @@ def norm_groups(optimized_model: str) -> dict[str, str]:
                 p = producer.get(x)
                 if p is not None and p.op_type == "Add":
                     roles.setdefault(p.name, "residual_add")
+    for n in nodes:  # an explicit centering the fold inserted (`x - ReduceMean(x)`) is normalization work
+        if (n.op_type, n.name.rpartition("/center/")[2]) in (("ReduceMean", "mean"), ("Sub", "sub")) and "/center/" in n.name:
+            roles[n.name] = "centering"
     for n in nodes:
         if n.op_type == "Add" and n.name not in roles and len(n.input) == 2:
             a, b = n.input
@@ -243,7 +246,7 @@ def _summarize(runs: list[dict]) -> dict:
         "runs": len(runs),
         "total_us": med("total"), "wall_us": med("wall"), "norm_us": med("norm"),
         "norm_share": float(np.median([r.get("norm", 0.0) / r["total"] for r in runs])),
-        "by_role_us": {k: med(k) for k in ("norm_op", "residual_add", "beta_add")},
+        "by_role_us": {k: med(k) for k in ("norm_op", "residual_add", "beta_add", "centering")},
         "by_op_us": {k: float(np.median([r["by_op"].get(k, 0.0) for r in runs])) for k in ops},
     }
 

@@ -152,6 +152,31 @@ def test_written_file_parses_to_the_model_and_runs_the_same(path, tmp_path):
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5)
 
 
+def test_every_kind_of_tensor_streams_its_bytes(path, tmp_path):
+    """Parsed protobuf tensors, numpy arrays, lazy tensors, centered weights, file regions."""
+    from onnx_lnfold._centering import CenteredTensor
+
+    model = ir.serde.deserialize_model(onnx.load(path))  # TensorProtoTensor
+    inits = model.graph.initializers
+    mlp = inits["mlp.weight"].const_value.numpy()
+    inits["mlp.weight"].const_value = ir.Tensor(mlp.copy(), name="mlp.weight")
+    extra = {
+        "lazy": ir.LazyTensor(lambda: ir.Tensor(mlp * 2), dtype=ir.DataType.FLOAT, shape=ir.Shape(mlp.shape), name="lazy"),
+        "centered": CenteredTensor(ir.Tensor(mlp), 1, "centered"),
+        "region": read_model(path).graph.initializers["proj.weight"].const_value,
+    }
+    for name, tensor in extra.items():
+        value = ir.Value(name=name, shape=ir.Shape(mlp.shape), type=ir.TensorType(ir.DataType.FLOAT))
+        value.const_value = tensor
+        model.graph.register_initializer(value)
+    offsets = write_model(model, tmp_path / "kinds.onnx")
+    assert set(offsets) == {"proj.weight", "mlp.weight", "lazy", "centered", "region"}
+    written = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "kinds.onnx").graph.initializer}
+    for name, value in model.graph.initializers.items():
+        np.testing.assert_array_equal(written[name], value.const_value.numpy(), err_msg=name)
+    np.testing.assert_allclose(written["centered"].mean(axis=1), 0, atol=1e-6)
+
+
 def test_a_tensor_that_writes_the_wrong_length_is_refused(tmp_path):
     class Short(ir.Tensor):
         def tofile(self, file):
