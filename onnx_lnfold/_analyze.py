@@ -391,10 +391,20 @@ def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
     return sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
 
 
-# What to do with an embedding table that other uses need unchanged (a tied LM head): "center"
-# the Gather's output with `x - ReduceMean(x)` (two cheap nodes on the embeddings), or "untie":
-# center a copy of the table (no nodes, but the model grows by the table: +31% for GPT-2).
-TIED_WEIGHTS = ("center", "untie")
+# What to do with an embedding table that other uses need unchanged (a tied LM head): "untie"
+# centers a copy of the table (no nodes; the file grows by the table, +31% for GPT-2 124M);
+# "center" centers the Gather's output, `x - ReduceMean(x)` (no copy; two nodes per run, which
+# gave back 10-25% of the normalization time saved on 2-layer models: benchmarks/results at
+# commit e73fb10). "auto" unties when the other uses read the table only through a Transpose:
+# ONNX Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs
+# file bytes but no memory at run time (GPT-2 124M: 869 MB after session creation either way);
+# otherwise it centers.
+TIED_WEIGHTS = ("auto", "center", "untie")
+
+
+def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.Node, int]]) -> bool:
+    others = [(u.node, u.idx) for u in value.uses() if (u.node, u.idx) not in set(centered_uses)]
+    return bool(others) and not value.is_graph_output() and all(n.op_type == "Transpose" for n, _ in others)
 
 
 def _gather_outputs(members: list[tuple[_Leaf, str]]) -> list[tuple[ir.Value, int]] | None:
@@ -413,7 +423,7 @@ def _gather_outputs(members: list[tuple[_Leaf, str]]) -> list[tuple[ir.Value, in
 
 
 def _edits(
-    leaves: list[tuple[_Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "center"
+    leaves: list[tuple[_Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "auto"
 ) -> tuple[list[CenteringEdit], list[AuxCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
     for a tied embedding table, center the Gather outputs instead)."""
@@ -445,7 +455,15 @@ def _edits(
         tensor = constant_of(value)
         assert tensor is not None
         nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64) * tensor.dtype.itemsize)
-        gathered = _gather_outputs(members) if untie and tied_weights == "center" else None
+        gathered, note = None, None
+        if untie and tied_weights != "untie":
+            gathered = _gather_outputs(members)
+            if gathered and tied_weights == "auto" and _read_only_through_transpose(value, uses):
+                gathered = None
+                note = (
+                    "its other uses read it through a Transpose, which ONNX Runtime folds into a copy of its "
+                    "own: no extra memory at run time; --tied-weights center avoids the copy for two nodes per run"
+                )
         if gathered:
             for out, out_axis in gathered:
                 readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names.get(u[0], ""), u[1]))
@@ -475,6 +493,7 @@ def _edits(
                 copy_bytes=nbytes if untie else 0,
                 required_by=required_by,
                 weights=weights,
+                note=note,
                 _value=value,
                 _uses=tuple(uses),
             )
@@ -547,7 +566,7 @@ def analyze(
     target: str = "ort",
     auxiliary_centering: bool = True,
     fuse_residual: str = "auto",
-    tied_weights: str = "center",
+    tied_weights: str = "auto",
 ) -> CenteringPlan:
     """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing."""
     check_target(model, target, fuse_residual)

@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tied-weights",
         choices=TIED_WEIGHTS,
-        default="center",
-        help="an embedding table the LM head shares: center the Gather's output with x - ReduceMean(x) "
-        "(default), or untie: center a copy of the table (no extra nodes; the model grows by the table)",
+        default="auto",
+        help="an embedding table the LM head shares: untie (center a copy; the file grows by the table), "
+        "center (x - ReduceMean(x) after the Gather: no copy, two nodes per run), or auto (default: untie "
+        "where the LM head reads it through a Transpose, which ONNX Runtime folds into its own copy anyway)",
     )
     p.add_argument(
         "--no-aux-centering",

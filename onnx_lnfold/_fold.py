@@ -103,7 +103,7 @@ def fold(
     target: str = "ort",
     auxiliary_centering: bool = True,
     fuse_residual: str = "auto",
-    tied_weights: str = "center",
+    tied_weights: str = "auto",
 ) -> FoldResult:
     """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
 
@@ -114,9 +114,10 @@ def fold(
     `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
     `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
     ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
-    `tied_weights` ("center", "untie") says how an embedding table the LM head shares is centered:
-    by `x - ReduceMean(x)` after the Gather, or as a copy (the model grows by the table; also what
-    happens with `auxiliary_centering=False`).
+    `tied_weights` ("auto", "center", "untie") says how an embedding table the LM head shares is
+    centered: as a copy ("untie": the file grows by the table; also what `auxiliary_centering=False`
+    does), by `x - ReduceMean(x)` after the Gather ("center"), or the copy where ONNX Runtime
+    would hold a transposed copy of its own anyway and the centering elsewhere ("auto").
     """
     ir_model, path = load_model(model)
     return fold_loaded(
@@ -144,7 +145,7 @@ def fold_loaded(
     target: str = "ort",
     auxiliary_centering: bool = True,
     fuse_residual: str = "auto",
-    tied_weights: str = "center",
+    tied_weights: str = "auto",
 ) -> FoldResult:
     """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
     it was read from, if any (onnxruntime then reads the original from there)."""

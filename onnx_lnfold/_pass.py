@@ -21,7 +21,7 @@ class LnFoldPass(ir.passes.InPlacePass):
     """
 
     def __init__(
-        self, target: str = "ort", auxiliary_centering: bool = True, fuse_residual: str = "auto", tied_weights: str = "center"
+        self, target: str = "ort", auxiliary_centering: bool = True, fuse_residual: str = "auto", tied_weights: str = "auto"
     ) -> None:
         super().__init__()
         self.target = target

@@ -30,6 +30,7 @@ class CenteringEdit:
     required_by: tuple[str, ...]  # the LN nodes this edit serves
     # Per-channel weights w of an affine chain: `tensor * w` is centered, not `tensor`.
     weights: tuple[float, ...] | None = field(repr=False, default=None)
+    note: str | None = None  # why an untied copy was chosen over an explicit centering, if it was
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
 
@@ -44,6 +45,7 @@ class CenteringEdit:
             "new_name": self.new_name,
             "copy_bytes": self.copy_bytes,
             "required_by": list(self.required_by),
+            "note": self.note,
         }
 
 

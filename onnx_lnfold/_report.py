@@ -71,6 +71,8 @@ class FoldReport:
                 axis = "zeroed" if e.axis is None else f"axis {e.axis}" + ("*w" if e.weights else "")
                 copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
                 lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
+                if e.note:
+                    lines.append(f"  {'':<{width}}  {'':<7}  ({e.note})")
         for c in plan.centerings:
             if c.instead_of_untie:
                 lines.append(

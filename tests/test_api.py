@@ -129,7 +129,6 @@ def test_node_order_and_value_info_are_kept():
         if n.op_type != "LayerNormalization" and n.name not in fused
     ]
     inserted = {c.new_name for c in result.plan.centerings} | {f"{c.tensor}.mean" for c in result.plan.centerings}
-    assert len(result.plan.centerings) == 1  # the tied embedding's Gather output
     after = [
         n.output[0]
         for n in folded.graph.node

@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 import onnx_lnfold
@@ -22,28 +23,33 @@ def test_stream_tensor_that_is_a_graph_output_blocks_every_ln_that_needs_it():
         assert d.blocking_tensor == "embed/bias_out"
 
 
-def _tied_model() -> onnx.ModelProto:
-    """Embeddings and LM head share one table, as GPT-2, OPT and BLOOM exports do."""
+def _tied_model(head: str = "transpose") -> onnx.ModelProto:
+    """Embeddings and LM head share one table, as GPT-2, OPT and BLOOM exports do: the head reads
+    it through a Transpose, or directly (Gemm transB=1)."""
     g = Graph()
     ids = g.input("ids", ["b", "s"], elem_type=onnx.TensorProto.INT64)
     table = g.const("wte", (40, 16))
     h = g.node("Gather", [table, ids], name="embed")
     h = g.node("Add", [h, g.linear(g.ln(h, 16, "ln1"), 16, 16, "mlp")])
     n = g.ln(h, 16, "ln_f")
-    g.output(g.node("MatMul", [n, g.node("Transpose", [table], perm=[1, 0])], name="lm_head"))
+    if head == "transpose":
+        g.output(g.node("MatMul", [n, g.node("Transpose", [table], perm=[1, 0])], name="lm_head"))
+    else:
+        g.output(g.node("Gemm", [g.node("Reshape", [n, g.ints("rows", [-1, 16])]), table], transB=1, name="lm_head"))
     return g.model()
 
 
-def _tied_lm(tied_weights: str):
-    if tied_weights == "center":  # the default
-        return fold_checked(_tied_model(), folded=2)
-    result = onnx_lnfold.fold(_tied_model(), tied_weights=tied_weights)
+def _tied_lm(tied_weights: str, head: str = "transpose"):
+    result = onnx_lnfold.fold(_tied_model(head), tied_weights=tied_weights)
     assert len(result.plan.folded) == 2 and result.report.verification.status == "passed"
     return result
 
 
-def test_tied_embedding_is_centered_after_the_gather_and_the_table_is_kept():
-    result = _tied_lm("center")
+@pytest.mark.parametrize(("tied_weights", "head"), [("center", "transpose"), ("auto", "gemm")])
+def test_tied_embedding_is_centered_after_the_gather_and_the_table_is_kept(tied_weights, head):
+    """Asked for, or chosen by `auto` where the head reads the table itself (a copy would double
+    the table's memory at run time)."""
+    result = _tied_lm(tied_weights, head)
     assert not [e for e in result.plan.edits if e.tensor == "wte"] and result.plan.untied_bytes == 0
     (centering,) = result.plan.centerings
     assert (centering.tensor, centering.axis, centering.instead_of_untie) == ("embed_out", 2, "wte")
@@ -53,10 +59,14 @@ def test_tied_embedding_is_centered_after_the_gather_and_the_table_is_kept():
     assert ops(result.model_proto)["ReduceMean"] == 1
 
 
-def test_tied_embedding_is_untied_on_request_and_the_lm_head_keeps_the_original():
-    result = _tied_lm("untie")
+@pytest.mark.parametrize("tied_weights", ["untie", "auto"])
+def test_tied_embedding_is_untied_and_the_lm_head_keeps_the_original(tied_weights):
+    """Asked for, or chosen by `auto` (the default) where the head reads the table through a
+    Transpose: ONNX Runtime folds that into a copy of its own, so ours costs no memory at run time."""
+    result = _tied_lm(tied_weights)
     assert not result.plan.centerings
     (edit,) = [e for e in result.plan.edits if e.tensor == "wte"]
+    assert (edit.note is not None) == (tied_weights == "auto")
     assert edit.untie and edit.new_name == "wte.centered"
     assert edit.copy_bytes == 40 * 16 * 4 == result.plan.untied_bytes
     inits = result.model.graph.initializers

@@ -45,9 +45,9 @@ def test_json_report(gpt2, tmp_path):
     assert report["folded"] == 5 and report["kept"] == 0
     assert {d["status"] for d in report["decisions"]} == {"folded"}
     assert all(d["op_type"] == "LayerNormalization" and d["reason"] for d in report["decisions"])
-    assert report["untied_bytes"] == 0  # the tied embedding is centered after its Gather instead
-    (centering,) = report["centerings"]
-    assert centering["instead_of_untie"] == "model.lm_head.weight" and centering["saved_bytes"] == 131072
+    assert report["untied_bytes"] == 131072 and not report["centerings"]
+    (untied,) = [e for e in report["edits"] if e["untie"]]
+    assert untied["tensor"] == "model.lm_head.weight" and "ONNX Runtime folds into a copy of its own" in untied["note"]
     assert report["verification"]["status"] == "passed"
     assert report["verification"]["outputs"][0]["name"] == "logits"
     assert report["ops_before"]["LayerNormalization"] == 5 and "LayerNormalization" not in report["ops_after"]
@@ -57,7 +57,7 @@ def test_json_report(gpt2, tmp_path):
 def test_dry_run_prints_the_plan_and_writes_nothing(gpt2, tmp_path):
     code, out, _ = _cli(gpt2, "--dry-run", "--json", tmp_path / "plan.json")
     assert code == 0
-    assert "folded" in out and "instead of an untied copy of 'model.lm_head.weight'" in out
+    assert "folded" in out and "model.lm_head.weight" in out and "untied" in out
     assert "dry run" in out
     assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx", "plan.json"]
 
