@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="measured runs of each command (median wall, max RSS)")
     p.add_argument("--dir", type=Path, default=ROOT / "benchmarks" / "cache" / "large", help="where the model is built and kept")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="sync and drop the page cache first (needs root): the state the recorded result was taken in")
     args = p.parse_args(argv)
 
     gen = _generator()
@@ -109,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     round_trip = [sys.executable, "-c", _ROUND_TRIP, str(model), str(rt_out)]
     fold = [sys.executable, "-m", "onnx_lnfold", str(model), "-o", str(fold_out), "--no-verify", "-q"]
 
+    if args.drop_caches:
+        os.sync()
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        except OSError as e:
+            raise SystemExit(f"--drop-caches: {e.strerror or e} (needs root on Linux)")
     print("warm-up round trip ...", file=sys.stderr, flush=True)
     measure(round_trip)
     _remove(rt_out)
