@@ -393,9 +393,10 @@ def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
 
 # What to do with an embedding table that other uses need unchanged (a tied LM head): "untie"
 # centers a copy of the table (no nodes; the file grows by the table, +31% for GPT-2 124M);
-# "center" centers the Gather's output, `x - ReduceMean(x)` (no copy; two nodes per run, which
-# gave back 10-25% of the normalization time saved on 2-layer models: benchmarks/results at
-# commit e73fb10). "auto" unties when the other uses read the table only through a Transpose:
+# "center" centers the Gather's output, `x - ReduceMean(x)` (no copy; two nodes per run: the
+# normalization time saved fell from 23% to 21% on gpt2_small and from 22% to 14% on GPT-2 124M,
+# means over the configurations of benchmarks/results at e73fb10 (centered) and bc5f8fd
+# (untied)). "auto" unties when the other uses read the table only through a Transpose:
 # ONNX Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs
 # file bytes but no memory at run time (GPT-2 124M: 869 MB after session creation either way);
 # otherwise it centers.
