@@ -15,12 +15,13 @@ reports a broken file as it always did.
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold._tensor_io import FileRegionTensor, raw_dtype
+from onnx_lnfold._tensor_io import FileRegionTensor, file_stamp, raw_dtype
 
 # Initializers whose raw_data is at least this large stay in the file.
 IN_FILE_MIN_BYTES = 1 << 16
@@ -99,7 +100,13 @@ def _initializer(buf, start: int, end: int) -> tuple[onnx.TensorProto, tuple[int
 def read_model(path: Path) -> ir.Model | None:
     """The model at `path` with its large initializers left in the file, or None when the file is
     not one this walker reads (the caller falls back to `onnx.load`)."""
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with open(path, "rb") as file:
+        # The offsets below hold for the file as it is now: its tensors check this stamp on read.
+        stamp = file_stamp(os.fstat(file.fileno()))
+        try:
+            buf = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system without memory maps: parse it whole
+            return None
         try:
             size = len(buf)
             model_rest = bytearray()
@@ -116,11 +123,15 @@ def read_model(path: Path) -> ir.Model | None:
             graph_rest = bytearray()
             initializers: list[onnx.TensorProto] = []
             regions: dict[str, tuple[int, int]] = {}
+            names: set[str] = set()
             for field, wire, field_start, value_start, value_end in _fields(buf, *graph_span):
                 if field == _GRAPH_INITIALIZER and wire == _LENGTH_DELIMITED:
                     tensor, raw = _initializer(buf, value_start, value_end)
+                    if tensor.name in names:  # which one wins is protobuf's and the IR's business
+                        raise _Unexpected
+                    names.add(tensor.name)
                     if raw is not None:
-                        if tensor.name in regions or not tensor.name:
+                        if not tensor.name:
                             raise _Unexpected
                         regions[tensor.name] = raw
                     initializers.append(tensor)
@@ -136,6 +147,8 @@ def read_model(path: Path) -> ir.Model | None:
             if type(e).__name__ == "DecodeError":
                 return None
             raise
+        finally:
+            buf.close()
     del initializers, model_rest, graph_rest
     if not proto.HasField("graph") or proto.ir_version == 0:
         return None
@@ -157,5 +170,6 @@ def read_model(path: Path) -> ir.Model | None:
             name,
             doc_string=header.doc_string,
             metadata_props=dict(header.metadata_props),
+            stamp=stamp,
         )
     return model

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._tensor_io import FileRegionTensor
+from onnx_lnfold._tensor_io import FileRegionTensor, raw_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +50,12 @@ def _key(field: int, length: int) -> bytes:
 
 
 def _streamable(tensor: ir.TensorProtocol | None) -> bool:
+    """Large tensors of whole-byte elements (what `_proto_read` leaves in a file, and what a
+    `FileRegionTensor` can read back after `read_from`); strings and packed 4-bit types go in
+    with the graph."""
     return (
         tensor is not None
-        and tensor.dtype != ir.DataType.STRING
+        and raw_dtype(tensor.dtype) is not None
         and not isinstance(tensor, ir.ExternalTensor)
         and tensor.nbytes >= STREAM_MIN_BYTES
     )

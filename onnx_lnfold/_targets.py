@@ -187,6 +187,9 @@ def _takes_bias(node: ir.Node) -> bool:
         trans_a = node.attributes.get("transA")
         if trans_a is not None and trans_a.as_int():
             return False
+        beta = node.attributes.get("beta")
+        if beta is not None and beta.as_float() == 0.0:  # it ignores C: nothing to absorb into
+            return False
         if len(node.inputs) < 3 or node.inputs[2] is None:
             return True
         bias = constant_of(node.inputs[2])

@@ -47,9 +47,13 @@ def raw_dtype(dtype: ir.DataType) -> np.dtype | None:
     return numpy_dtype.newbyteorder("<")
 
 
-def _stamp(path: str) -> tuple[int, int, int, int]:
-    st = os.stat(path)
+def file_stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What identifies a file's content for as long as nobody writes to it."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _stamp(path: str) -> tuple[int, int, int, int]:
+    return file_stamp(os.stat(path))
 
 
 class FileRegionTensor(ir.LazyTensor):
@@ -67,12 +71,15 @@ class FileRegionTensor(ir.LazyTensor):
         name: str,
         doc_string: str | None = None,
         metadata_props: dict[str, str] | None = None,
+        stamp: tuple[int, int, int, int] | None = None,
     ):
+        """`stamp`: `file_stamp` of the file as it was when the offsets were read from it (taken
+        now when not given: then the caller vouches that the file has not changed since)."""
         super().__init__(self._load, dtype=dtype, shape=shape, name=name, doc_string=doc_string, metadata_props=metadata_props)
         self.path = os.fspath(path)
         self.offset = offset
         self.length = length
-        self._stamp = _stamp(self.path)
+        self._stamp = stamp if stamp is not None else _stamp(self.path)
 
     def __repr__(self) -> str:  # LazyTensor's would print its function, a method of this very object
         return f"{self._repr_base()}(path={self.path!r}, offset={self.offset}, length={self.length}, name={self.name!r})"

@@ -91,6 +91,19 @@ def test_beta_folds_into_gemm_bias_even_when_absent():
     assert len(head.inputs) == 3 and head.inputs[2].const_value is not None
 
 
+@pytest.mark.parametrize("with_c", [True, False])
+def test_beta_stays_an_add_before_a_gemm_that_ignores_its_bias(with_c):
+    """Gemm with beta=0 ignores C: LN's beta cannot go there (found by review: a division by
+    that zero raised ZeroDivisionError)."""
+    g = Graph()
+    x = g.input("x", [4, 8])
+    n = g.ln(g.node("Gemm", [x, g.const("w", (8, 16)), g.const("c", (16,))]), 16, "ln")
+    inputs = [n, g.const("w2", (16, 6))] + ([g.const("c2", (6,))] if with_c else [])
+    g.output(g.node("Gemm", inputs, beta=0.0, name="head"))
+    result = fold_checked(g.model(), folded=1)
+    assert result.plan.decision("ln").beta == "add"
+
+
 @pytest.mark.parametrize("dtype,rtol", [(np.float16, 1e-2), (np.float64, 1e-4)])
 def test_other_float_dtypes(dtype, rtol):
     # ORT has no float64 Gelu (Erf) kernel on CPU.

@@ -127,6 +127,61 @@ def test_broken_files_are_left_to_the_usual_errors(path, cut):
         load_path(path)
 
 
+def test_repeated_initializer_names_are_left_to_protobuf(tmp_path):
+    """Which of two same-named initializers wins is the usual path's business (found by review:
+    the walker bound the first one's bytes, the IR keeps the last)."""
+    model = _model()
+    first = numpy_helper.from_array(np.full((256, 256), 1.0, np.float32), "dup")
+    last = helper.make_tensor("dup", onnx.TensorProto.FLOAT, [256, 256], np.full(256 * 256, 2.0, np.float32).tolist())
+    model.graph.initializer.extend([first, last])
+    p = _fall_back(tmp_path, model.SerializeToString())
+    assert load_path(p).graph.initializers["dup"].const_value.numpy()[0, 0] == 2.0
+
+
+def test_no_memory_map_means_parsing_the_file_whole(path, monkeypatch):
+    import mmap
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    assert read_model(path) is None
+    assert not any(isinstance(v.const_value, FileRegionTensor) for v in load_path(path).graph.initializers.values())
+
+
+def test_a_file_replaced_while_it_is_read_is_never_read_as_the_weights(path, monkeypatch):
+    """The stamp is the file's as it was walked (found by review: taken after parsing, a file
+    replaced in between passed the check and gave other bytes)."""
+    deserialize = ir.serde.deserialize_model
+
+    def replace_file_meanwhile(proto):
+        longer = _model()
+        longer.producer_name = "an exporter with a longer name shifts every offset"
+        onnx.save(longer, path)
+        return deserialize(proto)
+
+    monkeypatch.setattr(ir.serde, "deserialize_model", replace_file_meanwhile)
+    model = read_model(path)
+    with pytest.raises(LnFoldError, match="the file changed after the model was read"):
+        model.graph.initializers["proj.weight"].const_value.numpy()
+
+
+def test_packed_4_bit_initializers_go_in_with_the_graph(tmp_path):
+    """Only whole-byte tensors are streamed, so the model can read back what it rebinds to
+    (found by review: a rebound INT4 tensor could not be read)."""
+    model = _model()
+    packed = ir.Tensor(np.tile(np.array([-8, 7, 0, 3], dtype=np.int8), 512 * 128), dtype=ir.DataType.INT4, name="q")
+    model.graph.initializer.append(ir.serde.serialize_tensor(packed))
+    p = tmp_path / "q.onnx"
+    onnx.save(model, p)
+    result = onnx_lnfold.fold(p, verify=False)
+    result.save(p)
+    q = result.model.graph.initializers["q"].const_value
+    assert not isinstance(q, FileRegionTensor)
+    assert q.tobytes() == packed.tobytes()
+    assert _clear_data_location(onnx.load(p)) == _clear_data_location(result.model_proto)
+
+
 def test_a_file_changed_after_reading_is_never_read_as_the_weights(path):
     model = load_path(path)
     weight = model.graph.initializers["proj.weight"].const_value
