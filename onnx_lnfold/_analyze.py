@@ -404,8 +404,9 @@ TIED_WEIGHTS = ("auto", "center", "untie")
 
 
 def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.Node, int]]) -> bool:
-    others = [(u.node, u.idx) for u in value.uses() if (u.node, u.idx) not in set(centered_uses)]
-    return bool(others) and not value.is_graph_output() and all(n.op_type == "Transpose" for n, _ in others)
+    centered = set(centered_uses)
+    others = [u.node for u in value.uses() if (u.node, u.idx) not in centered]
+    return bool(others) and not value.is_graph_output() and all(n.op_type == "Transpose" for n in others)
 
 
 def _gather_outputs(members: list[tuple[_Leaf, str]]) -> list[tuple[ir.Value, int]] | None:
@@ -421,6 +422,30 @@ def _gather_outputs(members: list[tuple[_Leaf, str]]) -> list[tuple[ir.Value, in
             return None
         outputs[node.outputs[0]] = leaf.seeds[0][1]
     return sorted(outputs.items(), key=lambda item: item[0].name or "")
+
+
+def _aux_centering(
+    value: ir.Value,
+    axis: int,
+    uses: list[tuple[ir.Node, int]],
+    required_by: tuple[str, ...],
+    names: dict[ir.Node, str],
+    taken: set[str],
+    instead_of_untie: str | None = None,
+    saved_bytes: int = 0,
+) -> AuxCentering:
+    """`value - ReduceMean(value, axis)`, read by `uses` instead of `value`."""
+    return AuxCentering(
+        tensor=value.name or "",
+        axis=axis,
+        uses=tuple(f"{names[n]}:{i}" for n, i in uses),
+        new_name=fresh_name(f"{value.name}.centered", taken),
+        required_by=required_by,
+        _value=value,
+        _uses=tuple(uses),
+        instead_of_untie=instead_of_untie,
+        saved_bytes=saved_bytes,
+    )
 
 
 def _edits(
@@ -440,17 +465,7 @@ def _edits(
         uses = _sorted_uses(members, names)
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
-            centerings.append(
-                AuxCentering(
-                    tensor=value.name or "",
-                    axis=axis,  # type: ignore[arg-type]
-                    uses=tuple(f"{names[n]}:{i}" for n, i in uses),
-                    new_name=fresh_name(f"{value.name}.centered", taken),
-                    required_by=required_by,
-                    _value=value,
-                    _uses=tuple(uses),
-                )
-            )
+            centerings.append(_aux_centering(value, axis, uses, required_by, names, taken))  # type: ignore[arg-type]
             continue
         untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()
         tensor = constant_of(value)
@@ -467,19 +482,9 @@ def _edits(
                 )
         if gathered:
             for out, out_axis in gathered:
-                readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names.get(u[0], ""), u[1]))
+                readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
                 centerings.append(
-                    AuxCentering(
-                        tensor=out.name or "",
-                        axis=out_axis,
-                        uses=tuple(f"{names.get(n, n.name)}:{i}" for n, i in readers),
-                        new_name=fresh_name(f"{out.name}.centered", taken),
-                        required_by=required_by,
-                        instead_of_untie=value.name,
-                        saved_bytes=nbytes,
-                        _value=out,
-                        _uses=tuple(readers),
-                    )
+                    _aux_centering(out, out_axis, readers, required_by, names, taken, instead_of_untie=value.name, saved_bytes=nbytes)
                 )
             continue
         suffix = ".centered" if axis is not None else ".zeroed"

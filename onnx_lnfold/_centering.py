@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._tensor_io import BLOCK_BYTES, Rows, row_blocks, rows_per_block
+from onnx_lnfold._tensor_io import BLOCK_BYTES, Rows, raw_dtype, row_blocks, rows_per_block
 
 
 def _broadcast(weights: Sequence[float], ndim: int, axis: int) -> np.ndarray:
@@ -55,7 +55,7 @@ class CenteredTensor(ir.LazyTensor):
     def row_blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[Rows, np.ndarray]]:
         """The centered tensor's (rows, block) pairs, in order; each block is a reused buffer."""
         shape = tuple(self._source.shape)
-        dtype = np.dtype(self.dtype.numpy()).newbyteorder("<")
+        dtype = raw_dtype(self.dtype)
         if not shape:  # a scalar: its own mean
             yield ..., np.zeros((), dtype=dtype)
             return

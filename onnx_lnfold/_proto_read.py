@@ -21,17 +21,20 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from onnx_lnfold._proto_wire import (
+    FIXED32,
+    FIXED64,
+    GRAPH_INITIALIZER,
+    LARGE_TENSOR_BYTES,
+    LENGTH_DELIMITED,
+    MODEL_GRAPH,
+    TENSOR_RAW_DATA,
+    VARINT,
+)
 from onnx_lnfold._tensor_io import FileRegionTensor, file_stamp, raw_dtype
 
 # Initializers whose raw_data is at least this large stay in the file.
-IN_FILE_MIN_BYTES = 1 << 16
-
-# Field numbers (onnx.proto).
-_MODEL_GRAPH = 7
-_GRAPH_INITIALIZER = 5
-_TENSOR_RAW_DATA = 9
-
-_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
+IN_FILE_MIN_BYTES = LARGE_TENSOR_BYTES
 
 
 class _Unexpected(Exception):
@@ -57,13 +60,13 @@ def _fields(buf, start: int, end: int):
     while pos < end:
         key, value_start = _varint(buf, pos, end)
         wire = key & 7
-        if wire == _VARINT:
+        if wire == VARINT:
             _, value_end = _varint(buf, value_start, end)
-        elif wire == _FIXED64:
+        elif wire == FIXED64:
             value_end = value_start + 8
-        elif wire == _FIXED32:
+        elif wire == FIXED32:
             value_end = value_start + 4
-        elif wire == _LENGTH_DELIMITED:
+        elif wire == LENGTH_DELIMITED:
             length, value_start = _varint(buf, value_start, end)
             value_end = value_start + length
         else:  # groups: not in onnx.proto
@@ -79,7 +82,7 @@ def _initializer(buf, start: int, end: int) -> tuple[onnx.TensorProto, tuple[int
     header = bytearray()
     raw: tuple[int, int] | None = None
     for field, wire, field_start, value_start, value_end in _fields(buf, start, end):
-        if field == _TENSOR_RAW_DATA and wire == _LENGTH_DELIMITED:
+        if field == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED:
             if raw is not None:
                 raise _Unexpected
             raw = (value_start, value_end - value_start)
@@ -112,7 +115,7 @@ def read_model(path: Path) -> ir.Model | None:
             model_rest = bytearray()
             graph_span = None
             for field, wire, field_start, value_start, value_end in _fields(buf, 0, size):
-                if field == _MODEL_GRAPH and wire == _LENGTH_DELIMITED:
+                if field == MODEL_GRAPH and wire == LENGTH_DELIMITED:
                     if graph_span is not None:  # protobuf would merge the two: leave that to protobuf
                         raise _Unexpected
                     graph_span = (value_start, value_end)
@@ -125,7 +128,7 @@ def read_model(path: Path) -> ir.Model | None:
             regions: dict[str, tuple[int, int]] = {}
             names: set[str] = set()
             for field, wire, field_start, value_start, value_end in _fields(buf, *graph_span):
-                if field == _GRAPH_INITIALIZER and wire == _LENGTH_DELIMITED:
+                if field == GRAPH_INITIALIZER and wire == LENGTH_DELIMITED:
                     tensor, raw = _initializer(buf, value_start, value_end)
                     if tensor.name in names:  # which one wins is protobuf's and the IR's business
                         raise _Unexpected
@@ -158,18 +161,7 @@ def read_model(path: Path) -> ir.Model | None:
         header = value.const_value if value is not None else None
         if header is None or header.nbytes != length:  # let the usual path judge this file
             return None
-    for name, (offset, length) in regions.items():
+    for name, (offset, _) in regions.items():  # lengths checked above: nbytes of each header
         value = model.graph.initializers[name]
-        header = value.const_value
-        value.const_value = FileRegionTensor(
-            path,
-            offset,
-            length,
-            header.dtype,
-            ir.Shape(header.shape),
-            name,
-            doc_string=header.doc_string,
-            metadata_props=dict(header.metadata_props),
-            stamp=stamp,
-        )
+        value.const_value = FileRegionTensor.of(value.const_value, path, offset, name, stamp)
     return model

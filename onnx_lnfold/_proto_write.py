@@ -19,34 +19,13 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._proto_wire import GRAPH_INITIALIZER, LARGE_TENSOR_BYTES, MODEL_GRAPH, TENSOR_RAW_DATA, length_key
 from onnx_lnfold._tensor_io import FileRegionTensor, raw_dtype
 
 logger = logging.getLogger(__name__)
 
 # Initializers at least this large are streamed; smaller ones go in with the graph.
-STREAM_MIN_BYTES = 1 << 16
-
-# Field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
-_MODEL_GRAPH = 7
-_GRAPH_INITIALIZER = 5
-_TENSOR_RAW_DATA = 9
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _key(field: int, length: int) -> bytes:
-    """The tag of a length-delimited field (wire type 2) and its length."""
-    return _varint(field << 3 | 2) + _varint(length)
+STREAM_MIN_BYTES = LARGE_TENSOR_BYTES
 
 
 def _streamable(tensor: ir.TensorProtocol | None) -> bool:
@@ -102,23 +81,23 @@ def write_model(model: ir.Model, path: str | os.PathLike, callback: Callable | N
     def body_length(head: bytes, tensor: ir.TensorProtocol | None) -> int:
         if tensor is None:
             return len(head)
-        return len(head) + len(_key(_TENSOR_RAW_DATA, tensor.nbytes)) + tensor.nbytes
+        return len(head) + len(length_key(TENSOR_RAW_DATA, tensor.nbytes)) + tensor.nbytes
 
     lengths = [body_length(head, tensor) for _, head, tensor in records]
     offsets: dict[str, int] = {}
-    graph_length = len(graph_head) + sum(len(_key(_GRAPH_INITIALIZER, n)) + n for n in lengths)
+    graph_length = len(graph_head) + sum(len(length_key(GRAPH_INITIALIZER, n)) + n for n in lengths)
     with open(path, "wb") as file:
         file.write(model_head)
-        file.write(_key(_MODEL_GRAPH, graph_length))
+        file.write(length_key(MODEL_GRAPH, graph_length))
         file.write(graph_head)
         for (name, head, tensor), length in zip(records, lengths):
-            file.write(_key(_GRAPH_INITIALIZER, length))
+            file.write(length_key(GRAPH_INITIALIZER, length))
             file.write(head)
             if tensor is None:
                 continue
             if callback is not None:
                 callback(tensor, None)
-            file.write(_key(_TENSOR_RAW_DATA, tensor.nbytes))
+            file.write(length_key(TENSOR_RAW_DATA, tensor.nbytes))
             start = file.tell()
             offsets[name] = start
             tensor.tofile(file)
@@ -135,14 +114,4 @@ def read_from(model: ir.Model, path: str | os.PathLike, offsets: dict[str, int])
     then reads what was written (and nothing of the file it came from)."""
     for name, offset in offsets.items():
         value = model.graph.initializers[name]
-        old = value.const_value
-        value.const_value = FileRegionTensor(
-            path,
-            offset,
-            old.nbytes,
-            old.dtype,
-            ir.Shape(old.shape),
-            name,
-            doc_string=old.doc_string,
-            metadata_props=dict(old.metadata_props),
-        )
+        value.const_value = FileRegionTensor.of(value.const_value, path, offset, name)

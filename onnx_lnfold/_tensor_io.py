@@ -81,6 +81,24 @@ class FileRegionTensor(ir.LazyTensor):
         self.length = length
         self._stamp = stamp if stamp is not None else _stamp(self.path)
 
+    @classmethod
+    def of(
+        cls, like: ir.TensorProtocol, path: str | os.PathLike, offset: int, name: str, stamp: tuple[int, int, int, int] | None = None
+    ) -> FileRegionTensor:
+        """The tensor `like` describes (dtype, shape, doc string, metadata), whose bytes lie at
+        `offset` of `path`."""
+        return cls(
+            path,
+            offset,
+            like.nbytes,
+            like.dtype,
+            ir.Shape(like.shape),
+            name,
+            doc_string=like.doc_string,
+            metadata_props=dict(like.metadata_props),
+            stamp=stamp,
+        )
+
     def __repr__(self) -> str:  # LazyTensor's would print its function, a method of this very object
         return f"{self._repr_base()}(path={self.path!r}, offset={self.offset}, length={self.length}, name={self.name!r})"
 
