@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from conftest import MODELS
+from helpers import run_cli as _cli
 from onnx_lnfold._cli import main
 
 
@@ -18,12 +19,6 @@ def gpt2(tmp_path):
     path = tmp_path / "gpt2.onnx"
     shutil.copy(MODELS / "gpt2.onnx", path)
     return path
-
-
-def _cli(*args):
-    """Run in a subprocess: exit code, stdout, stderr exactly as a user sees them."""
-    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", *map(str, args)], capture_output=True, text=True)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_default_output_beside_the_input_and_report(gpt2):

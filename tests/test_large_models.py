@@ -5,11 +5,8 @@ here; the > 2 GB one is `slow` (run with --runslow).
 """
 
 import hashlib
-import importlib.util
 import io
 import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -17,21 +14,13 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from conftest import ROOT
+from helpers import make_large_model, relocate_external_data
+from helpers import run_cli as _cli
 from onnx_lnfold import _save
 from onnx_lnfold._progress import Progress
 from onnx_lnfold._verify import run_model
 
-_spec = importlib.util.spec_from_file_location("make_large_model", ROOT / "models" / "make_large_model.py")
-make_large_model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make_large_model)
-
 SMALL = dict(hidden=64, layers=3, vocab=256, positions=64)  # ~1.3 MB of weights
-
-
-def _cli(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", *map(str, args)], capture_output=True, text=True, cwd=cwd)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def _digest(*paths):
@@ -149,12 +138,7 @@ def test_in_place_with_external_data(model, tmp_path):
 def test_in_place_with_another_data_file_name_leaves_it_and_says_so(model):
     folder = model.parent
     os.replace(folder / "m.onnx.data", folder / "weights.bin")
-    proto = onnx.load(model, load_external_data=False)
-    for init in proto.graph.initializer:
-        for e in init.external_data:
-            if e.key == "location":
-                e.value = "weights.bin"
-    onnx.save(proto, model)
+    relocate_external_data(model, "weights.bin")
     code, out, err = _cli(model, "--in-place")
     assert code == 0, err
     assert sorted(os.listdir(folder)) == ["m.onnx", "m.onnx.data", "weights.bin"]

@@ -1,9 +1,6 @@
 """One-file models read without their weights (`_proto_read`) and written a tensor at a time
 (`_proto_write`): the same model as `onnx.load` / `ir.to_proto` give, at a fraction of the memory."""
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -12,6 +9,7 @@ from onnx import helper, numpy_helper
 
 import onnx_lnfold
 from graphs import Graph
+from helpers import run_cli
 from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._load import load_path
 from onnx_lnfold._proto_read import IN_FILE_MIN_BYTES, read_model
@@ -258,8 +256,8 @@ def test_in_place_api_save_rebinds_to_the_new_file(path):
 def test_cli_in_place_on_a_one_file_model(path):
     x = np.random.default_rng(1).standard_normal((1, 3, D)).astype(np.float32)
     ref = run_model(str(path), {"x": x})
-    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", str(path), "--in-place", "-q"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    code, _, err = run_cli(path, "--in-place", "-q")
+    assert code == 0, err
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.onnx"]
     assert {n.op_type for n in onnx.load(path).graph.node} >= {"SimplifiedLayerNormalization"}
     got = run_model(str(path), {"x": x})

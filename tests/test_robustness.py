@@ -1,31 +1,19 @@
 """Bad input, odd input and safe writes: one line on stderr and exit 2, nothing written, the input
 never touched. (The basic cases, missing/empty/junk files and unknown flags, are in test_cli.py.)"""
 
-import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import MODELS, ROOT
-
-_spec = importlib.util.spec_from_file_location("make_large_model", ROOT / "models" / "make_large_model.py")
-make_large_model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make_large_model)
+from conftest import MODELS
+from helpers import make_large_model, relocate_external_data
+from helpers import run_cli as _cli
 
 SMALL = dict(hidden=32, layers=2, vocab=64, positions=32)
-
-
-def _cli(*args, cwd=None):
-    proc = subprocess.run(
-        [sys.executable, "-m", "onnx_lnfold", *map(str, args)], capture_output=True, text=True, cwd=cwd
-    )
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def _snapshot(folder):
@@ -50,13 +38,7 @@ def ext_model(tmp_path):
 
 def _relocate(model_path, location, tensor="wte"):
     """Point one external tensor of the model at `location`."""
-    proto = onnx.load(model_path, load_external_data=False)
-    for init in proto.graph.initializer:
-        if init.name == tensor:
-            for entry in init.external_data:
-                if entry.key == "location":
-                    entry.value = location
-    onnx.save(proto, model_path)
+    relocate_external_data(model_path, location, tensor)
 
 
 # --- files that are not ONNX models ---------------------------------------------------------------
@@ -155,12 +137,7 @@ def test_output_over_the_inputs_external_data_is_refused(ext_model):
     # the output model itself, or its data file OUT.onnx.data, would replace m.onnx.data
     _assert_refused(*_cli(ext_model, "-o", folder / "m.onnx.data"), "overwrite the input's external data")
     shutil.move(folder / "m.onnx.data", folder / "w.onnx.data")
-    proto = onnx.load(ext_model, load_external_data=False)
-    for init in proto.graph.initializer:
-        for entry in init.external_data:
-            if entry.key == "location":
-                entry.value = "w.onnx.data"
-    onnx.save(proto, ext_model)
+    relocate_external_data(ext_model, "w.onnx.data")
     before = _snapshot(folder)
     _assert_refused(*_cli(ext_model, "-o", folder / "w.onnx"), "would overwrite the input's external data")
     assert _snapshot(folder) == before
