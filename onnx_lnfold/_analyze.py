@@ -622,7 +622,7 @@ def analyze(
                     beta=rewrite.beta,  # type: ignore[arg-type]
                     residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
                     _cand=cand,
-                    _out_type=(shapes.shape(cand.out), shapes.dtype(cand.out)),
+                    _out_type=(shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out)),
                     _residual_add=rewrite.residual_add,
                     _bias_add=rewrite.bias_add,
                     _beta_consumers=rewrite.beta_consumers,

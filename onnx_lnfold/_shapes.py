@@ -1,9 +1,13 @@
-"""Static shapes for the analysis: what the model declares, completed by ONNX shape inference.
+"""Shapes for the analysis: inferred from the graph itself, with declared shapes as hints.
 
 The analysis follows one axis through Reshape, Transpose, broadcasting and friends, so it needs
-ranks and, for reshapes, the dims around that axis. Exporters usually write `value_info`; where
-they do not, ONNX shape inference fills the gap. Inference runs on a light copy of the graph (large
-initializers become typed graph inputs) and its results are kept here, never written into the
+ranks and, for reshapes, the dims around that axis. What the graph computes is the authority:
+`_shape_infer` runs ONNX shape inference (with data propagation through the Shape/Gather/Concat
+chains that build a Reshape's target) and, where that leaves ranks unknown, ONNX Runtime's symbolic
+shape inference, both on a light copy. Declared `value_info` is only a hint: it is used where
+inference knows nothing, and its integer dims fill dims inference left open, but a declared symbol
+never replaces an inferred dim (the fp16 converter and `onnx.shape_inference` write `unk__N` dims
+where the graph says exactly which dim it is). Results are kept here, never written into the
 model: adding `value_info` changes ONNX Runtime's fusions and memory planning.
 """
 
@@ -11,20 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Union
 
-import onnx
 import onnx_ir as ir
+
+from onnx_lnfold._shape_infer import GENERATED_PREFIX, Dim, Inferred, Shape, factors, infer, input_symbols, tag
 
 logger = logging.getLogger(__name__)
 
-# A dim is an int, a symbol name, or None when nothing is known about it.
-Dim = Union[int, str, None]
-Shape = tuple[Dim, ...]
-
-# Initializers above this many elements are declared as typed inputs for inference: their values
-# never matter to shapes, and copying them would cost memory on multi-GB models.
-_INLINE_LIMIT = 4096
+__all__ = ["Dim", "Shape", "ShapeTable", "dims_equal", "match_reshaped_axis", "product"]
 
 
 def _dims(shape: ir.Shape | None) -> Shape | None:
@@ -41,82 +39,48 @@ def _dims(shape: ir.Shape | None) -> Shape | None:
     return tuple(out)
 
 
-def _proto_dims(type_proto: onnx.TypeProto) -> Shape | None:
-    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
-        return None
-    out: list[Dim] = []
-    for d in type_proto.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            out.append(d.dim_value)
-        elif d.HasField("dim_param") and d.dim_param:
-            out.append(d.dim_param)
-        else:
-            out.append(None)
-    return tuple(out)
+def _generated(d: Dim) -> bool:
+    return isinstance(d, str) and d.startswith(GENERATED_PREFIX)
 
 
-def _light_proto(model: ir.Model) -> onnx.ModelProto:
-    """The graph with small constants only: large initializers become typed graph inputs.
+def _score(d: Dim, inferred: bool) -> int:
+    """How much one dim says, and how far to trust it. An inferred integer or input-named dim
+    beats anything declared; a declared integer or input-named dim beats a symbol an inference
+    made up (which says only "some size"); nothing is worth least."""
+    if d is None:
+        return 0
+    if _generated(d):
+        return 2 if inferred else 1
+    kind = 2 if isinstance(d, int) else 1
+    return kind + (4 if inferred else 2)
 
-    Built node by node so that no large tensor is ever copied into protobuf (serializing the
-    whole model would hold every weight in memory once more).
+
+def _merge(inferred: list[Shape], declared: Shape | None) -> Shape | None:
+    """One shape from the inferred candidates and the declared hint, dim by dim.
+
+    Inferences that disagree on the rank make the shape unknown: following an axis through a
+    tensor whose rank is in doubt is a guess; a declared rank that disagrees is ignored. Two
+    inferred integers that disagree leave the dim unknown. A declared dim fills in only where
+    inference knows less (see `_score`).
     """
-    g = model.graph
-    graph = onnx.GraphProto(name=g.name or "graph")
-    declared = set()
-    for value in g.inputs:
-        graph.input.append(ir.serde.serialize_value(value))
-        declared.add(value.name)
-    for name, value in g.initializers.items():
-        tensor = value.const_value
-        if tensor is None:
+    ranks = {len(s) for s in inferred}
+    if len(ranks) > 1:
+        return None
+    if not inferred:
+        return declared
+    rank = ranks.pop()
+    merged: list[Dim] = []
+    for i in range(rank):
+        options = [(shape[i], True) for shape in inferred]
+        ints = {d for d, _ in options if isinstance(d, int)}
+        if len(ints) > 1:
+            merged.append(None)  # two inferences contradict each other: trust neither
             continue
-        if tensor.size <= _INLINE_LIMIT and not isinstance(tensor, ir.ExternalTensor):
-            graph.initializer.append(ir.serde.serialize_tensor(tensor))
-        elif name not in declared:
-            graph.input.append(onnx.helper.make_tensor_value_info(name, int(tensor.dtype), list(tensor.shape.dims)))
-    outputs = {v.name for v in g.outputs}
-    for node in g:
-        graph.node.append(ir.serde.serialize_node(node))
-        for out in node.outputs:  # declared value_info helps inference through unknown ops
-            if out.name and out.name not in outputs and (out.type is not None or out.shape is not None):
-                graph.value_info.append(ir.serde.serialize_value(out))
-    for value in g.outputs:
-        graph.output.append(ir.serde.serialize_value(value))
-    proto = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()]
-    )
-    proto.ir_version = model.ir_version
-    for function in model.functions.values():
-        proto.functions.append(ir.serde.serialize_function(function))
-    return proto
-
-
-def _infer(model: ir.Model) -> dict[str, tuple[Shape | None, int]]:
-    """Run ONNX shape inference on a light copy; return (shape, elem type) by value name."""
-    try:
-        proto = _light_proto(model)
-    except Exception as e:  # a model the IR cannot write back cannot be inferred either
-        logger.debug("shape inference skipped: %s", e)
-        return {}
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-    except Exception as e:  # custom ops or malformed graphs: fall back to declared shapes
-        logger.debug("shape inference failed: %s", e)
-        return {}
-    shapes: dict[str, tuple[Shape | None, int]] = {}
-    graphs = [inferred.graph]
-    while graphs:  # If/Loop/Scan bodies carry their own value_info
-        g = graphs.pop()
-        for vi in list(g.value_info) + list(g.output) + list(g.input):
-            if vi.type.HasField("tensor_type"):
-                shapes[vi.name] = (_proto_dims(vi.type), vi.type.tensor_type.elem_type)
-        for node in g.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    graphs.append(attr.g)
-                graphs.extend(attr.graphs)
-    return shapes
+        if declared is not None and len(declared) == rank:
+            options.append((declared[i], False))
+        best = max(options, key=lambda o: _score(*o))  # the first of equals: ONNX's inference
+        merged.append(best[0])
+    return tuple(merged)
 
 
 # Ops whose output 0 has the rank of input 0.
@@ -128,39 +92,53 @@ _SAME_RANK = {
 
 
 class ShapeTable:
-    """Shapes of the values of one graph, as declared or inferred (never written back)."""
+    """Shapes of the values of one model, inferred from its graph (never written back)."""
 
     def __init__(self, model: ir.Model):
-        self._inferred: dict[str, tuple[Shape | None, int]] | None = None
         self._model = model
+        self._inferred: tuple[Inferred, Inferred] | None = None
+        self._shared: set[str] | None = None
+        self._memo: dict[ir.Value, Shape | None] = {}
 
-    def _lookup(self, value: ir.Value) -> tuple[Shape | None, int]:
+    def _sources(self) -> tuple[Inferred, Inferred]:
         if self._inferred is None:
-            self._inferred = _infer(self._model)
-        return self._inferred.get(value.name or "", (None, 0))
+            self._inferred = infer(self._model)
+            self._shared = input_symbols(self._model)
+        return self._inferred
 
     def dtype(self, value: ir.Value | None) -> ir.DataType | None:
         if value is None:
             return None
         if value.dtype is not None:
             return value.dtype
-        elem = self._lookup(value)[1]
-        return ir.DataType(elem) if elem else None
+        for source in self._sources():
+            elem = source.get(value.name or "", (None, 0))[1]
+            if elem:
+                return ir.DataType(elem)
+        return None
 
     def shape(self, value: ir.Value | None) -> Shape | None:
         if value is None:
             return None
         if value.const_value is not None:
             return tuple(value.const_value.shape.dims)
-        declared = _dims(value.shape)
-        if declared is not None and all(d is not None for d in declared):
-            return declared
-        inferred = self._lookup(value)[0]
-        if declared is None:
-            return inferred
-        if inferred is None or len(inferred) != len(declared):
-            return declared
-        return tuple(d if d is not None else i for d, i in zip(declared, inferred))
+        if value in self._memo:
+            return self._memo[value]
+        sources = self._sources()
+        inferred = [s for s in (source.get(value.name or "", (None, 0))[0] for source in sources) if s is not None]
+        if value.is_graph_input() and value.graph is self._model.graph:
+            declared = _dims(value.shape)  # the model's interface: its own names are the shared ones
+        else:
+            declared = tag(_dims(value.shape), "declared", self._shared or set())
+        shape = _merge(inferred, declared)
+        self._memo[value] = shape
+        return shape
+
+    def declarable(self, shape: Shape | None) -> Shape | None:
+        """`shape` as it may be written into the model: symbols made up by inference dropped."""
+        if shape is None:
+            return None
+        return tuple(None if isinstance(d, str) and d.startswith(GENERATED_PREFIX) else d for d in shape)
 
     def rank(self, value: ir.Value | None, _depth: int = 0) -> int | None:
         shape = self.shape(value)
@@ -198,8 +176,14 @@ def product(dims: Shape) -> tuple[int, Counter] | None:
             return None
         if isinstance(d, int):
             factor *= d
+        elif d.startswith(GENERATED_PREFIX):
+            symbols[d] += 1  # an opaque name of one inference run
         else:
-            symbols[d] += 1
+            for f in factors(d):  # `batch*seq` is batch times seq
+                if f.isdigit():
+                    factor *= int(f)
+                else:
+                    symbols[f] += 1
     return factor, symbols
 
 
