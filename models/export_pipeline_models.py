@@ -85,6 +85,13 @@ def build_vit(attn):
     return transformers.ViTForImageClassification(cfg)
 
 
+def build_swin(attn):
+    cfg = transformers.SwinConfig(
+        image_size=32, patch_size=4, num_channels=3, embed_dim=24, depths=[2, 2], num_heads=[2, 4],
+        window_size=4, mlp_ratio=2.0, num_labels=10, attn_implementation=attn)
+    return transformers.SwinForImageClassification(cfg)
+
+
 def build_clip(attn):
     # A narrower MLP than the other models keeps the two 4-layer towers under 1 MB.
     text = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
@@ -140,6 +147,11 @@ def image_inputs(batch, seq, seed):
     return {"pixel_values": rng.standard_normal((batch, 3, IMAGE, IMAGE)).astype(np.float32)}
 
 
+def swin_inputs(batch, seq, seed):
+    rng = np.random.default_rng(seed)
+    return {"pixel_values": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+
+
 def clip_inputs(batch, seq, seed):
     rng = np.random.default_rng(seed)
     return {**_ids(rng, batch, seq), "pixel_values": rng.standard_normal((batch, 3, IMAGE, IMAGE)).astype(np.float32),
@@ -189,6 +201,11 @@ SOURCES = {s.name: s for s in [
     Source("opt", build_opt, "eager", text_inputs(True), ["input_ids", "attention_mask"], ["logits"],
            {"input_ids": TEXT_AXES, "attention_mask": TEXT_AXES}),
     Source("vit", build_vit, "eager", image_inputs, ["pixel_values"], ["logits"], {"pixel_values": {0: "batch"}}),
+    # optimum marks every dim of pixel_values dynamic
+    Source("vit_dynamic", build_vit, "eager", image_inputs, ["pixel_values"], ["logits"],
+           {"pixel_values": {0: "batch", 1: "num_channels", 2: "height", 3: "width"}}),
+    Source("swin", build_swin, "eager", swin_inputs, ["pixel_values"], ["logits"],
+           {"pixel_values": {0: "batch", 1: "num_channels", 2: "height", 3: "width"}}),
     Source("clip", build_clip, "eager", clip_inputs, ["input_ids", "pixel_values", "attention_mask"],
            ["logits_per_image", "logits_per_text", "text_embeds", "image_embeds"],
            {"input_ids": TEXT_AXES, "attention_mask": TEXT_AXES, "pixel_values": {0: "image_batch"}}),
@@ -261,7 +278,10 @@ ARTIFACTS = {a.name: a for a in [
     Artifact("gpt2_eager_ort_opt0", "gpt2_eager", ort_optimized("gpt2", 0),
              "GPT-2 eager, TorchScript opset 17 -> optimize_model(model_type='gpt2', opt_level=0)"),
     Artifact("clip_ort", "clip", ort_optimized("clip", None), "CLIPModel, TorchScript opset 17 -> optimize_model(model_type='clip')"),
-    Artifact("vit_torchscript", "vit", identity, "ViT, TorchScript opset 17 (flatten(2) as Shape/Slice/Concat -> Reshape)"),
+    Artifact("vit_torchscript", "vit_dynamic", identity,
+             "ViT, TorchScript opset 17, every pixel_values dim dynamic (flatten(2) as Shape/Slice/Concat -> Reshape)"),
+    Artifact("swin_torchscript", "swin", identity,
+             "Swin (2 stages of 2 blocks), TorchScript opset 17, every pixel_values dim dynamic (flatten(2), window reshapes)"),
     Artifact("mbart_torchscript", "mbart", identity, "MBartModel (pre-LN, 2+2 layers), TorchScript opset 17"),
     Artifact("wav2vec2_stable", "wav2vec2", identity,
              "Wav2Vec2Model (stable layer norm, feature-extractor LN), TorchScript opset 17", seqs=(16, 12)),

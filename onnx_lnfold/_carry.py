@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._shapes import Shape, ShapeTable, match_reshaped_axis
+from onnx_lnfold._reshape import reshaped_axis
+from onnx_lnfold._shapes import Shape, ShapeTable
 
 FLOAT_TYPES = {
     ir.DataType.FLOAT,
@@ -162,14 +163,14 @@ def _layout_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool)
     """Map `axis` between input 0 and output 0 of a layout op (either direction)."""
     op = node.op_type
     src, dst = (node.inputs[0], node.outputs[0]) if forward else (node.outputs[0], node.inputs[0])
-    src_shape, dst_shape = shapes.shape(src), shapes.shape(dst)
-    if src_shape is None or dst_shape is None:
-        return f"the shape around {node_label(node)} is unknown, so the axis cannot be followed"
     if op in _RESHAPES:
-        mapped = match_reshaped_axis(src_shape, axis, dst_shape)
+        mapped = reshaped_axis(node, shapes, axis, forward=forward)
         if mapped is None:
             return f"{node_label(node)} does not keep the normalized axis whole"
         return mapped
+    src_shape, dst_shape = shapes.shape(src), shapes.shape(dst)
+    if src_shape is None or dst_shape is None:
+        return f"the shape around {node_label(node)} is unknown, so the axis cannot be followed"
     if op == "Transpose":
         perm_attr = node.attributes.get("perm")
         perm = list(perm_attr.as_ints()) if perm_attr else list(reversed(range(len(src_shape))))
@@ -353,10 +354,47 @@ def absorbs(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
     return None
 
 
+# Inputs whose values never decide the shape of the node's outputs (only their shapes do), by op:
+# None for every input. Reshape's target, Expand's shape, Slice's bounds, If's condition... do.
+_SHAPE_BLIND_INPUTS: dict[str, set[int] | None] = {
+    **dict.fromkeys(
+        ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Neg", "Identity", "Cast", "Dropout", "Relu", "Gelu",
+         "Erf", "Tanh", "Sigmoid", "Sqrt", "Exp", "Abs", "MatMul", "Gemm", "Softmax", "Transpose", "Concat",
+         "LayerNormalization", "Conv"),
+        None,
+    ),
+    **dict.fromkeys(
+        ("Gather", "GatherElements", "GatherND", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand",
+         "Slice", "Split", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"),
+        {0},
+    ),
+}
+
+
+def _only_shape_read(node: ir.Node, input_index: int) -> bool:
+    """Whether a change of input `input_index` reaches nothing but Shape/Size nodes: the node's
+    outputs are read only for their shapes, which do not depend on that input's values."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in _SHAPE_BLIND_INPUTS:
+        return False
+    blind = _SHAPE_BLIND_INPUTS[node.op_type]
+    if blind is not None and input_index not in blind:
+        return False
+    for out in node.outputs:
+        if out is None:
+            continue
+        if out.is_graph_output():
+            return False
+        if any(use.node.op_type not in ("Shape", "Size") or use.node.domain not in ("", "ai.onnx") for use in out.uses()):
+            return False
+    return True
+
+
 def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> dict[int, int] | str:
     """Where a shift constant along `axis` at input `input_index` goes: {output index: axis}."""
     op = node.op_type
     why = f"it feeds {node_label(node)}"
+    if _only_shape_read(node, input_index):
+        return {}  # e.g. TorchScript's `x[:, :, -1].shape`: a Gather along the axis read by Shape
     if node.domain not in ("", "ai.onnx"):
         return f"{why}, which does not pass a mean shift through"
     if op in _UNARY:

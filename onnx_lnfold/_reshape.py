@@ -1,0 +1,157 @@
+"""Which axis a Reshape keeps whole: from the shapes around it, or from how its target was built.
+
+Exporters build a Reshape's target from the input's own shape: TorchScript's `flatten(2)` is
+`Reshape(x, Concat(Slice(Shape(x), 0, 2), [-1]))`, GPT-2's Conv1D is `Reshape(x, [-1, Shape(x)[-1]])`.
+With dynamic dims, shape inference cannot name the flattened dim (`unk__N`), so comparing the
+shapes around the Reshape fails; yet the target says exactly which dims are copied from the input.
+A row-major reshape keeps axis `a` whole (every element keeps its index along it) when the dims
+before it, or the dims from it to the end, are copied unchanged: then the product of the dims after
+it is the same on both sides (a reshape keeps the element count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_lnfold._shapes import ShapeTable, dims_equal, match_reshaped_axis
+
+_INT_TYPES = {ir.DataType.INT64, ir.DataType.INT32}
+_MAX_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class DimOf:
+    """Dim `index` of `tensor`, read by a Shape node."""
+
+    tensor: ir.Value
+    index: int
+
+
+# One element of a shape tensor: an integer, a dim of some tensor, or unknown.
+Entry = Union[int, DimOf, None]
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    if value is None or value.is_graph_input():
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None or tensor.dtype not in _INT_TYPES:
+        return None
+    return [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
+
+
+def _attr_int(node: ir.Node, name: str, default: int | None) -> int | None:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.as_int()
+
+
+def shape_entries(value: ir.Value | None, shapes: ShapeTable, depth: int = 0) -> list[Entry] | None:
+    """The elements of a 0-D or 1-D integer tensor built by a shape subgraph (Shape, Gather, Slice,
+    Concat, Unsqueeze, Squeeze, Cast, Identity, constants), or None when it is not one."""
+    if value is None or depth > _MAX_DEPTH:
+        return None
+    ints = _const_ints(value)
+    if ints is not None:
+        return list(ints)
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op = node.op_type
+    if op == "Shape":
+        rank = shapes.rank(node.inputs[0])
+        if rank is None:
+            return None
+        start, end = _attr_int(node, "start", 0), _attr_int(node, "end", rank)
+        return [DimOf(node.inputs[0], i) for i in range(rank)][slice(start, end)]
+    if op in ("Unsqueeze", "Squeeze"):  # 0-D <-> [1] keeps the elements; nothing else does
+        ranks = {shapes.rank(node.inputs[0]), shapes.rank(node.outputs[0])}
+        return shape_entries(node.inputs[0], shapes, depth + 1) if ranks == {0, 1} else None
+    if op == "Identity" or (op == "Cast" and _attr_int(node, "to", 0) in (6, 7)):  # to int32/int64
+        return shape_entries(node.inputs[0], shapes, depth + 1)
+    if op == "Concat":
+        out: list[Entry] = []
+        for piece in node.inputs:
+            entries = shape_entries(piece, shapes, depth + 1)
+            if entries is None:
+                shape = shapes.shape(piece)
+                if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
+                    return None
+                entries = [None] * shape[0]  # computed elsewhere: known length, unknown values
+            out += entries
+        return out
+    if op == "Gather":
+        data, indices = shape_entries(node.inputs[0], shapes, depth + 1), _const_ints(node.inputs[1])
+        if data is None or indices is None or (shapes.rank(node.inputs[1]) or 0) > 1:
+            return None
+        if not all(-len(data) <= i < len(data) for i in indices):
+            return None
+        return [data[i] for i in indices]
+    if op == "Slice":
+        data = shape_entries(node.inputs[0], shapes, depth + 1)
+        starts, ends = _const_ints(node.inputs[1]), _const_ints(node.inputs[2])
+        axes = _const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+        steps = _const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+        if data is None or not starts or not ends or axes not in ([0], [-1]) or steps != [1]:
+            return None
+        return data[slice(starts[0], ends[0])]  # Python clamps as ONNX does for step 1
+    return None
+
+
+def _copies(entry: Entry, j: int, src: ir.Value, i: int, shapes: ShapeTable, allowzero: bool) -> bool:
+    """Whether target entry `j` is dim `i` of `src`, whatever the input's size."""
+    if isinstance(entry, DimOf) and entry.tensor is src:
+        return entry.index == i
+    if entry == 0 and not allowzero:
+        return i == j  # 0 copies the input's dim at the same position
+    mine = shapes.shape(src)
+    if mine is None:
+        return False
+    if isinstance(entry, DimOf):  # a dim of another tensor, known to be the same size
+        other = shapes.shape(entry.tensor)
+        return other is not None and dims_equal(other[entry.index], mine[i])
+    return isinstance(entry, int) and entry > 0 and mine[i] == entry
+
+
+def _structural_axis(node: ir.Node, shapes: ShapeTable, axis: int, forward: bool) -> int | None:
+    src = node.inputs[0]
+    rank = shapes.rank(src)
+    entries = shape_entries(node.inputs[1], shapes) if len(node.inputs) > 1 else None
+    if rank is None or entries is None:
+        return None
+    allowzero = bool(_attr_int(node, "allowzero", 0))
+    n = len(entries)
+
+    def copied(j: int, i: int) -> bool:
+        return _copies(entries[j], j, src, i, shapes, allowzero)
+
+    if forward:  # input axis -> output axis
+        if axis < n and all(copied(j, j) for j in range(axis + 1)):
+            return axis  # the dims up to it are copied
+        tail = rank - axis
+        if n >= tail and all(copied(n - tail + t, axis + t) for t in range(tail)):
+            return n - tail  # the dims from it to the end are copied
+        return None
+    if axis < rank and all(copied(j, j) for j in range(axis + 1)):
+        return axis
+    tail = n - axis
+    if rank >= tail and all(copied(axis + t, rank - tail + t) for t in range(tail)):
+        return rank - tail
+    return None
+
+
+def reshaped_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool) -> int | None:
+    """The axis a Reshape/Flatten/Squeeze/Unsqueeze maps `axis` to (input -> output when
+    `forward`, else output -> input), if it keeps it whole; None if it does not or cannot tell."""
+    src, dst = (node.inputs[0], node.outputs[0]) if forward else (node.outputs[0], node.inputs[0])
+    src_shape, dst_shape = shapes.shape(src), shapes.shape(dst)
+    if src_shape is not None and dst_shape is not None and axis < len(src_shape):
+        mapped = match_reshaped_axis(src_shape, axis, dst_shape)
+        if mapped is not None:
+            return mapped
+    if node.op_type == "Reshape":
+        return _structural_axis(node, shapes, axis, forward)
+    return None
