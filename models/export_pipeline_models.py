@@ -20,7 +20,7 @@ dynamic axes) or with the dynamo exporter, then runs one pipeline step on them:
     wav2vec2_stable         Wav2Vec2 with stable layer norm (pre-LN): the stream starts as a linear
                             projection plus a grouped positional conv through GELU
 
-Every model has 4 transformer layers (MBart: 2 encoder + 2 decoder), hidden size 48, 4 heads,
+Every model has 4 transformer layers (MBart: 2 encoder + 2 decoder), hidden size 32, 4 heads,
 is checked in ONNX Runtime against torch at two input sizes, and is written as ``<name>.onnx``
 with ``<name>.inputs.npz`` and ``<name>.inputs_alt.npz`` (two input sets of different sizes)
 and an entry in ``pipeline_manifest.json``.
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_coverage_models import no_packed_sequence_check  # noqa: E402
 from export_models import finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
 
-HIDDEN, LAYERS, HEADS, INTER = 48, 4, 4, 192
+HIDDEN, LAYERS, HEADS, INTER = 32, 4, 4, 128
 VOCAB, MAX_POS = 320, 64
 IMAGE, PATCH = 24, 6
 OPSET = 17
@@ -118,7 +118,7 @@ def build_mbart(attn):
 def build_wav2vec2(attn):
     cfg = transformers.Wav2Vec2Config(
         hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        intermediate_size=INTER, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+        intermediate_size=INTER, conv_dim=(40, 40), conv_stride=(5, 2), conv_kernel=(10, 3),
         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, do_stable_layer_norm=True,
         feat_extract_norm="layer", apply_spec_augment=False, vocab_size=VOCAB,
         attn_implementation=attn)

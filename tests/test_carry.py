@@ -192,3 +192,174 @@ def test_a_data_dependent_shift_is_kept():
     g.output(g.ln(h, 16, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "constant along the normalized axis; it is not a constant" in result.plan.kept[0].reason
+
+
+# --- Shapes the analysis can trust: from the graph itself, declared value_info as a hint -------------
+
+
+def _flatten2(g: Graph, x: str) -> str:
+    """TorchScript's `x.flatten(2)`: Reshape(x, Concat(Slice(Shape(x), 0, 2), [-1]))."""
+    shape = g.node("Shape", [x], name="flat/shape")
+    head = g.node("Slice", [shape, g.ints("flat.s0", [0]), g.ints("flat.s1", [2]), g.ints("flat.ax", [0])])
+    target = g.node("Concat", [head, g.ints("flat.minus1", [-1])], axis=0)
+    return g.node("Reshape", [x, target], name="flat/reshape")
+
+
+def _patch_stream(g: Graph) -> str:
+    """ViT's patch embedding, every pixel dim dynamic: Conv -> flatten(2) -> Transpose."""
+    pixels = g.input("pixels", ["b", 3, "h", "w"])
+    conv = g.node("Conv", [pixels, g.const("patch.weight", (16, 3, 2, 2)), g.const("patch.bias", (16,))],
+                  name="patch", strides=[2, 2])
+    return g.node("Transpose", [_flatten2(g, conv)], perm=[0, 2, 1])
+
+
+def test_reshape_whose_target_copies_the_inputs_leading_dims_keeps_them():
+    """With dynamic height and width no shape inference can name the flattened dim; the target
+    copies dims 0 and 1 from the input itself, so the channel axis is kept whole."""
+    g = Graph()
+    g.output(g.ln(_patch_stream(g), 16, "ln"))
+    result = fold_checked(g.model(), folded=1)
+    assert not result.plan.centerings  # the conv weights are centered, no explicit centering needed
+    assert {e.tensor for e in result.plan.edits} == {"patch.weight", "patch.bias"}
+
+
+def test_reshape_whose_target_copies_the_inputs_last_dim_keeps_it():
+    """GPT-2's Conv1D: Reshape(x, [-1, Shape(x)[-1]]) -> Gemm -> Reshape(y, Concat(Shape(x)[:2], [N]))."""
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    shape = g.node("Shape", [x])
+    last = g.node("Unsqueeze", [g.node("Gather", [shape, g.const("i", value=np.int64(-1))]), g.ints("ax0", [0])])
+    flat = g.node("Reshape", [x, g.node("Concat", [g.ints("m1", [-1]), last], axis=0)])
+    y = g.node("Gemm", [flat, g.const("w", (8, 16)), g.const("c", (16,))])
+    head = g.node("Slice", [shape, g.ints("s0", [0]), g.ints("s1", [2])])
+    out = g.node("Reshape", [y, g.node("Concat", [head, g.ints("n", [16])], axis=0)])
+    g.output(g.ln(out, 16, "ln"))
+    fold_checked(g.model(), folded=1)
+
+
+def test_reshape_whose_target_mixes_the_axis_is_kept():
+    """The same flatten, but of axes 1 and 2 (channels with height): the axis is not kept."""
+    g = Graph()
+    pixels = g.input("pixels", ["b", 3, "h", 4])
+    conv = g.node("Conv", [pixels, g.const("patch.weight", (16, 3, 1, 1))], name="patch")
+    shape = g.node("Shape", [conv])
+    head = g.node("Slice", [shape, g.ints("s0", [0]), g.ints("s1", [1])])
+    flat = g.node("Reshape", [conv, g.node("Concat", [head, g.ints("m1", [-1]), g.ints("four", [4])], axis=0)])
+    g.output(g.ln(g.node("Transpose", [flat], perm=[0, 2, 1]), 4, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert "does not keep the normalized axis whole" in result.plan.kept[0].reason
+
+
+def _declare_unknown(model, prefix="unk__"):
+    """What the fp16 converter and onnx.shape_inference write: value_info with made-up dim names."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    n = 0
+    for vi in inferred.graph.value_info:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value == 16 or d.HasField("dim_param"):
+                continue
+            d.dim_param = f"{prefix}{n}"
+            n += 1
+    for vi in inferred.graph.value_info:  # every dim made up, as after a Reshape with -1
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_param"):
+                d.dim_param = f"{prefix}{n}"
+                n += 1
+    return inferred
+
+
+def test_declared_unknown_dims_never_override_what_the_graph_computes():
+    """A Reshape to [b*s, 16] and back, with every intermediate dim declared as `unk__N`: the
+    graph's own Shape arithmetic says which dim is which."""
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h = g.linear(x, 8, 16, "proj")
+    flat = g.node("Reshape", [h, g.ints("t1", [-1, 16])])
+    back = g.node("Reshape", [flat, g.node("Shape", [h])])
+    g.output(g.ln(back, 16, "ln"))
+    model = _declare_unknown(g.model())
+    assert all(d.HasField("dim_param") for vi in model.graph.value_info for d in vi.type.tensor_type.shape.dim)
+    fold_checked(model, folded=1)
+
+
+def test_declared_shapes_still_help_where_inference_knows_nothing():
+    """A custom op no inference knows: its declared output shape is the only source, and used."""
+    import onnx
+
+    g = Graph()
+    h = g.node("Custom", [g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")], domain="custom.domain")
+    g.output(g.ln(h, 16, "ln"))
+    model = g.model()
+    model.opset_import.append(onnx.helper.make_opsetid("custom.domain", 1))
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info(h, onnx.TensorProto.FLOAT, ["b", "s", 16]))
+    import onnx_lnfold
+
+    plan = onnx_lnfold.fold(model, verify=False).plan  # ORT cannot run the custom op
+    (kept,) = plan.kept
+    assert "custom.domain" in kept.reason  # the real obstacle, not "rank unknown"
+
+
+def test_contrib_ops_get_ranks_from_onnxruntimes_symbolic_inference():
+    """ONNX shape inference stops at ORT's contrib ops (a TorchScript BERT after ORT's optimizer:
+    EmbedLayerNormalization feeding SkipLayerNormalization); without ranks the SkipLayerNorm's axis
+    is unknown. Symbolic inference gives them, so the reason is the real one: post-LN."""
+    g = Graph()
+    ids = g.input("ids", ["b", "s"], elem_type=6)
+    emb, _ = g.node(
+        "EmbedLayerNormalization",
+        [ids, "", g.const("word", (32, 16)), g.const("pos", (32, 16)), "", g.const("e.gamma", (16,)),
+         g.const("e.beta", (16,))],
+        n_out=2, name="embed_ln", domain="com.microsoft", epsilon=1e-5,
+    )
+    branch = g.linear(emb, 16, 16, "fc")
+    skip = g.node("SkipLayerNormalization", [branch, emb, g.const("sk.gamma", (16,)), g.const("sk.beta", (16,))],
+                  name="skip", domain="com.microsoft", epsilon=1e-5)
+    g.output(skip)
+    result = fold_checked(g.model(ms_domain=True), folded=0, kept=2)
+    reasons = {d.node: d.reason for d in result.plan.kept}
+    assert "is the output of EmbedLayerNormalization 'embed_ln'" in reasons["skip"], reasons
+
+
+def test_shape_inference_leaves_the_model_and_the_working_folder_alone(tmp_path, monkeypatch):
+    """Inference runs on a light copy: the caller's model keeps its value_info (ORT's fusions
+    depend on it), and ORT's symbolic inference writes no file where it runs."""
+    import onnx
+
+    import onnx_lnfold
+
+    monkeypatch.chdir(tmp_path)
+    g = Graph()
+    h = g.node("Custom", [g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")], domain="custom.domain")
+    g.output(g.ln(h, 16, "ln"))
+    model = g.model()
+    model.opset_import.append(onnx.helper.make_opsetid("custom.domain", 1))
+    before = model.SerializeToString()
+    onnx_lnfold.fold(model, verify=False)
+    assert model.SerializeToString() == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_node_whose_outputs_only_shape_nodes_read_passes_no_change_on():
+    """TorchScript's `inputs_embeds[:, :, -1].shape`: a Gather along the normalized axis whose
+    output only Shape reads. Centering the embeddings changes its values, never its shape."""
+    g = Graph()
+    ids = g.input("ids", ["b", "s"], elem_type=7)
+    emb = g.node("Gather", [g.const("table", (32, 16)), ids], name="embed")
+    last = g.node("Gather", [emb, g.const("minus1", value=np.int64(-1))], name="last", axis=2)
+    seq = g.node("Gather", [g.node("Shape", [last]), g.const("one", value=np.int64(1))])
+    pos = g.node("Range", [g.const("zero", value=np.int64(0)), seq, g.const("step", value=np.int64(1))])
+    h = g.node("Add", [emb, g.node("Gather", [g.const("positions", (32, 16)), pos])])
+    g.output(g.ln(h, 16, "ln"))
+    fold_checked(g.model(), folded=1)
+
+
+def test_a_gather_along_the_axis_read_by_anything_else_still_blocks():
+    g = Graph()
+    emb = g.node("Gather", [g.const("table", (32, 16)), g.input("ids", ["b", "s"], elem_type=7)], name="embed")
+    last = g.node("Gather", [emb, g.const("minus1", value=np.int64(-1))], name="last", axis=2)
+    g.output(last)
+    g.output(g.ln(emb, 16, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    assert "gathers along the normalized axis" in result.plan.kept[0].reason
