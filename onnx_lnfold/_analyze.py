@@ -116,8 +116,10 @@ class _Tracer:
         sinks: dict[tuple[ir.Node, int], int],
         aux_denied: set[ir.Value] | None,
         pattern_outputs: dict[ir.Value, str] | None = None,
+        junctions: frozenset[ir.Value] = frozenset(),
     ):
         self.shapes = shapes
+        self.junctions = junctions  # stream sums to center explicitly rather than prove (see _junction_roots)
         self.sinks = sinks
         self.aux_denied = aux_denied  # None: auxiliary centering off
         # Outputs of LNs written as a pattern of ops, with their labels: they stop a proof as an
@@ -151,6 +153,8 @@ class _Tracer:
         return self.memo[(value, axis, weights)]
 
     def _step(self, value: ir.Value, axis: int, weights: Weights):
+        if value in self.junctions:
+            return _Blocked(f"tensor '{value.name}' is centered explicitly", value.name, value)
         if value.is_graph_input():
             if value.is_initializer():
                 return _Blocked(
@@ -515,10 +519,11 @@ def _fold_set(
     sinks: set[tuple[ir.Node, int]],
     names: dict[ir.Node, str],
     aux_denied: set[ir.Value] | None,
+    junctions: frozenset[ir.Value] = frozenset(),
 ) -> tuple[dict[LnCandidate, frozenset[_Leaf]], dict[LnCandidate, _Blocked]]:
     """Trace every candidate, then drop those whose edits have side effects, until none do."""
     patterns = {cand.out: f"the LayerNorm pattern at '{cand.name}'" for cand in candidates if cand.kind == DECOMPOSED}
-    tracer = _Tracer(shapes, sinks, aux_denied, patterns)
+    tracer = _Tracer(shapes, sinks, aux_denied, patterns, junctions)
     blocked: dict[LnCandidate, _Blocked] = {}
     active: dict[LnCandidate, frozenset[_Leaf]] = {}
     for cand in candidates:
@@ -549,20 +554,72 @@ def _fold_set(
     return active, blocked
 
 
+def _junction_roots(blocked, shapes: ShapeTable) -> frozenset[ir.Value]:
+    """Stream sums (Add/Sub/Sum of two computed tensors) that the blocked LNs' inputs come from
+    through carry ops, each shared by at least `AUX_MIN_UNLOCKED` of them, most shared first.
+
+    Centering such a sum explicitly can unlock LNs that no weight edit reaches: in a Wav2Vec2
+    encoder the stream starts as `projection + GELU(grouped conv(projection))`; the GELU output
+    cannot be centered, and centering the projection changes the grouped conv's input, but the
+    sum itself can be centered once for every LN downstream.
+    """
+    reached: dict[ir.Value, set[LnCandidate]] = {}
+    for cand in blocked:
+        if cand.axis is None:
+            continue
+        stack, seen = [(cand.x, cand.axis)], set()
+        while stack:
+            value, axis = stack.pop()
+            node = value.producer()
+            if (value, axis) in seen or node is None or len(seen) > 10_000:
+                continue
+            seen.add((value, axis))
+            if node.op_type in _NORMALIZATIONS:
+                continue
+            reqs = _carry.backward(node, value.index(), axis, shapes)
+            if isinstance(reqs, str):
+                continue
+            computed = [r for r in reqs if r.axis is not None and node.inputs[r.index] is not None
+                        and constant_of(node.inputs[r.index]) is None and not node.inputs[r.index].is_graph_input()]
+            if node.op_type in ("Add", "Sub", "Sum") and len(computed) >= 2:
+                reached.setdefault(value, set()).add(cand)
+            stack.extend((node.inputs[r.index], r.axis) for r in computed)
+    roots: set[ir.Value] = set()
+    covered: set[LnCandidate] = set()
+    for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
+        if len(cands - covered) >= AUX_MIN_UNLOCKED:
+            roots.add(value)
+            covered |= cands
+    return frozenset(roots)
+
+
 def _with_auxiliary_centering(candidates, shapes, sinks, names):
-    """Fold with explicit centering roots allowed, denying the roots that unlock too few LNs."""
+    """Fold with explicit centering roots allowed, denying the roots that unlock too few LNs;
+    then, where LNs stay blocked, try centering the stream sums they share (`_junction_roots`)."""
+    active, blocked = _aux_fold(candidates, shapes, sinks, names, frozenset())
+    junctions = _junction_roots(blocked, shapes)
+    if junctions:
+        with_junctions = _aux_fold(candidates, shapes, sinks, names, junctions)
+        if set(active) <= set(with_junctions[0]) and len(with_junctions[0]) > len(active):
+            return with_junctions
+    return active, blocked
+
+
+def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value]):
     denied: set[ir.Value] = set()
     while True:
-        active, blocked = _fold_set(candidates, shapes, sinks, names, denied)
+        active, blocked = _fold_set(candidates, shapes, sinks, names, denied, junctions)
         unlocked: dict[ir.Value, set[LnCandidate]] = {}
         for cand, leaves in active.items():
             for leaf in leaves:
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
         poor = {root for root, cands in unlocked.items() if len(cands) < AUX_MIN_UNLOCKED}
+        poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
         if not poor:
             return active, blocked
-        denied |= poor
+        denied |= poor - junctions
+        junctions = junctions - poor
 
 
 def analyze(

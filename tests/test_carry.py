@@ -363,3 +363,20 @@ def test_a_gather_along_the_axis_read_by_anything_else_still_blocks():
     g.output(g.ln(emb, 16, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "gathers along the normalized axis" in result.plan.kept[0].reason
+
+
+def test_a_stream_sum_no_weight_edit_reaches_is_centered_once():
+    """Wav2Vec2's encoder input: `proj + GELU(grouped conv(proj))`. The GELU output cannot be
+    centered, and centering `proj` would change the grouped conv's input; one explicit centering
+    of the sum unlocks every LN downstream."""
+    g = Graph()
+    proj = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    conv_in = g.node("Transpose", [proj], perm=[0, 2, 1])
+    conv = g.node("Conv", [conv_in, g.const("pos.weight", (16, 4, 3))], name="pos", group=4, pads=[1, 1])
+    gelu = g.node("Transpose", [g.node("Gelu", [conv])], perm=[0, 2, 1])
+    h = g.node("Add", [proj, gelu], name="stream")
+    h1 = g.node("Add", [h, g.linear(g.ln(h, 16, "ln0"), 16, 16, "fc")], name="res")
+    g.output(g.ln(h1, 16, "ln1"))
+    result = fold_checked(g.model(opset=20), folded=2)
+    (centering,) = result.plan.centerings
+    assert centering.tensor == "stream_out" and len(centering.required_by) == 2

@@ -28,7 +28,9 @@ EXPECTED = {
     # channels no shift survives; the merging LN reads that Concat.
     "swin_torchscript": (6, 11, None),
     "mbart_torchscript": (14, 14, None),
-    "wav2vec2_stable": (2, 12, None),
+    # One explicit centering of the sum `projection + GELU(grouped positional conv)` unlocks the
+    # encoder; the feature projection LN reads the conv stem's GELU output (it alone would gain).
+    "wav2vec2_stable": (11, 12, "activation/Mul' multiplies by a tensor that varies"),
 }
 NORMALIZATIONS = ("LayerNormalization", "SkipLayerNormalization")
 RMS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
