@@ -15,12 +15,15 @@ dynamic axes) or with the dynamo exporter, then runs one pipeline step on them:
     clip_ort                CLIPModel -> optimize_model(model_type="clip")
     vit_torchscript         ViT, TorchScript: flatten(2) is a Reshape whose target is built from
                             the input's own Shape (Shape -> Slice -> Concat)
+    swin_torchscript        Swin, TorchScript: flatten(2) and window-partition reshapes
+    segformer_torchscript   SegFormer, TorchScript: flatten(2) after every patch and reduction conv
     mbart_torchscript       MBart (pre-LN encoder-decoder), TorchScript: a Gather along the
                             normalized axis feeds only Shape nodes
     wav2vec2_stable         Wav2Vec2 with stable layer norm (pre-LN): the stream starts as a linear
                             projection plus a grouped positional conv through GELU
 
-Every model has 4 transformer layers (MBart: 2 encoder + 2 decoder), hidden size 32, 4 heads,
+Every model has 4 transformer layers (MBart: 2 encoder + 2 decoder), hidden size 32 and 4 heads
+(Swin and SegFormer: 2 stages of their own small widths); each
 is checked in ONNX Runtime against torch at two input sizes, and is written as ``<name>.onnx``
 with ``<name>.inputs.npz`` and ``<name>.inputs_alt.npz`` (two input sets of different sizes)
 and an entry in ``pipeline_manifest.json``.
@@ -90,6 +93,13 @@ def build_swin(attn):
         image_size=32, patch_size=4, num_channels=3, embed_dim=24, depths=[2, 2], num_heads=[2, 4],
         window_size=4, mlp_ratio=2.0, num_labels=10, attn_implementation=attn)
     return transformers.SwinForImageClassification(cfg)
+
+
+def build_segformer(attn):
+    cfg = transformers.SegformerConfig(
+        num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+        patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=10)
+    return transformers.SegformerForImageClassification(cfg)
 
 
 def build_clip(attn):
@@ -206,6 +216,8 @@ SOURCES = {s.name: s for s in [
            {"pixel_values": {0: "batch", 1: "num_channels", 2: "height", 3: "width"}}),
     Source("swin", build_swin, "eager", swin_inputs, ["pixel_values"], ["logits"],
            {"pixel_values": {0: "batch", 1: "num_channels", 2: "height", 3: "width"}}),
+    Source("segformer", build_segformer, "eager", swin_inputs, ["pixel_values"], ["logits"],
+           {"pixel_values": {0: "batch", 1: "num_channels", 2: "height", 3: "width"}}),
     Source("clip", build_clip, "eager", clip_inputs, ["input_ids", "pixel_values", "attention_mask"],
            ["logits_per_image", "logits_per_text", "text_embeds", "image_embeds"],
            {"input_ids": TEXT_AXES, "attention_mask": TEXT_AXES, "pixel_values": {0: "image_batch"}}),
@@ -282,6 +294,9 @@ ARTIFACTS = {a.name: a for a in [
              "ViT, TorchScript opset 17, every pixel_values dim dynamic (flatten(2) as Shape/Slice/Concat -> Reshape)"),
     Artifact("swin_torchscript", "swin", identity,
              "Swin (2 stages of 2 blocks), TorchScript opset 17, every pixel_values dim dynamic (flatten(2), window reshapes)"),
+    Artifact("segformer_torchscript", "segformer", identity,
+             "SegFormer (2 stages), TorchScript opset 17, every pixel_values dim dynamic (flatten(2) after each "
+             "overlapping patch conv and each sequence-reduction conv)"),
     Artifact("mbart_torchscript", "mbart", identity, "MBartModel (pre-LN, 2+2 layers), TorchScript opset 17"),
     Artifact("wav2vec2_stable", "wav2vec2", identity,
              "Wav2Vec2Model (stable layer norm, feature-extractor LN), TorchScript opset 17", seqs=(16, 12)),

@@ -27,6 +27,7 @@ EXPECTED = {
     # Stage 1 reads the embeddings LN's output and feeds patch merging, whose Concat along the
     # channels no shift survives; the merging LN reads that Concat.
     "swin_torchscript": (6, 11, None),
+    "segformer_torchscript": (9, 9, None),
     "mbart_torchscript": (14, 14, None),
     # One explicit centering of the sum `projection + GELU(grouped positional conv)` unlocks the
     # encoder; the feature projection LN reads the conv stem's GELU output (it alone would gain).
