@@ -83,8 +83,8 @@ def tag(shape: Shape | None, source: str, shared: set[str]) -> Shape | None:
     )
 
 
-def light_proto(model: ir.Model) -> onnx.ModelProto:
-    """The graph with small constants only and no declared intermediate shapes.
+def light_proto(model: ir.Model, declared: bool = False) -> onnx.ModelProto:
+    """The graph with small constants only and, unless `declared`, no declared intermediate shapes.
 
     Large initializers become typed graph inputs. Built node by node so that no large tensor is
     ever copied into protobuf (serializing the whole model would hold every weight in memory
@@ -104,11 +104,15 @@ def light_proto(model: ir.Model) -> onnx.ModelProto:
             graph.initializer.append(ir.serde.serialize_tensor(tensor))
         elif name not in declared:
             graph.input.append(onnx.helper.make_tensor_value_info(name, int(tensor.dtype), list(tensor.shape.dims)))
+    outputs = {v.name for v in g.outputs}
     for node in g:
         graph.node.append(ir.serde.serialize_node(node))
+        for out in node.outputs if declared else ():
+            if out.name and out.name not in outputs and (out.type is not None or out.shape is not None):
+                graph.value_info.append(ir.serde.serialize_value(out))
     for value in g.outputs:
         out = ir.serde.serialize_value(value)
-        if out.type.HasField("tensor_type"):
+        if out.type.HasField("tensor_type") and not declared:
             out.type.tensor_type.ClearField("shape")  # a declared output shape is a hint too
         graph.output.append(out)
     proto = onnx.helper.make_model(
@@ -207,16 +211,21 @@ def _lacks_rank(proto: onnx.ModelProto, inferred: Inferred) -> bool:
     return False
 
 
-def infer(model: ir.Model) -> tuple[Inferred, Inferred]:
-    """(ONNX inference, ONNX Runtime symbolic inference) of `model`, generated symbols tagged.
+def infer(model: ir.Model) -> tuple[Inferred, Inferred, Inferred]:
+    """(ONNX inference, ONNX Runtime symbolic inference, ONNX inference seeded with the declared
+    shapes) of `model`, generated symbols tagged.
 
-    The symbolic one is run only where ONNX inference leaves some node output without a rank.
+    The first two are what the graph computes. The symbolic one is run only where ONNX inference
+    leaves some node output without a rank. The third is a hint like the declared shapes it
+    starts from: it carries an exporter's dim names (`batch`, `seq`) to tensors it did not
+    annotate, where the first may know them only by symbols of its own.
     """
     try:
         proto = light_proto(model)
+        seeded = light_proto(model, declared=True) if model.graph.num_nodes() and _declares(model) else None
     except Exception as e:  # a model the IR cannot write back cannot be inferred either
         logger.debug("shape inference skipped: %s", e)
-        return {}, {}
+        return {}, {}, {}
     shared = input_symbols(model)
     by_onnx = onnx_inference(proto)
     by_ort: Inferred = {}
@@ -224,7 +233,14 @@ def infer(model: ir.Model) -> tuple[Inferred, Inferred]:
     if _lacks_rank(proto, by_onnx):
         by_ort, comparable = ort_symbolic_inference(proto)
         ort_shared = shared if comparable else set()
+    by_hint = onnx_inference(seeded) if seeded is not None else {}
     return (
         {k: (tag(s, "onnx", shared), t) for k, (s, t) in by_onnx.items()},
         {k: (tag(s, "ort", ort_shared), t) for k, (s, t) in by_ort.items()},
+        {k: (tag(s, "hint", shared), t) for k, (s, t) in by_hint.items()},
     )
+
+
+def _declares(model: ir.Model) -> bool:
+    """Whether any node output declares a shape (else the seeded inference is the plain one)."""
+    return any(out.shape is not None for node in model.graph for out in node.outputs)

@@ -55,19 +55,19 @@ def _score(d: Dim, inferred: bool) -> int:
     return kind + (4 if inferred else 2)
 
 
-def _merge(inferred: list[Shape], declared: Shape | None) -> Shape | None:
-    """One shape from the inferred candidates and the declared hint, dim by dim.
+def _merge(inferred: list[Shape], hints: list[Shape]) -> Shape | None:
+    """One shape from the inferred candidates and the hints (declared), dim by dim.
 
     Inferences that disagree on the rank make the shape unknown: following an axis through a
-    tensor whose rank is in doubt is a guess; a declared rank that disagrees is ignored. Two
-    inferred integers that disagree leave the dim unknown. A declared dim fills in only where
+    tensor whose rank is in doubt is a guess; a hint whose rank disagrees is ignored. Two
+    inferred integers that disagree leave the dim unknown. A hint's dim fills in only where
     inference knows less (see `_score`).
     """
     ranks = {len(s) for s in inferred}
     if len(ranks) > 1:
         return None
     if not inferred:
-        return declared
+        return max(hints, key=lambda h: sum(_score(d, False) for d in h)) if hints else None
     rank = ranks.pop()
     merged: list[Dim] = []
     for i in range(rank):
@@ -76,8 +76,7 @@ def _merge(inferred: list[Shape], declared: Shape | None) -> Shape | None:
         if len(ints) > 1:
             merged.append(None)  # two inferences contradict each other: trust neither
             continue
-        if declared is not None and len(declared) == rank:
-            options.append((declared[i], False))
+        options += [(hint[i], False) for hint in hints if len(hint) == rank]
         best = max(options, key=lambda o: _score(*o))  # the first of equals: ONNX's inference
         merged.append(best[0])
     return tuple(merged)
@@ -96,11 +95,11 @@ class ShapeTable:
 
     def __init__(self, model: ir.Model):
         self._model = model
-        self._inferred: tuple[Inferred, Inferred] | None = None
+        self._inferred: tuple[Inferred, Inferred, Inferred] | None = None
         self._shared: set[str] | None = None
         self._memo: dict[ir.Value, Shape | None] = {}
 
-    def _sources(self) -> tuple[Inferred, Inferred]:
+    def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
         if self._inferred is None:
             self._inferred = infer(self._model)
             self._shared = input_symbols(self._model)
@@ -111,7 +110,7 @@ class ShapeTable:
             return None
         if value.dtype is not None:
             return value.dtype
-        for source in self._sources():
+        for source in self._sources():  # the graph's own inferences first
             elem = source.get(value.name or "", (None, 0))[1]
             if elem:
                 return ir.DataType(elem)
@@ -124,13 +123,15 @@ class ShapeTable:
             return tuple(value.const_value.shape.dims)
         if value in self._memo:
             return self._memo[value]
-        sources = self._sources()
-        inferred = [s for s in (source.get(value.name or "", (None, 0))[0] for source in sources) if s is not None]
+        by_onnx, by_ort, by_hint = self._sources()
+        name = value.name or ""
+        inferred = [s for s in (by_onnx.get(name, (None, 0))[0], by_ort.get(name, (None, 0))[0]) if s is not None]
         if value.is_graph_input() and value.graph is self._model.graph:
             declared = _dims(value.shape)  # the model's interface: its own names are the shared ones
         else:
             declared = tag(_dims(value.shape), "declared", self._shared or set())
-        shape = _merge(inferred, declared)
+        hints = [h for h in (declared, by_hint.get(name, (None, 0))[0]) if h is not None]
+        shape = _merge(inferred, hints)
         self._memo[value] = shape
         return shape
 
