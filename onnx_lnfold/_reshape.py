@@ -1,5 +1,7 @@
 """Which axis a Reshape keeps whole: from the shapes around it, or from how its target was built.
 
+(Flatten, Squeeze and Unsqueeze move axes by index arithmetic alone: `_moved_axis`.)
+
 Exporters build a Reshape's target from the input's own shape: TorchScript's `flatten(2)` is
 `Reshape(x, Concat(Slice(Shape(x), 0, 2), [-1]))`, GPT-2's Conv1D is `Reshape(x, [-1, Shape(x)[-1]])`.
 With dynamic dims, shape inference cannot name the flattened dim (`unk__N`), so comparing the
@@ -143,6 +145,40 @@ def _structural_axis(node: ir.Node, shapes: ShapeTable, axis: int, forward: bool
     return None
 
 
+def _axes_of(node: ir.Node) -> list[int] | None:
+    """The constant `axes` of a Squeeze/Unsqueeze (attribute before opset 13, input after)."""
+    attr = node.attributes.get("axes")
+    if attr is not None:
+        return list(attr.as_ints())
+    return _const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+
+
+def _moved_axis(node: ir.Node, shapes: ShapeTable, axis: int, forward: bool) -> int | None:
+    """Flatten, Squeeze and Unsqueeze move axes by index arithmetic, whatever the dims' sizes."""
+    rank = shapes.rank(node.inputs[0])
+    if rank is None:
+        return None
+    if node.op_type == "Flatten":  # [d0 .. d(k-1)] x [dk ..]: the first or last axis can stay whole
+        k = _attr_int(node, "axis", 1)
+        k = k + rank if k < 0 else k  # type: ignore[operator]
+        pairs = ([(0, 0)] if k == 1 else []) + ([(rank - 1, 1)] if k == rank - 1 else [])
+    else:
+        axes = _axes_of(node)
+        if not axes:
+            return None  # Squeeze without axes drops the dims that are 1: that needs their sizes
+        out_rank = rank + len(axes) if node.op_type == "Unsqueeze" else rank - len(axes)
+        if node.op_type == "Unsqueeze":
+            added = {a + out_rank if a < 0 else a for a in axes}
+            kept_out = [j for j in range(out_rank) if j not in added]
+            pairs = list(enumerate(kept_out))
+        else:
+            removed = {a + rank if a < 0 else a for a in axes}
+            kept_in = [i for i in range(rank) if i not in removed]
+            pairs = [(i, j) for j, i in enumerate(kept_in)]
+    mapping = dict(pairs) if forward else {j: i for i, j in pairs}
+    return mapping.get(axis)
+
+
 def reshaped_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool) -> int | None:
     """The axis a Reshape/Flatten/Squeeze/Unsqueeze maps `axis` to (input -> output when
     `forward`, else output -> input), if it keeps it whole; None if it does not or cannot tell."""
@@ -154,4 +190,4 @@ def reshaped_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool
             return mapped
     if node.op_type == "Reshape":
         return _structural_axis(node, shapes, axis, forward)
-    return None
+    return _moved_axis(node, shapes, axis, forward)

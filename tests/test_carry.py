@@ -380,3 +380,26 @@ def test_a_stream_sum_no_weight_edit_reaches_is_centered_once():
     result = fold_checked(g.model(opset=20), folded=2)
     (centering,) = result.plan.centerings
     assert centering.tensor == "stream_out" and len(centering.required_by) == 2
+
+
+@pytest.mark.parametrize("op", ["Unsqueeze", "Flatten"])
+def test_axis_moves_through_unsqueeze_and_flatten_whatever_the_other_dims(op):
+    """The other dims are unknown (no inference names them): the axis moves by index arithmetic."""
+    import onnx
+
+    g = Graph()
+    h = g.node("Custom", [g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")], domain="custom.domain")
+    h = g.node("Identity", [h])  # declared rank 3, dims unknown
+    if op == "Unsqueeze":
+        moved = g.node("Unsqueeze", [h, g.ints("axes", [1])])
+        back = g.node("Squeeze", [moved, g.ints("axes2", [1])])
+    else:
+        back = g.node("Flatten", [h], axis=2)  # [b*s, 16]
+    g.output(g.ln(back, 16, "ln"))
+    model = g.model()
+    model.opset_import.append(onnx.helper.make_opsetid("custom.domain", 1))
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info(h, onnx.TensorProto.FLOAT, [None, None, None]))
+    import onnx_lnfold
+
+    (kept,) = onnx_lnfold.fold(model, verify=False).plan.kept
+    assert "custom.domain" in kept.reason, kept.reason  # followed up to the custom op
