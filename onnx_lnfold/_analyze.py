@@ -563,27 +563,12 @@ def _junction_roots(blocked, shapes: ShapeTable) -> frozenset[ir.Value]:
     cannot be centered, and centering the projection changes the grouped conv's input, but the
     sum itself can be centered once for every LN downstream.
     """
+    memo: dict[tuple[ir.Value, int], frozenset[ir.Value]] = {}
     reached: dict[ir.Value, set[LnCandidate]] = {}
     for cand in blocked:
-        if cand.axis is None:
-            continue
-        stack, seen = [(cand.x, cand.axis)], set()
-        while stack:
-            value, axis = stack.pop()
-            node = value.producer()
-            if (value, axis) in seen or node is None or len(seen) > 10_000:
-                continue
-            seen.add((value, axis))
-            if node.op_type in _NORMALIZATIONS:
-                continue
-            reqs = _carry.backward(node, value.index(), axis, shapes)
-            if isinstance(reqs, str):
-                continue
-            computed = [r for r in reqs if r.axis is not None and node.inputs[r.index] is not None
-                        and constant_of(node.inputs[r.index]) is None and not node.inputs[r.index].is_graph_input()]
-            if node.op_type in ("Add", "Sub", "Sum") and len(computed) >= 2:
+        if cand.axis is not None and cand.x is not None:
+            for value in _sums_above(cand.x, cand.axis, shapes, memo):
                 reached.setdefault(value, set()).add(cand)
-            stack.extend((node.inputs[r.index], r.axis) for r in computed)
     roots: set[ir.Value] = set()
     covered: set[LnCandidate] = set()
     for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
@@ -591,6 +576,33 @@ def _junction_roots(blocked, shapes: ShapeTable) -> frozenset[ir.Value]:
             roots.add(value)
             covered |= cands
     return frozenset(roots)
+
+
+def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozenset[ir.Value]:
+    """The stream sums `start` comes from through carry ops (itself included), memoized per
+    (tensor, axis); iterative, because streams are deep."""
+    stack = [((start, axis), False)]
+    while stack:
+        key, expanded = stack.pop()
+        if key in memo:
+            continue
+        value, ax = key
+        node = value.producer()
+        reqs = _carry.backward(node, value.index(), ax, shapes) if node is not None and node.op_type not in _NORMALIZATIONS else ""
+        if isinstance(reqs, str):
+            memo[key] = frozenset()
+            continue
+        inputs = [(node.inputs[r.index], r.axis) for r in reqs if r.axis is not None and r.index < len(node.inputs)]
+        computed = [(v, a) for v, a in inputs if v is not None and constant_of(v) is None and not v.is_graph_input()]
+        if not expanded:
+            stack.append((key, True))
+            stack.extend((child, False) for child in computed if child not in memo)
+            continue
+        found = set().union(*(memo[child] for child in computed)) if computed else set()
+        if node.op_type in ("Add", "Sub", "Sum") and len(computed) >= 2:
+            found.add(value)
+        memo[key] = frozenset(found)
+    return memo[(start, axis)]
 
 
 def _with_auxiliary_centering(candidates, shapes, sinks, names):
