@@ -224,13 +224,12 @@ class FoldReport:
         explained = {d.node: _explain(d.reason) for d in plan.kept}
         for headline, members in _grouped([(explained[d.node][0], d) for d in plan.kept]):
             lines += _wrap(headline, " " * 4, f"  {len(members)} kept: ")
+            if not any(explained[d.node][1] for d in members):  # nothing to add per LN: names only
+                lines += _wrap(", ".join(d.node for d in members), " " * 6, " " * 6)
+                continue
             width = max(len(d.node) for d in members)
             for d in members:
-                detail = explained[d.node][1]
-                if detail:
-                    lines += _wrap(detail, " " * (6 + width + 2), f"      {d.node:<{width}}  ")
-                else:
-                    lines.append(f"      {d.node}")
+                lines += _wrap(explained[d.node][1], " " * (6 + width + 2), f"      {d.node:<{width}}  ")
         return lines
 
     def _edit_lines(self) -> list[str]:
