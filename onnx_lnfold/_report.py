@@ -250,7 +250,7 @@ class FoldReport:
             copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
             lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
             if e.note:
-                lines += _wrap(f"({e.note})", " " * (width + 13), " " * (width + 13))
+                lines += _wrap(f"({e.note})", " " * 6, " " * 6)
         for c in plan.centerings:
             if c.instead_of_untie:
                 text = (
