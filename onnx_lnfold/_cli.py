@@ -302,7 +302,8 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
             print(f"onnx_lnfold: verification failed: {report.verification.reason}", file=sys.stderr)
             return EXIT_VERIFY
         report.output = str(staged.commit())
-        report.size_after = model_bytes(destination, [destination.with_name(destination.name + ".data")])  # type: ignore[union-attr]
+        written = [destination.parent / staged.data_name] if staged.data_name else []  # type: ignore[union-attr]
+        report.size_after = model_bytes(destination, written)  # type: ignore[arg-type]
     except BaseException:
         staged.discard()
         raise
