@@ -313,3 +313,16 @@ def test_summary_line_first_and_an_unchanged_copy_said_so(gpt2):
     assert code == 0
     assert "(unchanged copy), already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in out
     assert f"Wrote {gpt2.with_name('again.onnx')} (an unchanged copy of the input: nothing was folded)" in out
+
+
+def test_sizes_count_external_data(tmp_path):
+    from helpers import make_large_model
+
+    src = make_large_model.make_model(tmp_path / "m.onnx", hidden=32, layers=2, vocab=64, positions=32)
+    out = tmp_path / "o.onnx"
+    code, _, err = _cli(src, "-o", out, "--json", tmp_path / "r.json", "-q")
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    data = tmp_path / "m.onnx.data"
+    assert data.is_file() and report["size_before"] == src.stat().st_size + data.stat().st_size
+    assert report["size_after"] == out.stat().st_size + (tmp_path / "o.onnx.data").stat().st_size
