@@ -53,6 +53,10 @@ class Verification:
     outputs: list[OutputDiff] = field(default_factory=list)
 
     @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
     def max_rel_diff(self) -> float:
         return max((o.rel_diff for o in self.outputs), default=0.0)
 
@@ -80,7 +84,10 @@ def _session(model: ModelBytesOrPath):
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    # Fatal only: a model that fails to run raises, and its message is what the report shows;
+    # ONNX Runtime's own (colored) log line would repeat it on stderr.
+    options.log_severity_level = 4
+    options.log_verbosity_level = 0
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
