@@ -9,7 +9,7 @@
 """
 
 from onnx_lnfold._analyze import analyze
-from onnx_lnfold._errors import LnFoldError, VerificationFailed
+from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
 from onnx_lnfold._fold import FoldResult, fold
 from onnx_lnfold._pass import LnFoldPass
 from onnx_lnfold._plan import CenteringEdit, CenteringPlan, LnDecision
@@ -26,6 +26,7 @@ __all__ = [
     "LnDecision",
     "LnFoldError",
     "LnFoldPass",
+    "NotVerified",
     "Verification",
     "VerificationFailed",
     "analyze",

@@ -14,23 +14,74 @@ import onnx_ir as ir
 
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
-from onnx_lnfold._errors import LnFoldError, VerificationFailed
-from onnx_lnfold._inputs import check_inputs, synthesize_inputs
+from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
+from onnx_lnfold._inputs import InputsUnavailable, check_inputs, verification_input_sets
 from onnx_lnfold._load import ModelSource, load_model
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._report import FoldReport, count_ops
 from onnx_lnfold._save import release_mapped, save_with_external_data, uses_external_data, weight_bytes
-from onnx_lnfold._verify import DEFAULT_RTOL, ModelBytesOrPath, Verification, verify
+from onnx_lnfold._verify import ModelBytesOrPath, Verification, verify
 
 
 # Above this many weight bytes, onnxruntime reads a model for verification from a temporary file.
 _IN_MEMORY_LIMIT = 64 << 20
 
 
-def default_rtol(model: ir.Model) -> float:
-    low = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-    dtypes = {v.dtype for v in model.graph.outputs} | {v.dtype for v in model.graph.initializers.values()}
-    return DEFAULT_RTOL["float16"] if dtypes & low else DEFAULT_RTOL["float32"]
+def output_types(model: ir.Model) -> dict[str, int]:
+    """Each graph output's element type: its tolerance follows it (an fp32 output is held to the
+    fp32 tolerance even when some weights are fp16)."""
+    return {v.name: int(v.dtype) for v in model.graph.outputs if v.name and v.dtype is not None}
+
+
+def has_bfloat16(model: ir.Model) -> bool:
+    """Whether any tensor of the model, subgraphs included, is bfloat16 (or a Cast makes one)."""
+    bf16 = ir.DataType.BFLOAT16
+    graphs = [model.graph, *(g for node in ir.traversal.RecursiveGraphIterator(model.graph) for g in _subgraphs(node))]
+    for graph in graphs:
+        if any(v.dtype == bf16 for v in (*graph.inputs, *graph.outputs, *graph.initializers.values())):
+            return True
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if any(v is not None and v.dtype == bf16 for v in node.outputs):
+            return True
+        if node.op_type == "Cast" and "to" in node.attributes and node.attributes["to"].as_int() == bf16:
+            return True
+    return False
+
+
+def _subgraphs(node: ir.Node):
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def bfloat16_rounding(model: ir.Model, plan: CenteringPlan) -> list[str]:
+    """How far rounding to bf16 left each centered weight from a zero mean along its axis:
+    the float32 shadow checks the transformation, this is what the narrow type adds to it."""
+    initializers = dict(model.graph.initializers)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for graph in _subgraphs(node):
+            initializers.update(graph.initializers)
+    worst: tuple[float, str] | None = None
+    for edit in plan.edits:
+        value = initializers.get(edit.new_name if edit.untie else edit.tensor)
+        if value is None or value.const_value is None or value.dtype != ir.DataType.BFLOAT16 or edit.weights:
+            continue
+        array = value.const_value.numpy().astype(np.float64)
+        scale = float(np.abs(array).max()) if array.size else 0.0
+        if scale == 0.0:
+            continue
+        leftover = np.abs(array) if edit.axis is None else np.abs(array.mean(axis=edit.axis))
+        relative = float(leftover.max()) / scale
+        if worst is None or relative > worst[0]:
+            worst = (relative, value.name or "")
+    if worst is None:
+        return []
+    return [
+        f"bfloat16 rounding of the centered weights: mean left along the centered axis up to {worst[0]:.3g} "
+        f"of the weight's max |w| ('{worst[1]}'); the float32 shadows above include it"
+    ]
 
 
 @dataclass
@@ -88,9 +139,30 @@ def check_equivalence(
     rtol: float | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
+    plan: CenteringPlan | None = None,
 ) -> Verification:
-    feeds = inputs if inputs is not None else synthesize_inputs(spec_model, input_shapes)
-    return verify(original, folded, feeds, rtol if rtol is not None else default_rtol(spec_model))
+    """Run both models on the verification inputs; never raises for a check that cannot run
+    (the status is then "unverified", with the reason and the way out)."""
+    try:
+        input_sets = verification_input_sets(spec_model, input_shapes, inputs)
+    except InputsUnavailable as e:
+        return Verification("unverified", f"cannot synthesize verification inputs: {e}", rtol, way_out="inputs")
+    shadow = has_bfloat16(spec_model)
+    verification = verify(original, folded, input_sets, rtol, output_types(spec_model), shadow=shadow)
+    if shadow and plan is not None and verification.status == "passed":
+        verification.notes.extend(bfloat16_rounding(spec_model, plan))
+    return verification
+
+
+def raise_unless_passed(report: FoldReport) -> None:
+    """A fold that was asked to be verified and was not shown equivalent is not returned."""
+    verification = report.verification
+    if verification.status in ("passed", "skipped"):
+        return
+    error_type = VerificationFailed if verification.status == "failed" else NotVerified
+    error = error_type(verification.refusal("api"))
+    error.report = report  # type: ignore[attr-defined]
+    raise error
 
 
 def fold(
@@ -109,7 +181,10 @@ def fold(
 
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
     changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
-    model whose outputs differ beyond `rtol`, and `LnFoldError` for bad input.
+    model whose outputs differ beyond `rtol`, its subclass `NotVerified` when something was folded
+    but the check could not run (no onnxruntime, the original does not run on the inputs: pass
+    `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
+    `LnFoldError` for bad input.
 
     `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
     `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
@@ -177,18 +252,15 @@ def fold_loaded(
             try:
                 original = str(path) if path else original_src.source  # type: ignore[union-attr]
                 report.verification = check_equivalence(
-                    original, folded_src.source, ir_model, rtol=rtol, input_shapes=input_shapes, inputs=inputs
+                    original, folded_src.source, ir_model, rtol=rtol, input_shapes=input_shapes, inputs=inputs, plan=plan
                 )
             finally:
                 folded_src.close()
     finally:
         if original_src:
             original_src.close()
-    if report.verification.status == "failed":
-        error = VerificationFailed(report.verification.reason)
-        error.report = report  # type: ignore[attr-defined]
-        raise error
+    raise_unless_passed(report)
     return FoldResult(ir_model, report)
 
 
-__all__ = ["FoldResult", "fold", "fold_loaded", "check_equivalence", "LnFoldError"]
+__all__ = ["FoldResult", "fold", "fold_loaded", "check_equivalence", "raise_unless_passed", "LnFoldError"]

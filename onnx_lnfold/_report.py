@@ -87,16 +87,7 @@ class FoldReport:
         changed = sorted(k for k in set(self.ops_before) | set(self.ops_after) if self.ops_before.get(k, 0) != self.ops_after.get(k, 0))
         if changed:
             lines.append("Ops: " + "; ".join(f"{k} {self.ops_before.get(k, 0)} -> {self.ops_after.get(k, 0)}" for k in changed))
-        v = self.verification
-        if v.status == "skipped":
-            lines.append(f"Verification: skipped ({v.reason})")
-        else:
-            shapes = ", ".join(f"{k}{tuple(s)}" for k, s in v.input_shapes.items())
-            lines.append(f"Verification ({v.status}, onnxruntime CPU, optimizations off, inputs {shapes}, rtol {v.rtol:g}):")
-            for o in v.outputs:
-                lines.append(f"  {o.name}: max|diff| {o.max_abs_diff:.3g}, relative {o.rel_diff:.3g}")
-            if v.reason:
-                lines.append(f"  {v.reason}")
+        lines.extend(self.verification.format_lines())
         lines.extend(self.notes)
         if self.output:
             lines.append(f"Wrote {self.output}")
