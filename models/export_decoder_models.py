@@ -165,8 +165,9 @@ def export_gpt2_merged_decoder(out_dir: Path) -> dict:
                     f"{tmp}/hf", output=f"{tmp}/{task}", task=task, opset=em.OPSET_DYNAMO, device="cpu",
                     custom_onnx_configs=custom,
                 )
-        merged = merge_decoders(f"{tmp}/text-generation/model.onnx", f"{tmp}/text-generation-with-past/model.onnx", strict=False)
-        onnx.save(merged, str(path))
+        merge_decoders(
+            f"{tmp}/text-generation/model.onnx", f"{tmp}/text-generation-with-past/model.onnx", strict=False, save_path=path
+        )
     merged = em.finalize_onnx(path)
 
     seed = em.seed_for(name)

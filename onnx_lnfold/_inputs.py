@@ -24,7 +24,7 @@ import ast
 import math
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -276,23 +276,55 @@ def _graph_inputs(model: ir.Model) -> list[ir.Value]:
     return [v for v in model.graph.inputs if not v.is_initializer()]
 
 
+def _declared(dim) -> DimExpr | int | None:
+    if isinstance(dim, int):
+        return dim
+    return DimExpr(dim.value) if isinstance(dim, ir.SymbolicDim) and dim.value else None
+
+
+def _declared_dims(values: list[ir.Value]) -> dict[str, list[DimExpr | int | None]]:
+    return {v.name or "": [_declared(d) for d in v.shape] for v in values if v.shape is not None}
+
+
+def _dim_rereadings(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> list[dict[tuple[str, int], DimExpr]]:
+    """Other readings of the declared input dims, tried when the original does not run on the
+    first: a dim declared as one symbol that the graph's outputs only use inside a sum. A merged
+    decoder declares `attention_mask [batch, sequence_length]` (from its branch without cache)
+    while its cached branch needs `past_sequence_length + sequence_length`, the length its
+    `present` outputs declare."""
+    inputs = [v for v in _graph_inputs(model) if v.name not in shapes]
+    declared = _declared_dims(inputs)
+    input_symbols = {s for dims in declared.values() for d in dims if isinstance(d, DimExpr) for s in d.symbols}
+    sums = {}
+    for dims in _declared_dims(list(model.graph.outputs)).values():
+        for d in dims:
+            if isinstance(d, DimExpr) and not d.is_symbol and d.symbols <= input_symbols:
+                sums.setdefault(d.text, d)
+    rereadings = []
+    for name, dims in declared.items():
+        for axis, d in enumerate(dims):
+            if axis == 0 or not isinstance(d, DimExpr) or not d.is_symbol:
+                continue
+            for total in sums.values():
+                if d.symbols < total.symbols:
+                    rereadings.append({(name, axis): total})
+    return rereadings
+
+
 def _dim_sizes(
     model: ir.Model,
     inputs: list[ir.Value],
     shapes: dict[str, tuple[int, ...]],
     batch_size: int,
     sequence_length: int,
+    overrides: dict[tuple[str, int], DimExpr] | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes for every input not in `shapes`, symbols solved consistently."""
+    """Concrete shapes for every input not in `shapes`, symbols solved consistently.
+    `overrides` replaces the declared dim of (input, axis) with another expression."""
     values: dict[str, int] = {}
-    exprs: dict[str, list[DimExpr | int | None]] = {}
-    for value in inputs:
-        if value.shape is None:
-            continue
-        exprs[value.name or ""] = [
-            d if isinstance(d, int) else DimExpr(d.value) if isinstance(d, ir.SymbolicDim) and d.value else None
-            for d in value.shape
-        ]
+    exprs = _declared_dims(inputs)
+    for (name, axis), expr in (overrides or {}).items():
+        exprs[name][axis] = expr
     # 1. The user's shapes fix the symbols their dims name (solving `p + 1 = 9` for p).
     for name, shape in shapes.items():
         for expr, size in zip(exprs.get(name, []), shape):
@@ -351,6 +383,7 @@ def synthesize_inputs(
     sequence_length: int = 8,
     seed: int = 0,
     bool_value: bool = True,
+    overrides: dict[tuple[str, int], DimExpr] | None = None,
 ) -> dict[str, np.ndarray]:
     shapes = dict(shapes or {})
     rng = np.random.default_rng(seed)
@@ -358,7 +391,7 @@ def synthesize_inputs(
     unknown = set(shapes) - {v.name for v in graph_inputs}
     if unknown:
         raise LnFoldError(f"--input-shape names no graph input: {', '.join(sorted(unknown))}")
-    dims_of = {**_dim_sizes(model, graph_inputs, shapes, batch_size, sequence_length), **shapes}
+    dims_of = {**_dim_sizes(model, graph_inputs, shapes, batch_size, sequence_length, overrides), **shapes}
     feeds: dict[str, np.ndarray] = {}
     for value in graph_inputs:
         name = value.name or ""
@@ -389,19 +422,25 @@ def synthesize_inputs(
 
 @dataclass
 class InputSet:
-    """One set of verification inputs, and how the report names it."""
+    """One set of verification inputs, the other readings of its shapes to try if the original
+    model does not run on it, and how the report names it."""
 
     feeds: dict[str, np.ndarray]
+    alternatives: list[dict[str, np.ndarray]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
-        parts = []
-        for name, array in self.feeds.items():
-            if array.dtype == bool and array.size and (array.all() or not array.any()):
-                parts.append(f"{name}={bool(array.flat[0])}")
-            else:
-                parts.append(f"{name}{tuple(array.shape)}")
-        return ", ".join(parts)
+        return feeds_label(self.feeds)
+
+
+def feeds_label(feeds: dict[str, np.ndarray]) -> str:
+    parts = []
+    for name, array in feeds.items():
+        if array.dtype == bool and array.size and (array.all() or not array.any()):
+            parts.append(f"{name}={bool(array.flat[0])}")
+        else:
+            parts.append(f"{name}{tuple(array.shape)}")
+    return ", ".join(parts)
 
 
 def verification_input_sets(
@@ -413,10 +452,17 @@ def verification_input_sets(
     if inputs is not None:
         return [InputSet(dict(inputs))]
     has_bool = any(v.dtype == ir.DataType.BOOL for v in _graph_inputs(model))
+    rereadings = _dim_rereadings(model, dict(shapes or {}))
     sets = []
     for batch, seq, seed in INPUT_SIZES:
         for flag in (True, False) if has_bool else (True,):
-            sets.append(InputSet(synthesize_inputs(model, shapes, batch_size=batch, sequence_length=seq, seed=seed, bool_value=flag)))
+            candidates = [
+                synthesize_inputs(
+                    model, shapes, batch_size=batch, sequence_length=seq, seed=seed, bool_value=flag, overrides=overrides
+                )
+                for overrides in [None, *rereadings]
+            ]
+            sets.append(InputSet(candidates[0], candidates[1:]))
     return sets
 
 
