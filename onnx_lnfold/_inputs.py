@@ -36,10 +36,13 @@ _INDEX_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Ide
 # Ops between a graph input and the convolution that reads it which keep its spatial axes
 # (casts, normalization of pixel values, an Unsqueeze that adds the channel axis of audio).
 _TO_CONV = {"Cast", "Identity", "Unsqueeze", "Mul", "Div", "Add", "Sub"}
-# Ops between two convolutions of a feature extractor that keep the spatial axes.
+# Ops between two convolutions of a feature extractor that keep the length of the spatial axes
+# (a Transpose pair around a LayerNormalization over channels, as Wav2Vec2's "layer" norm has it;
+# inputs are synthesized from the folded model, so its RMSNorms too).
 _BETWEEN_CONVS = _TO_CONV | {
     "Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "LeakyRelu", "Softplus", "Pow", "Sqrt", "Neg",
-    "InstanceNormalization", "GroupNormalization", "BatchNormalization", "Dropout", "Pad",
+    "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LayerNormalization",
+    "SimplifiedLayerNormalization", "RMSNormalization", "Transpose", "Dropout", "Pad",
 }  # fmt: skip
 _POOLS = {"MaxPool", "AveragePool", "LpPool"}
 
@@ -212,7 +215,8 @@ def _conv_chain(conv: ir.Node) -> list[_ConvStep]:
             chain.append(step)
         following = None
         for use, index in node.outputs[0].uses():
-            if index == 0 and (use.op_type in _BETWEEN_CONVS or use.op_type == "Conv" or use.op_type in _POOLS):
+            # Elementwise ops may read the stream as either operand (GELU as `0.5 * (x * ...)`).
+            if use.op_type in _BETWEEN_CONVS or (index == 0 and (use.op_type == "Conv" or use.op_type in _POOLS)):
                 following = use
                 break
         node, visited = following, visited + 1
