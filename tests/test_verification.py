@@ -321,3 +321,24 @@ def test_merged_decoder_fold_matches_torch_on_the_branch_without_cache():
     ref, got = run_model(original, feeds), run_model(result.model_proto.SerializeToString(), feeds)
     for key in ref:
         np.testing.assert_allclose(got[key], ref[key], rtol=0, atol=1e-5 * np.abs(ref[key]).max())
+
+
+def test_second_size_changes_only_what_the_graph_leaves_free():
+    """A Split of the batch into [1, 1] fixes the batch at 2: the second size keeps it and
+    changes the sequence length only."""
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    a, b = g.node("Split", [h, g.ints("sizes", [1, 1])], n_out=2, axis=0)
+    g.output(g.linear(g.ln(g.node("Add", [a, b]), 16, "ln"), 16, 4, "head"))
+    verification = onnx_lnfold.fold(g.model()).report.verification
+    assert verification.status == "passed" and verification.input_sets == ["x(2, 8, 8)", "x(2, 5, 8)"]
+
+
+def test_a_graph_that_runs_at_one_size_only_says_so():
+    g = Graph()
+    x = g.node("Reshape", [g.input("x", ["b", "s", 8]), g.ints("shape", [2, 8, 8])])
+    g.output(g.linear(g.ln(g.linear(x, 8, 16, "proj"), 16, "ln"), 16, 4, "head"))
+    verification = onnx_lnfold.fold(g.model()).report.verification
+    assert verification.status == "passed" and verification.input_sets == ["x(2, 8, 8)"]
+    (note,) = verification.notes
+    assert note.startswith("only one size checked: the original model does not run in onnxruntime on input set 2 of 2 (x(3, 5, 8))")
