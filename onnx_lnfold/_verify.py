@@ -40,10 +40,12 @@ _WAY_OUT = {
         "inputs": "give inputs with --inputs FILE.npz or shapes with --input-shape NAME:D1,D2,..., "
         "or accept an unverified model with --no-verify",
         "install": "pip install 'onnx_lnfold[ort]', or accept an unverified model with --no-verify",
+        "decline": "accept an unverified model with --no-verify",
     },
     "api": {
         "inputs": "pass inputs={name: array} or input_shapes={name: shape}, or verify=False to accept an unverified model",
         "install": "pip install 'onnx_lnfold[ort]', or pass verify=False to accept an unverified model",
+        "decline": "pass verify=False to accept an unverified model",
     },
 }
 
@@ -87,7 +89,7 @@ class Verification:
     input_sets: list[str] = field(default_factory=list)
     shadow: str = ""  # how the models were widened to run on CPU, if they were
     notes: list[str] = field(default_factory=list)
-    way_out: str = ""  # "inputs" or "install": what lets an unverified check run
+    way_out: str = ""  # "inputs", "install" or "decline": what the user can do about an unverified check
 
     @property
     def max_rel_diff(self) -> float:
@@ -299,11 +301,11 @@ def verify(
         original_model = float32_shadow(original) if shadow else original
         folded_model = float32_shadow(folded) if shadow else folded
     except Exception as e:  # noqa: BLE001 - e.g. a shadow over 2 GB
-        return result("unverified", f"cannot build the float32 shadows: {_first_line(e)}", way_out="inputs")
+        return result("unverified", f"cannot build the float32 shadows: {_first_line(e)}", way_out="decline")
     try:
         reference_session = _session(original_model)
     except Exception as e:  # noqa: BLE001
-        return result("unverified", f"the original model does not load in onnxruntime: {_first_line(e)}")
+        return result("unverified", f"the original model does not load in onnxruntime: {_first_line(e)}", way_out="decline")
     try:
         folded_session = _session(folded_model)
     except Exception as e:  # noqa: BLE001
@@ -341,7 +343,7 @@ def verify(
     outputs = list(worst.values())
     over = [o for o in outputs if not o.rel_diff <= o.rtol]
     if over:
-        o = max(over, key=lambda o: o.rel_diff / o.rtol if o.rel_diff == o.rel_diff else float("inf"))
+        o = max(over, key=lambda o: o.rel_diff / o.rtol)
         reason = f"output '{o.name}' differs: max|diff| {o.max_abs_diff:.3g}, relative {o.rel_diff:.3g} > rtol {o.rtol:g}"
         return result("failed", reason, outputs)
     return result("passed", "", outputs)

@@ -342,3 +342,19 @@ def test_a_graph_that_runs_at_one_size_only_says_so():
     assert verification.status == "passed" and verification.input_sets == ["x(2, 8, 8)"]
     (note,) = verification.notes
     assert note.startswith("only one size checked: the original model does not run in onnxruntime on input set 2 of 2 (x(3, 5, 8))")
+
+
+def test_original_that_onnxruntime_cannot_load_refuses_with_no_verify_as_the_way_out(tmp_path):
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    g.output(g.linear(g.ln(g.linear(x, 8, 16, "proj"), 16, "ln"), 16, 4, "head"))
+    g.output(g.node("Frobnicate", [x], domain="com.example"))
+    model = g.model()
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(onnx_lnfold.NotVerified, match=r"the original model does not load in onnxruntime: .*; pass verify=False to accept"):
+        onnx_lnfold.fold(model)
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    code, _, stderr = run_cli(src, "-o", tmp_path / "o.onnx", "-q")
+    assert code == 1 and stderr.strip().endswith("; accept an unverified model with --no-verify")
+    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "o.onnx").exists()
