@@ -264,8 +264,9 @@ def _conv_dims(value: ir.Value, model: ir.Model, sequence_length: int) -> dict[i
         group = conv.attributes["group"].as_int() if "group" in conv.attributes else 1
         dims[1] = weight.shape[1] * group
     side = _position_grid(conv, model) if spatial == 2 else None
-    for i in range(min(spatial, rank - 1)):
-        axis = rank - spatial + i if rank >= spatial + 1 else i + 1
+    first_spatial = rank - spatial  # the trailing axes: [N, C, H, W], or [N, samples] unsqueezed
+    for i in range(spatial if first_spatial >= 1 else 0):
+        axis = first_spatial + i
         if side is not None:
             dims[axis] = chain[0].input_size(side, i)
             continue
