@@ -147,7 +147,19 @@ def _index_bound(value: ir.Value, depth: int = 0) -> int | None:
             bound = _index_bound(node.outputs[0], depth + 1)
             if bound is not None:
                 bounds.append(bound)
+        elif node.op_type == "Add" and depth < 8:  # an offset (OPT's positions + 2)
+            offset = _constant_scalar(node.inputs[1 - index])
+            bound = _index_bound(node.outputs[0], depth + 1) if offset is not None and offset >= 0 else None
+            if bound is not None:
+                bounds.append(max(bound - offset, 1))
     return min(bounds) if bounds else None
+
+
+def _constant_scalar(value: ir.Value | None) -> int | None:
+    tensor = value.const_value if value is not None else None
+    if tensor is None or tensor.size != 1 or not tensor.dtype.is_integer():
+        return None
+    return int(tensor.numpy().reshape(()))
 
 
 # --------------------------------------------------------------------------- conv geometry

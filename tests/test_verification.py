@@ -358,3 +358,17 @@ def test_original_that_onnxruntime_cannot_load_refuses_with_no_verify_as_the_way
     code, _, stderr = run_cli(src, "-o", tmp_path / "o.onnx", "-q")
     assert code == 1 and stderr.strip().endswith("; accept an unverified model with --no-verify")
     assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "o.onnx").exists()
+
+
+def test_index_inputs_stay_inside_the_table_after_an_offset():
+    """OPT-style learned positions: `position_ids + 2` indexes a table of 10 rows: ids are drawn
+    from 0..7 (not all ones, as an integer input that indexes nothing gets)."""
+    g = Graph()
+    ids = g.node("Add", [g.input("position_ids", ["b", "s"], TensorProto.INT64), g.ints("offset", 2)])
+    h = g.node("Gather", [g.const("positions", (10, 16)), ids])
+    g.output(g.linear(g.ln(h, 16, "ln"), 16, 4, "head"))
+    model = g.model()
+    for input_set in verification_input_sets(ir.serde.deserialize_model(model)):
+        drawn = input_set.feeds["position_ids"]
+        assert drawn.max() <= 7 and len(np.unique(drawn)) > 2
+    assert onnx_lnfold.fold(model).report.verification.status == "passed"
