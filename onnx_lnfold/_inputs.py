@@ -469,10 +469,13 @@ def verification_input_sets(
     shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
 ) -> list[InputSet]:
-    """The user's inputs as given; else two sizes, each with every bool input True, then False."""
-    if inputs is not None:
-        return [InputSet(dict(inputs))]
+    """Two sizes, each with every bool input True, then False; or the user's inputs as given,
+    then with their bools flipped (left out, with a note, if the original does not run so)."""
     has_bool = any(v.dtype == ir.DataType.BOOL for v in _graph_inputs(model))
+    if inputs is not None:
+        given = InputSet(dict(inputs))
+        flipped = {k: np.asarray(~v) if v.dtype == bool else v for k, v in inputs.items()}
+        return [given, InputSet(flipped, required=False)] if has_bool else [given]
     rereadings = _dim_rereadings(model, dict(shapes or {}))
     sets = []
     for seed, sizes in enumerate(((FIRST_SIZE,), SECOND_SIZES)):

@@ -329,7 +329,7 @@ def verify(
             if input_set.required:
                 return result("unverified", reason, worst.values(), way_out="inputs")
             dropped.append(number - 1)
-            notes.append(f"only one size checked: {reason}")
+            notes.append(f"left out: {reason}")
             continue
         try:
             candidate = _run(folded_session, feeds)

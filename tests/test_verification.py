@@ -341,7 +341,7 @@ def test_a_graph_that_runs_at_one_size_only_says_so():
     verification = onnx_lnfold.fold(g.model()).report.verification
     assert verification.status == "passed" and verification.input_sets == ["x(2, 8, 8)"]
     (note,) = verification.notes
-    assert note.startswith("only one size checked: the original model does not run in onnxruntime on input set 2 of 2 (x(3, 5, 8))")
+    assert note.startswith("left out: the original model does not run in onnxruntime on input set 2 of 2 (x(3, 5, 8))")
 
 
 def test_original_that_onnxruntime_cannot_load_refuses_with_no_verify_as_the_way_out(tmp_path):
@@ -372,3 +372,10 @@ def test_index_inputs_stay_inside_the_table_after_an_offset():
         drawn = input_set.feeds["position_ids"]
         assert drawn.max() <= 7 and len(np.unique(drawn)) > 2
     assert onnx_lnfold.fold(model).report.verification.status == "passed"
+
+
+def test_user_inputs_are_also_checked_with_their_bools_flipped():
+    model = _if_on_a_bool_input()
+    feeds = {"x": np.ones((2, 3, 8), np.float32), "flag": np.array(True)}
+    verification = onnx_lnfold.fold(model, inputs=feeds).report.verification
+    assert verification.status == "passed" and verification.input_sets == ["x(2, 3, 8), flag=True", "x(2, 3, 8), flag=False"]
