@@ -20,68 +20,11 @@ from onnx_lnfold._load import ModelSource, load_model
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._report import FoldReport, count_ops
 from onnx_lnfold._save import release_mapped, save_with_external_data, uses_external_data, weight_bytes
-from onnx_lnfold._verify import ModelBytesOrPath, Verification, verify
+from onnx_lnfold._verify import ModelBytesOrPath, Verification, bfloat16_rounding, has_bfloat16, output_types, verify
 
 
 # Above this many weight bytes, onnxruntime reads a model for verification from a temporary file.
 _IN_MEMORY_LIMIT = 64 << 20
-
-
-def output_types(model: ir.Model) -> dict[str, int]:
-    """Each graph output's element type: its tolerance follows it (an fp32 output is held to the
-    fp32 tolerance even when some weights are fp16)."""
-    return {v.name: int(v.dtype) for v in model.graph.outputs if v.name and v.dtype is not None}
-
-
-def has_bfloat16(model: ir.Model) -> bool:
-    """Whether any tensor of the model, subgraphs included, is bfloat16 (or a Cast makes one)."""
-    bf16 = ir.DataType.BFLOAT16
-    graphs = [model.graph, *(g for node in ir.traversal.RecursiveGraphIterator(model.graph) for g in _subgraphs(node))]
-    for graph in graphs:
-        if any(v.dtype == bf16 for v in (*graph.inputs, *graph.outputs, *graph.initializers.values())):
-            return True
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        if any(v is not None and v.dtype == bf16 for v in node.outputs):
-            return True
-        if node.op_type == "Cast" and "to" in node.attributes and node.attributes["to"].as_int() == bf16:
-            return True
-    return False
-
-
-def _subgraphs(node: ir.Node):
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
-
-
-def bfloat16_rounding(model: ir.Model, plan: CenteringPlan) -> list[str]:
-    """How far rounding to bf16 left each centered weight from a zero mean along its axis:
-    the float32 shadow checks the transformation, this is what the narrow type adds to it."""
-    initializers = dict(model.graph.initializers)
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        for graph in _subgraphs(node):
-            initializers.update(graph.initializers)
-    worst: tuple[float, str] | None = None
-    for edit in plan.edits:
-        value = initializers.get(edit.new_name if edit.untie else edit.tensor)
-        if value is None or value.const_value is None or value.dtype != ir.DataType.BFLOAT16 or edit.weights:
-            continue
-        array = value.const_value.numpy().astype(np.float64)
-        scale = float(np.abs(array).max()) if array.size else 0.0
-        if scale == 0.0:
-            continue
-        leftover = np.abs(array) if edit.axis is None else np.abs(array.mean(axis=edit.axis))
-        relative = float(leftover.max()) / scale
-        if worst is None or relative > worst[0]:
-            worst = (relative, value.name or "")
-    if worst is None:
-        return []
-    return [
-        f"bfloat16 rounding of the centered weights: mean left along the centered axis up to {worst[0]:.3g} "
-        f"of the weight's max |w| ('{worst[1]}'); the float32 shadows above include it"
-    ]
 
 
 @dataclass
