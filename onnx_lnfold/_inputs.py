@@ -37,12 +37,14 @@ _INDEX_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Ide
 # (casts, normalization of pixel values, an Unsqueeze that adds the channel axis of audio).
 _TO_CONV = {"Cast", "Identity", "Unsqueeze", "Mul", "Div", "Add", "Sub"}
 # Ops between two convolutions of a feature extractor that keep the length of the spatial axes
-# (a Transpose pair around a LayerNormalization over channels, as Wav2Vec2's "layer" norm has it;
-# inputs are synthesized from the folded model, so its RMSNorms too).
+# (a Transpose pair around a LayerNormalization over channels, as Wav2Vec2's "layer" norm has it,
+# a Reshape pair around an InstanceNormalization, as its GroupNorm is exported; inputs are
+# synthesized from the folded model, so its RMSNorms too). A wrong guess costs nothing: the
+# original model is the judge of every input set.
 _BETWEEN_CONVS = _TO_CONV | {
     "Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "LeakyRelu", "Softplus", "Pow", "Sqrt", "Neg",
     "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LayerNormalization",
-    "SimplifiedLayerNormalization", "RMSNormalization", "Transpose", "Dropout", "Pad",
+    "SimplifiedLayerNormalization", "RMSNormalization", "Transpose", "Reshape", "Dropout", "Pad",
 }  # fmt: skip
 _POOLS = {"MaxPool", "AveragePool", "LpPool"}
 
