@@ -151,11 +151,15 @@ def test_vit_with_every_input_dim_dynamic_gets_its_channels_and_patch_grid():
 
 
 def _audio_model() -> onnx.ModelProto:
-    """A feature extractor as Wav2Vec2 has it: samples -> Unsqueeze -> strided Conv1d stack -> frames."""
+    """A feature extractor as Wav2Vec2 has it: samples -> Unsqueeze -> strided Conv1d stack (with a
+    group norm) -> frames."""
     g = Graph()
     x = g.node("Unsqueeze", [g.input("input_values", ["batch_size", "sequence_length"]), g.ints("axis1", [1])])
     x = g.node("Conv", [x, g.const("conv0.w", (16, 1, 10))], strides=[5])
-    x = g.node("Relu", [x])
+    # GroupNorm(4 groups) as the exporter writes it: Reshape, InstanceNormalization, Reshape back.
+    x = g.node("Reshape", [x, g.ints("groups", [0, 4, -1])])
+    x = g.node("InstanceNormalization", [x, g.const("gn.scale", (4,)), g.const("gn.bias", (4,))])
+    x = g.node("Relu", [g.node("Reshape", [x, g.ints("channels", [0, 16, -1])])])
     x = g.node("Conv", [x, g.const("conv1.w", (16, 16, 3))], strides=[2])
     x = g.node("Relu", [g.node("Mul", [x, g.const("scale", (16, 1))])])
     x = g.node("Conv", [x, g.const("conv2.w", (16, 16, 2)), g.const("conv2.b", (16,))], strides=[2], pads=[0, 0])
