@@ -27,6 +27,7 @@ _EXPORTS = {
     "LnDecision": "onnx_lnfold._plan",
     "LnFoldError": "onnx_lnfold._errors",
     "LnFoldPass": "onnx_lnfold._pass",
+    "NotVerified": "onnx_lnfold._errors",
     "Verification": "onnx_lnfold._verify",
     "VerificationFailed": "onnx_lnfold._errors",
     "analyze": "onnx_lnfold._api",
@@ -37,7 +38,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from onnx_lnfold._api import analyze, fold
-    from onnx_lnfold._errors import LnFoldError, VerificationFailed
+    from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
     from onnx_lnfold._fold import FoldResult
     from onnx_lnfold._pass import LnFoldPass
     from onnx_lnfold._plan import CenteringEdit, CenteringPlan, LnDecision

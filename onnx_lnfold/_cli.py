@@ -292,14 +292,15 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         else:
             progress.phase("Verifying in onnxruntime")
             report.verification = check_equivalence(
-                source, staged.path, result.model, rtol=args.rtol, input_shapes=shapes, inputs=inputs
+                source, staged.path, result.model, rtol=args.rtol, input_shapes=shapes, inputs=inputs, plan=report.plan
             )
         progress.close()
-        if report.verification.status == "failed":
+        if report.verification.status in ("failed", "unverified"):  # only a passed check writes a fold
             staged.discard()
-            report.notes.append(f"Refused to write {destination}: the folded model is not equivalent.")
+            why = "not equivalent" if report.verification.status == "failed" else "not verified"
+            report.notes.append(f"Refused to write {destination}: the folded model is {why}.")
             _emit(report, args, started)
-            print(f"onnx_lnfold: verification failed: {report.verification.reason}", file=sys.stderr)
+            print(f"onnx_lnfold: {report.verification.refusal('cli')}", file=sys.stderr)
             return EXIT_VERIFY
         report.output = str(staged.commit())
         written = [destination.parent / staged.data_name] if staged.data_name else []  # type: ignore[union-attr]

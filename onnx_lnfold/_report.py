@@ -266,17 +266,10 @@ class FoldReport:
         return lines
 
     def _verification_lines(self) -> list[str]:
-        v = self.verification
-        if v.status == "skipped":
-            return _wrap(f"Verification: skipped ({v.reason})", "  ")
-        version = getattr(sys.modules.get("onnxruntime"), "__version__", None)
-        engine = f"onnxruntime {version}" if version else "onnxruntime"
-        shapes = ", ".join(f"{k}{tuple(s)}" for k, s in v.input_shapes.items())
-        lines = [f"Verification ({v.status}, {engine} CPU, optimizations off, inputs {shapes}, rtol {v.rtol:g}):"]
-        for o in v.outputs:
-            lines.append(f"  {o.name}: max|diff| {o.max_abs_diff:.3g}, relative {o.rel_diff:.3g}")
-        if v.reason:
-            lines += _wrap(v.reason, "    ", "  ")
+        first, *rest = self.verification.format_lines()
+        lines = _wrap(first, "    ")
+        for line in rest:  # already indented by two
+            lines += _wrap(line.strip(), "    ", "  ")
         return lines
 
     def format_text(self) -> str:

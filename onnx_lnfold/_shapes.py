@@ -92,8 +92,8 @@ def _light_proto(model: ir.Model) -> onnx.ModelProto:
     return proto
 
 
-def _infer(model: ir.Model) -> dict[str, tuple[Shape | None, int]]:
-    """Run ONNX shape inference on a light copy; return (shape, elem type) by value name."""
+def _infer(model: ir.Model) -> dict[tuple[tuple, str], tuple[Shape | None, int]]:
+    """Run ONNX shape inference on a light copy; return (shape, elem type) by (graph path, value name)."""
     try:
         proto = _light_proto(model)
     except Exception as e:  # a model the IR cannot write back cannot be inferred either
@@ -104,19 +104,33 @@ def _infer(model: ir.Model) -> dict[str, tuple[Shape | None, int]]:
     except Exception as e:  # custom ops or malformed graphs: fall back to declared shapes
         logger.debug("shape inference failed: %s", e)
         return {}
-    shapes: dict[str, tuple[Shape | None, int]] = {}
-    graphs = [inferred.graph]
+    shapes: dict[tuple[tuple, str], tuple[Shape | None, int]] = {}
+    graphs = [((), inferred.graph)]
     while graphs:  # If/Loop/Scan bodies carry their own value_info
-        g = graphs.pop()
+        path, g = graphs.pop()
         for vi in list(g.value_info) + list(g.output) + list(g.input):
             if vi.type.HasField("tensor_type"):
-                shapes[vi.name] = (_proto_dims(vi.type), vi.type.tensor_type.elem_type)
-        for node in g.node:
+                shapes[(path, vi.name)] = (_proto_dims(vi.type), vi.type.tensor_type.elem_type)
+        for index, node in enumerate(g.node):
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
-                    graphs.append(attr.g)
-                graphs.extend(attr.graphs)
+                    graphs.append(((*path, (index, attr.name, 0)), attr.g))
+                graphs.extend(((*path, (index, attr.name, k)), sub) for k, sub in enumerate(attr.graphs))
     return shapes
+
+
+def _graph_paths(graph: ir.Graph, path: tuple = ()) -> dict[int, tuple]:
+    """Where each (sub)graph sits, as `_infer` keys it: sibling If branches reuse value names
+    (optimum's merged decoders do), so a name alone does not say which value it is."""
+    paths = {id(graph): path}
+    for index, node in enumerate(graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                paths.update(_graph_paths(attr.as_graph(), (*path, (index, attr.name, 0))))
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for k, sub in enumerate(attr.as_graphs()):
+                    paths.update(_graph_paths(sub, (*path, (index, attr.name, k))))
+    return paths
 
 
 # Ops whose output 0 has the rank of input 0.
@@ -131,13 +145,16 @@ class ShapeTable:
     """Shapes of the values of one graph, as declared or inferred (never written back)."""
 
     def __init__(self, model: ir.Model):
-        self._inferred: dict[str, tuple[Shape | None, int]] | None = None
+        self._inferred: dict[tuple[tuple, str], tuple[Shape | None, int]] | None = None
         self._model = model
 
     def _lookup(self, value: ir.Value) -> tuple[Shape | None, int]:
         if self._inferred is None:
             self._inferred = _infer(self._model)
-        return self._inferred.get(value.name or "", (None, 0))
+            self._paths = _graph_paths(self._model.graph)
+        producer = value.producer()
+        graph = producer.graph if producer is not None else value.graph
+        return self._inferred.get((self._paths.get(id(graph), ()), value.name or ""), (None, 0))
 
     def dtype(self, value: ir.Value | None) -> ir.DataType | None:
         if value is None:

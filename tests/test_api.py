@@ -113,12 +113,13 @@ def test_other_float_dtypes(dtype, rtol):
     assert result.model.graph.initializers["wte"].const_value.dtype == ir.DataType.from_numpy(np.dtype(dtype))
 
 
-def test_fold_without_onnxruntime_reports_verification_skipped(monkeypatch):
+def test_fold_without_onnxruntime_raises_unless_verification_is_declined(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    result = onnx_lnfold.fold(_pre_ln())
+    with pytest.raises(onnx_lnfold.NotVerified, match=r"onnxruntime is not installed; pip install 'onnx_lnfold\[ort\]'"):
+        onnx_lnfold.fold(_pre_ln())
+    result = onnx_lnfold.fold(_pre_ln(), verify=False)
     assert len(result.plan.folded) == 2
     assert result.report.verification.status == "skipped"
-    assert "onnxruntime is not installed" in result.report.verification.reason
 
 
 def test_verification_failure_raises_instead_of_returning_a_model():

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -297,7 +298,9 @@ def test_stderr_holds_only_the_tools_own_lines(tmp_path, quiet):
     report = tmp_path / "r.json"
     code, out, err = _cli(src, "-o", tmp_path / "o.onnx", "--input-shape", "x:3,8", "--json", report, *quiet)
     assert "does not run in onnxruntime" in json.loads(report.read_text())["verification"]["reason"]
-    assert "onnxruntime:" not in err and "\x1b[" not in err  # ORT's own log lines: '[E:onnxruntime:...'
+    # ORT's own log lines look like '2026-... [E:onnxruntime:, sequential_executor.cc:...]' (colored);
+    # the tool's refusal may quote the exception text, but only on its own 'onnx_lnfold:' line.
+    assert not re.search(r"\[[EWIV]:onnxruntime", err) and "\x1b[" not in err
     assert all(line.startswith("onnx_lnfold:") for line in err.splitlines()), err
 
 
