@@ -207,7 +207,16 @@ class _Tracer:
                     "at run time, so it is not a constant",
                     inp.name,
                 )
-            if constant_of(inp) is not None:
+            tensor = constant_of(inp)
+            if tensor is not None:
+                if tensor.dtype not in _carry.FLOAT_TYPES:
+                    # An integer table (read through a Cast) cannot hold its centered values:
+                    # rounding them back to integers would not be exact.
+                    return _Blocked(
+                        f"constant '{inp.name}' is {tensor.dtype.name}: its centered values are not integers, "
+                        "so it cannot be centered in place",
+                        inp.name,
+                    )
                 if req.axis is None and req_weights is not None:
                     return _Blocked(
                         f"constant '{inp.name}' is broadcast along a scaled axis; it cannot be centered",
