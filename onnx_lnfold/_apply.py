@@ -124,22 +124,22 @@ def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: n
         # A beta of shape [1] (or a scalar) is broadcast over the normalized axis: beta @ W
         # needs it as a row of K.
         rows = weight.shape[1] if trans_b else weight.shape[0]
-        beta = np.broadcast_to(beta.reshape(-1), (rows,))
+        row = np.broadcast_to(beta.reshape(-1), (rows,))
         if node.op_type == "Gemm":
             alpha = attrs["alpha"].as_float() if "alpha" in attrs else 1.0
             beta_g = attrs["beta"].as_float() if "beta" in attrs else 1.0
             scale = alpha / beta_g  # Gemm computes alpha * (A @ B) + beta_g * C
             if len(node.inputs) > 2 and node.inputs[2] is not None:
-                _add_beta_to_bias(graph, node, 2, beta, weight, taken, trans=trans_b, scale=scale)
+                _add_beta_to_bias(graph, node, 2, row, weight, taken, trans=trans_b, scale=scale)
             else:
                 name = fresh_name(f"{node.name or 'gemm'}.bias_from_beta", taken)
-                tensor = bias_plus_beta(None, beta, weight, trans=trans_b, scale=scale, dtype=weight.dtype, name=name)
+                tensor = bias_plus_beta(None, row, weight, trans=trans_b, scale=scale, dtype=weight.dtype, name=name)
                 node.resize_inputs(3)
                 node.replace_input_with(2, _new_constant(graph, tensor))
             continue
         slot = bias_slot(node)
         assert slot is not None, node.name
-        _add_beta_to_bias(graph, slot[0], slot[1], beta, weight, taken)
+        _add_beta_to_bias(graph, slot[0], slot[1], row, weight, taken)
 
 
 def _scale(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> ir.Value:
