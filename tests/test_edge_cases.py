@@ -206,6 +206,22 @@ def test_broadcast_gamma_and_beta(param_shape, residual, consumer):
     assert decision.beta == ("consumers" if consumer else "add")
 
 
+@pytest.mark.parametrize("gamma_shape", [(1,), (1, 1, 8)])
+def test_decomposed_ln_gamma_the_skip_kernel_rejects(gamma_shape):
+    """A decomposed LN's gamma may be [1] or [1, 1, d]. Before, with --fuse-residual always:
+    SkipSimplifiedLayerNormalization with that gamma ('gamma is expected to have 1 dimension,
+    got 3'), VerificationFailed. The kernel takes a 1-D gamma of the hidden size only."""
+    g = Graph()
+    x = g.input("x", [2, "s", 4])
+    h = g.node("Add", [g.linear(x, 4, 8, "p"), g.linear(x, 4, 8, "q")], name="residual")
+    out = decomposed_ln(g, h, 8, "dec", affine=False)
+    out = g.node("Mul", [out, g.const("gamma", gamma_shape)], name="dec/gamma")
+    g.output(g.node("Add", [out, g.const("beta", (8,))], name="dec/beta"))
+    result = onnx_lnfold.fold(g.model(), fuse_residual="always")
+    (decision,) = result.plan.folded
+    assert decision.rewrite == RMS and result.report.verification.status == "passed"
+
+
 def test_full_gamma_still_fuses_the_residual():
     """The control: a gamma of the hidden size keeps the fused Skip op."""
     g = Graph()
