@@ -837,6 +837,8 @@ class _Gen:
     SUFFIXES = [".centered", ".zeroed", ".rms", ".beta", ".mean", ".with_beta", ".sum", ".scale"]
 
     def decoy(self, near: list[str]) -> str | None:
+        if not near:
+            return None
         name = self.pick(near) + self.pick(self.SUFFIXES)
         if name in self.decoys:
             return None
@@ -859,7 +861,8 @@ class _Gen:
                 y = self.matmul(self.x(), w)
             if head:  # a linear head: the LN's beta folds into its bias (a body initializer)
                 y = self.node("Add", [self.node("MatMul", [y, self.const((w, w), "bW")]), self.const((w,), "bb")])
-            name = self.decoy(near) if self.chance(50) else None
+            body_lns = [n.output[0] for n in self.g.nodes if n.op_type == "LayerNormalization"]
+            name = self.decoy(near + body_lns) if self.chance(50) else None
             if name is not None:  # a body initializer named like a tensor the fold may add
                 self.g.inits.append(numpy_helper.from_array(self.rng.normal(0.3, 1.0, size=(w,)).astype(np.float32), name))
                 y = self.node("Add", [y, name])
@@ -869,9 +872,11 @@ class _Gen:
             self.in_body = False
 
     def near_names(self, t: str) -> list[str]:
-        """Names the fold may derive new names from: stream tensors, constants, LN outputs."""
-        names = [t] + [i.name for i in self.g.inits] + [o for n in self.g.nodes for o in n.output if o]
-        return names + [f"{self.fresh('layernormalization_')}_out"]  # the next body LN's output, roughly
+        """Names the fold derives new names from: the stream tensor the body reads (explicit
+        centering), LN outputs (their RMSNorm and beta tensors), weights (centered copies)."""
+        lns = [n.output[0] for n in self.g.nodes if n.op_type in ("LayerNormalization", "SkipLayerNormalization")]
+        weights = [i.name for i in self.g.inits if len(i.dims) >= 1]
+        return [t] + lns + weights
 
     def if_block(self, t: str, w: int) -> None:
         """If on a bool input, an LN in each branch (or a pass-through); both branches run in the checks."""
