@@ -208,11 +208,15 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
         return None
     square = square[0]
     chain = [mean, sub, square]
-    step = _use(square.outputs[0], lambda n, i: n.op_type == "ReduceMean" and i == 0 and _reduce_axis(n, rank) == axis)
+    step = _use(
+        square.outputs[0], lambda n, i: n.op_type == "ReduceMean" and i == 0 and _reduce_axis(n, rank) == axis
+    )
     if step is None:
         return None
     chain.append(step[0])
-    step = _use(step[0].outputs[0], lambda n, i: n.op_type == "Add" and _const_scalar(_other(n, n.inputs[i])) is not None)
+    step = _use(
+        step[0].outputs[0], lambda n, i: n.op_type == "Add" and _const_scalar(_other(n, n.inputs[i])) is not None
+    )
     if step is None:
         return None
     epsilon = _const_scalar(_other(step[0], step[0].inputs[step[1]]))
