@@ -30,7 +30,9 @@ import onnx_ir as ir
 from onnx_lnfold import _carry
 from onnx_lnfold._carry import node_label
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._fusions import embed_layer_norm_costs
 from onnx_lnfold._names import display_names, fresh_name, taken_names
+from onnx_lnfold._pipeline_order import order_advice
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import DECOMPOSED, LnCandidate, find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
@@ -585,10 +587,14 @@ def analyze(
     # Uses through which a recognized LN removes a shift along its axis (decomposed LNs; the
     # LayerNormalization op answers for itself in _carry.absorbs).
     sinks = {use: cand.axis for cand in candidates if cand.axis is not None for use in cand.sink_uses}
+    # LNs whose fold would cost an ONNX Runtime fusion worth more than it saves stay LNs (they
+    # still absorb shifts, as every kept LN does).
+    costly = embed_layer_norm_costs(graph, candidates)
+    foldable = [cand for cand in candidates if cand not in costly]
 
-    active, blocked = _fold_set(candidates, shapes, sinks, names, None)
+    active, blocked = _fold_set(foldable, shapes, sinks, names, None)
     if auxiliary_centering and blocked:
-        aux_active, aux_blocked = _with_auxiliary_centering(candidates, shapes, sinks, names)
+        aux_active, aux_blocked = _with_auxiliary_centering(foldable, shapes, sinks, names)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
@@ -629,7 +635,7 @@ def analyze(
                 )
             )
         else:
-            why = blocked[cand]
+            why = blocked[cand] if cand in blocked else _Blocked(costly[cand], None)
             decisions.append(
                 LnDecision(
                     node=cand.name,
@@ -642,4 +648,5 @@ def analyze(
                     _cand=cand,
                 )
             )
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target)
+    advice = order_advice(graph, list(active), list(costly))
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target, advice=advice)

@@ -87,6 +87,7 @@ class FoldReport:
         changed = sorted(k for k in set(self.ops_before) | set(self.ops_after) if self.ops_before.get(k, 0) != self.ops_after.get(k, 0))
         if changed:
             lines.append("Ops: " + "; ".join(f"{k} {self.ops_before.get(k, 0)} -> {self.ops_after.get(k, 0)}" for k in changed))
+        lines.extend(plan.advice)
         v = self.verification
         if v.status == "skipped":
             lines.append(f"Verification: skipped ({v.reason})")
