@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnx_lnfold._recognize import LnCandidate
+from onnx_lnfold._recognize import DECOMPOSED, LAYER_NORM, LnCandidate
 from onnx_lnfold._targets import constant_of
 
 # com.microsoft ops only the transformers optimizer writes: a graph holding one has been
@@ -126,10 +126,10 @@ def embed_layer_norm_costs(graph: ir.Graph, candidates: list[LnCandidate]) -> di
         return {}
     costly: dict[LnCandidate, str] = {}
     for cand in candidates:
-        node = cand.node
-        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx") or cand.form_problem:
+        # A decomposed LN counts too: the optimizer first fuses it into a LayerNormalization.
+        if cand.kind not in (LAYER_NORM, DECOMPOSED) or cand.form_problem:
             continue
-        x = node.inputs[0]
+        x = cand.x
         if x is None or x.producer() is None or x.producer().op_type != "Add":
             continue
         gathers = [_embedding_gather(leaf) for leaf in _add_leaves(x)]

@@ -29,7 +29,7 @@ def order_advice(graph: ir.Graph, folded: list[LnCandidate], kept_for_fusion: li
         )
     if kept_for_fusion:
         names = ", ".join(f"'{cand.name}'" for cand in kept_for_fusion)
-        lost.append(f"its EmbedLayerNormalization fusion is why {names} stayed LayerNormalization")
+        lost.append(f"its EmbedLayerNormalization fusion is why {names} stayed a LayerNorm")
     if not lost:
         return []
     return [

@@ -81,6 +81,40 @@ def test_embeddings_layer_norm_ort_would_not_fuse_still_folds():
     assert result.plan.advice == []
 
 
+def _bert_embeddings(positions_from: str, decomposed: bool) -> onnx.ModelProto:
+    """word + token-type + position Gathers -> LN -> Q, K, V, as BERT exports write them;
+    positions `Slice(position_ids, 0, seq)` with `seq` from the shape of `positions_from`."""
+    g = Graph()
+    ids = g.input("input_ids", ["b", "s"], onnx.TensorProto.INT64)
+    types = g.input("token_type_ids", ["b", "s"], onnx.TensorProto.INT64)
+    mask = g.input("attention_mask", ["b", "s"], onnx.TensorProto.INT64)
+    seq = g.node("Gather", [g.node("Shape", [{"input_ids": ids, "attention_mask": mask}[positions_from]]), g.ints("one", 1)])
+    end = g.node("Unsqueeze", [seq, g.ints("zero_axis", [0])])
+    positions = g.node("Slice", [g.const("position_ids", value=np.arange(32, dtype=np.int64)[None]), g.ints("start", [0]), end, g.ints("axis1", [1])])
+    word = g.node("Gather", [g.const("word_table", (50, 16)), ids])
+    token_type = g.node("Gather", [g.const("type_table", (2, 16)), types])
+    position = g.node("Gather", [g.const("position_table", (32, 16)), positions])
+    x = g.node("Add", [g.node("Add", [word, token_type]), position])
+    from graphs import decomposed_ln
+
+    n = decomposed_ln(g, x, 16, "embeddings_ln") if decomposed else g.ln(x, 16, "embeddings_ln")
+    for head in ("q", "k", "v"):
+        g.output(g.linear(n, 16, 16, head))
+    return g.model()
+
+
+@pytest.mark.parametrize("decomposed", [False, True])
+def test_embeddings_layer_norm_rule_follows_the_fusion_pattern(decomposed):
+    """Kept where ORT's EmbedLayerNormalization would match (positions sized by the ids), in
+    either LN form (the optimizer fuses a decomposed LN into a LayerNormalization first);
+    folded where it would not (positions sized by the attention mask)."""
+    fusable = fold(_bert_embeddings("input_ids", decomposed))
+    assert not fusable.plan.folded and "EmbedLayerNormalization" in fusable.plan.decisions[0].reason
+    assert "stayed a LayerNorm" in fusable.plan.advice[0]
+    other = fold(_bert_embeddings("attention_mask", decomposed))
+    assert len(other.plan.folded) == 1 and other.plan.advice == []
+
+
 def test_embeddings_layer_norm_folds_once_the_optimizer_ran():
     """After the optimizer nothing is left to lose: its EmbedLayerNormalization has no RMS form
     and is reported as such, and no advice is given."""
