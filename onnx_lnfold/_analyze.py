@@ -30,7 +30,9 @@ import onnx_ir as ir
 from onnx_lnfold import _carry
 from onnx_lnfold._carry import node_label
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._fusions import embed_layer_norm_costs
 from onnx_lnfold._names import display_names, fresh_name, taken_names
+from onnx_lnfold._pipeline_order import order_advice
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import DECOMPOSED, LnCandidate, find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
@@ -270,9 +272,8 @@ class _Tracer:
     def _aux_allowed(self, value: ir.Value) -> bool:
         if self.aux_denied is None or value in self.aux_denied:
             return False
-        # Not in fp16/bf16: a mean computed and subtracted in 10 or 7 mantissa bits leaves a
-        # residual mean far above float32 noise (the fuzz test found one feeding an fp32 LN).
-        return self.shapes.dtype(value) in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+        # fp16/bf16 roots only for LNs of their own precision (`_mixed_precision_roots`).
+        return self.shapes.dtype(value) in _FLOAT_TYPES
 
     def _leaf(self, node, req, out, out_weights: Weights, weights: Weights, aux: bool = False):
         """A leaf at input `req.index` of `node`. The change it makes is a shift at the node's
@@ -578,6 +579,23 @@ def _fold_set(
     return active, blocked
 
 
+_FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
+    """fp16/bf16 roots that unlock an LN of another precision. A mean computed and subtracted in
+    10 or 7 mantissa bits leaves a residual mean at that type's rounding: noise for an LN of the
+    same type (fp16 models centered explicitly drift from their fp32 original no more than
+    unfolded ones: README "Deployment pipelines"), far above the noise of an fp32 LN reached
+    through a widening Cast (found by the fuzz test)."""
+    low = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    return {
+        root
+        for root, cands in unlocked.items()
+        if shapes.dtype(root) in low and any(shapes.dtype(cand.x) != shapes.dtype(root) for cand in cands)
+    }
+
+
 def _with_auxiliary_centering(candidates, shapes, sinks, names):
     """Fold with explicit centering roots allowed, denying the roots that unlock too few LNs."""
     denied: set[ir.Value] = set()
@@ -589,6 +607,7 @@ def _with_auxiliary_centering(candidates, shapes, sinks, names):
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
         poor = {root for root, cands in unlocked.items() if len(cands) < AUX_MIN_UNLOCKED}
+        poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:
             return active, blocked
         denied |= poor
@@ -614,10 +633,14 @@ def analyze(
     # Uses through which a recognized LN removes a shift along its axis (decomposed LNs; the
     # LayerNormalization op answers for itself in _carry.absorbs).
     sinks = {use: cand.axis for cand in candidates if cand.axis is not None for use in cand.sink_uses}
+    # LNs whose fold would cost an ONNX Runtime fusion worth more than it saves stay LNs (they
+    # still absorb shifts, as every kept LN does).
+    costly = embed_layer_norm_costs(graph, candidates)
+    foldable = [cand for cand in candidates if cand not in costly]
 
-    active, blocked = _fold_set(candidates, shapes, sinks, names, None)
+    active, blocked = _fold_set(foldable, shapes, sinks, names, None)
     if auxiliary_centering and blocked:
-        aux_active, aux_blocked = _with_auxiliary_centering(candidates, shapes, sinks, names)
+        aux_active, aux_blocked = _with_auxiliary_centering(foldable, shapes, sinks, names)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
@@ -658,7 +681,7 @@ def analyze(
                 )
             )
         else:
-            why = blocked[cand]
+            why = blocked[cand] if cand in blocked else _Blocked(costly[cand], None)
             decisions.append(
                 LnDecision(
                     node=cand.name,
@@ -671,4 +694,5 @@ def analyze(
                     _cand=cand,
                 )
             )
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target)
+    advice = order_advice(graph, list(active), list(costly))
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target, advice=advice)

@@ -279,6 +279,8 @@ class FoldReport:
         lines += _wrap(f"Nodes: {self.nodes_before} -> {self.nodes_after}{counts}", "  ")
         lines += self._layer_norm_lines()
         lines += self._edit_lines()
+        for advice in self.plan.advice:  # pipeline order (see _pipeline_order)
+            lines += _wrap(advice, "  ")
         lines += self._verification_lines()
         if self.trace:
             lines.append("Proof per LayerNorm (--verbose):")
