@@ -6,28 +6,54 @@
 
 `analyze(model)` returns the `CenteringPlan` alone; `LnFoldPass` runs the fold inside an
 `onnx_ir.passes.PassManager`.
+
+The names below are imported on first use: `import onnx_lnfold` (and so the command line's
+start-up, where a Ctrl-C must end in one line) loads neither numpy nor onnx_ir.
 """
 
-from onnx_lnfold._analyze import analyze
-from onnx_lnfold._errors import LnFoldError, VerificationFailed
-from onnx_lnfold._fold import FoldResult, fold
-from onnx_lnfold._pass import LnFoldPass
-from onnx_lnfold._plan import CenteringEdit, CenteringPlan, LnDecision
-from onnx_lnfold._report import FoldReport
-from onnx_lnfold._verify import Verification
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CenteringEdit",
-    "CenteringPlan",
-    "FoldReport",
-    "FoldResult",
-    "LnDecision",
-    "LnFoldError",
-    "LnFoldPass",
-    "Verification",
-    "VerificationFailed",
-    "analyze",
-    "fold",
-]
+# public name -> module that defines it
+_EXPORTS = {
+    "CenteringEdit": "onnx_lnfold._plan",
+    "CenteringPlan": "onnx_lnfold._plan",
+    "FoldReport": "onnx_lnfold._report",
+    "FoldResult": "onnx_lnfold._fold",
+    "LnDecision": "onnx_lnfold._plan",
+    "LnFoldError": "onnx_lnfold._errors",
+    "LnFoldPass": "onnx_lnfold._pass",
+    "NotVerified": "onnx_lnfold._errors",
+    "Verification": "onnx_lnfold._verify",
+    "VerificationFailed": "onnx_lnfold._errors",
+    "analyze": "onnx_lnfold._api",
+    "fold": "onnx_lnfold._api",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from onnx_lnfold._api import analyze, fold
+    from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
+    from onnx_lnfold._fold import FoldResult
+    from onnx_lnfold._pass import LnFoldPass
+    from onnx_lnfold._plan import CenteringEdit, CenteringPlan, LnDecision
+    from onnx_lnfold._report import FoldReport
+    from onnx_lnfold._verify import Verification
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnx_lnfold' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

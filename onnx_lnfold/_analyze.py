@@ -30,7 +30,9 @@ import onnx_ir as ir
 from onnx_lnfold import _carry
 from onnx_lnfold._carry import node_label
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._fusions import embed_layer_norm_costs
 from onnx_lnfold._names import display_names, fresh_name, taken_names
+from onnx_lnfold._pipeline_order import order_advice
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import DECOMPOSED, LnCandidate, find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
@@ -69,6 +71,7 @@ def _weigh(weights: Weights, factor: np.ndarray, divide: bool = False) -> Weight
 
 
 _SKIP_NORMALIZATIONS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+_NARROW = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
 
 def _skip_sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[_carry.Requirement] | None:
@@ -180,12 +183,31 @@ class _Tracer:
                 value.name,
                 value,
             )
+        if node.op_type == "Cast":
+            widened = self._widened(node)
+            if widened is not None:
+                return _Blocked(f"tensor '{value.name}' is {widened}", value.name, value)
         reqs = _carry.backward(node, value.index(), axis, self.shapes)
         if isinstance(reqs, str):
             return _Blocked(f"tensor '{value.name}' comes from a node that breaks the chain: {reqs}", value.name, value)
         if weights is not None and node.op_type == "Slice":
             return _Blocked(f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
         return self._collect(node, reqs, (value, axis), weights)
+
+    def _widened(self, cast: ir.Node) -> str | None:
+        """Why a Cast of an fp16/bf16 constant to a wider float stops a proof, or None. The
+        constant would be centered in its narrow type, and the mean its rounding leaves is far
+        above the wide type's noise: fp16 weights computed in fp32 came out 3e-4 to 5e-4 off (relative)
+        where an fp32 fold is 1e-6 off. (A computed fp16 stream widened for an fp32 LN, as the
+        fp16 converter leaves LNs, carries fp16 noise of its own: not refused here.)"""
+        src = self.shapes.dtype(cast.inputs[0])
+        dst = self.shapes.dtype(cast.outputs[0])
+        if src in _NARROW and dst is not None and dst not in _NARROW and constant_of(cast.inputs[0]) is not None:
+            return (
+                f"{node_label(cast)} of {src.name} constant '{cast.inputs[0].name}' to {dst.name}: centered in "
+                f"{src.name}, it would leave a mean far above {dst.name} rounding"
+            )
+        return None
 
     def _collect(self, node: ir.Node, reqs, out: tuple[ir.Value, int] | None, weights: Weights):
         leaves: set[_Leaf] = set()
@@ -211,7 +233,16 @@ class _Tracer:
                     "at run time, so it is not a constant",
                     inp.name,
                 )
-            if constant_of(inp) is not None:
+            tensor = constant_of(inp)
+            if tensor is not None:
+                if tensor.dtype not in _carry.FLOAT_TYPES:
+                    # An integer table (read through a Cast) cannot hold its centered values:
+                    # rounding them back to integers would not be exact.
+                    return _Blocked(
+                        f"constant '{inp.name}' is {tensor.dtype.name}: its centered values are not integers, "
+                        "so it cannot be centered in place",
+                        inp.name,
+                    )
                 if req.axis is None and req_weights is not None:
                     return _Blocked(
                         f"constant '{inp.name}' is broadcast along a scaled axis; it cannot be centered",
@@ -245,9 +276,8 @@ class _Tracer:
     def _aux_allowed(self, value: ir.Value) -> bool:
         if self.aux_denied is None or value in self.aux_denied:
             return False
-        # Not in fp16/bf16: a mean computed and subtracted in 10 or 7 mantissa bits leaves a
-        # residual mean far above float32 noise (the fuzz test found one feeding an fp32 LN).
-        return self.shapes.dtype(value) in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+        # fp16/bf16 roots only for LNs of their own precision (`_mixed_precision_roots`).
+        return self.shapes.dtype(value) in _FLOAT_TYPES
 
     def _leaf(self, node, req, out, out_weights: Weights, weights: Weights, aux: bool = False):
         """A leaf at input `req.index` of `node`. The change it makes is a shift at the node's
@@ -605,6 +635,23 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
     return memo[(start, axis)]
 
 
+_FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
+    """fp16/bf16 roots that unlock an LN of another precision. A mean computed and subtracted in
+    10 or 7 mantissa bits leaves a residual mean at that type's rounding: noise for an LN of the
+    same type (fp16 models centered explicitly drift from their fp32 original no more than
+    unfolded ones: README "Deployment pipelines"), far above the noise of an fp32 LN reached
+    through a widening Cast (found by the fuzz test)."""
+    low = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    return {
+        root
+        for root, cands in unlocked.items()
+        if shapes.dtype(root) in low and any(shapes.dtype(cand.x) != shapes.dtype(root) for cand in cands)
+    }
+
+
 def _with_auxiliary_centering(candidates, shapes, sinks, names):
     """Fold with explicit centering roots allowed, denying the roots that unlock too few LNs;
     then, where LNs stay blocked, try centering the stream sums they share (`_junction_roots`)."""
@@ -628,6 +675,7 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value]):
                     unlocked.setdefault(leaf.value, set()).add(cand)
         poor = {root for root, cands in unlocked.items() if len(cands) < AUX_MIN_UNLOCKED}
         poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
+        poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:
             return active, blocked
         denied |= poor - junctions
@@ -654,10 +702,14 @@ def analyze(
     # Uses through which a recognized LN removes a shift along its axis (decomposed LNs; the
     # LayerNormalization op answers for itself in _carry.absorbs).
     sinks = {use: cand.axis for cand in candidates if cand.axis is not None for use in cand.sink_uses}
+    # LNs whose fold would cost an ONNX Runtime fusion worth more than it saves stay LNs (they
+    # still absorb shifts, as every kept LN does).
+    costly = embed_layer_norm_costs(graph, candidates)
+    foldable = [cand for cand in candidates if cand not in costly]
 
-    active, blocked = _fold_set(candidates, shapes, sinks, names, None)
+    active, blocked = _fold_set(foldable, shapes, sinks, names, None)
     if auxiliary_centering and blocked:
-        aux_active, aux_blocked = _with_auxiliary_centering(candidates, shapes, sinks, names)
+        aux_active, aux_blocked = _with_auxiliary_centering(foldable, shapes, sinks, names)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
@@ -698,7 +750,7 @@ def analyze(
                 )
             )
         else:
-            why = blocked[cand]
+            why = blocked[cand] if cand in blocked else _Blocked(costly[cand], None)
             decisions.append(
                 LnDecision(
                     node=cand.name,
@@ -711,4 +763,5 @@ def analyze(
                     _cand=cand,
                 )
             )
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target)
+    advice = order_advice(graph, list(active), list(costly))
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target, advice=advice)

@@ -117,23 +117,29 @@ def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: n
     for node in consumers:
         weight = constant_of(node.inputs[1])
         assert weight is not None
+        trans_b = False
         if node.op_type == "Gemm":
             attrs = node.attributes
             trans_b = bool(attrs["transB"].as_int()) if "transB" in attrs else False
+        # A beta of shape [1] (or a scalar) is broadcast over the normalized axis: beta @ W
+        # needs it as a row of K.
+        rows = weight.shape[1] if trans_b else weight.shape[0]
+        row = np.broadcast_to(beta.reshape(-1), (rows,))
+        if node.op_type == "Gemm":
             alpha = attrs["alpha"].as_float() if "alpha" in attrs else 1.0
             beta_g = attrs["beta"].as_float() if "beta" in attrs else 1.0
             scale = alpha / beta_g  # Gemm computes alpha * (A @ B) + beta_g * C
             if len(node.inputs) > 2 and node.inputs[2] is not None:
-                _add_beta_to_bias(graph, node, 2, beta, weight, taken, trans=trans_b, scale=scale)
+                _add_beta_to_bias(graph, node, 2, row, weight, taken, trans=trans_b, scale=scale)
             else:
                 name = fresh_name(f"{node.name or 'gemm'}.bias_from_beta", taken)
-                tensor = bias_plus_beta(None, beta, weight, trans=trans_b, scale=scale, dtype=weight.dtype, name=name)
+                tensor = bias_plus_beta(None, row, weight, trans=trans_b, scale=scale, dtype=weight.dtype, name=name)
                 node.resize_inputs(3)
                 node.replace_input_with(2, _new_constant(graph, tensor))
             continue
         slot = bias_slot(node)
         assert slot is not None, node.name
-        _add_beta_to_bias(graph, slot[0], slot[1], beta, weight, taken)
+        _add_beta_to_bias(graph, slot[0], slot[1], row, weight, taken)
 
 
 def _scale(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> ir.Value:
@@ -223,7 +229,8 @@ def _rewrite(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
     for param in (cand.scale, cand.bias):  # gamma/beta the rewrite no longer reads
         if param is not None and param.is_initializer() and not param.uses() and not param.is_graph_output():
             if not param.is_graph_input():
-                graph.initializers.pop(param.name)
+                # of the graph that holds it: an If/Loop body's own beta is not the main graph's
+                (param.graph or graph).initializers.pop(param.name)
     # The replaced tensors' names move to the tensors that now hold their values: consumers,
     # graph outputs and anything downstream that refers to tensors by name stay valid.
     out.name = None

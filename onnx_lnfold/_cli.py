@@ -1,7 +1,7 @@
-"""`python -m onnx_lnfold IN.onnx [-o OUT.onnx]`: fold, verify, write, report.
+"""`onnx-lnfold IN.onnx [-o OUT.onnx]` (or `python -m onnx_lnfold`): fold, verify, write, report.
 
 Exit codes: 0 done (also when nothing folds), 1 verification failed (nothing written),
-2 bad input or usage (one line on stderr, nothing written).
+2 bad input or usage (one line on stderr, nothing written), 3 internal error, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from onnx_lnfold import __version__
@@ -19,12 +21,30 @@ from onnx_lnfold._fold import check_equivalence, fold_loaded
 from onnx_lnfold._inputs import load_inputs, parse_input_shape
 from onnx_lnfold._load import external_data_files, load_path
 from onnx_lnfold._progress import Progress
-from onnx_lnfold._report import FoldReport, count_ops
+from onnx_lnfold._report import FoldReport, count_ops, model_bytes
 from onnx_lnfold._save import StagedModel, check_destination, default_output
 from onnx_lnfold._targets import FUSE_RESIDUAL, TARGETS
+from onnx_lnfold._trace import explain
 from onnx_lnfold._verify import Verification
 
-EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+STDOUT = "-"  # `--json -`: the JSON report on stdout, the text report on stderr
+
+_EPILOG = """\
+exit codes:
+  0    done (also when nothing folds)
+  1    verification failed: nothing written
+  2    bad input or usage: one line on stderr, nothing written
+  3    internal error (rerun with --debug for the traceback)
+  130  interrupted: nothing written
+
+examples:
+  {prog} model.onnx
+      fold into model.lnfold.onnx beside the input, verified in onnxruntime
+  {prog} model.onnx --dry-run -v
+      write nothing; show what would fold, and the proof for each LayerNorm
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,16 +52,27 @@ class _Parser(argparse.ArgumentParser):
         raise LnFoldError(f"{message} (see --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def program_name(argv0: str | None = None) -> str:
+    """The command as the user typed it: `onnx-lnfold`, or `python -m onnx_lnfold`."""
+    name = os.path.basename(argv0 if argv0 is not None else sys.argv[0])
+    return "python -m onnx_lnfold" if name in ("__main__.py", "-m", "-c", "") else name
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    prog = prog or program_name()
     p = _Parser(
-        prog="python -m onnx_lnfold",
-        description="Replace LayerNormalization with RMSNorm (SimplifiedLayerNormalization) wherever "
+        prog=prog,
+        description="Replace LayerNormalization with RMSNorm (SimplifiedLayerNormalization) wherever\n"
         "centering upstream weights makes it exact; verify with onnxruntime; report why the rest stay.",
+        epilog=_EPILOG.format(prog=prog),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="input .onnx file")
     p.add_argument("-o", "--output", help="output path (default: IN.lnfold.onnx beside the input)")
     p.add_argument("--in-place", action="store_true", help="allow the output to replace the input file")
-    p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
+    p.add_argument(
+        "--json", metavar="REPORT.json", help="also write the report as JSON ('-': to stdout, the text report to stderr)"
+    )
     p.add_argument("--dry-run", action="store_true", help="analyze and print the plan; write nothing")
     p.add_argument(
         "--target",
@@ -82,8 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--inputs", metavar="FILE.npz", help="verification inputs, keyed by graph input name")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="add the proof per LN to the report: the producers centered, each carry op passed, what blocked",
+    )
     p.add_argument("--debug", action="store_true", help="log the analysis; show tracebacks of internal errors")
-    p.add_argument("--version", action="version", version=f"onnx_lnfold {__version__}")
+    p.add_argument("-V", "--version", action="version", version=f"onnx_lnfold {__version__}")
     return p
 
 
@@ -97,8 +134,31 @@ def _destination(args: argparse.Namespace, source: Path) -> Path | None:
     return Path(args.output) if args.output else default_output(source)
 
 
+def _check_source(model: str) -> Path:
+    """The input must name a file before an output name is derived from it (`.`, `/`, `""` have
+    no file name to derive one from)."""
+    source = Path(model)
+    shown = model if model else "''"
+    if not source.exists():
+        raise LnFoldError(f"{shown}: no such file")
+    if source.is_dir():
+        raise LnFoldError(f"{shown}: is a directory, not an ONNX model")
+    return source
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    """Create and remove a file in `folder`, before any work: permission bits say nothing when run
+    as root or on a read-only mount, and a failure after folding would come too late."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".lnfold-probe-", dir=folder)
+    except OSError as e:
+        raise LnFoldError(f"{folder}: cannot write to the {what} folder ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _check_json_path(args: argparse.Namespace, source: Path, destination: Path | None, input_data: set[Path]) -> None:
-    if not args.json:
+    if not args.json or args.json == STDOUT:
         return
     target = Path(args.json)
     resolved = target.resolve()
@@ -111,40 +171,65 @@ def _check_json_path(args: argparse.Namespace, source: Path, destination: Path |
         raise LnFoldError(f"{target}: --json path is a directory")
     if not target.parent.is_dir():
         raise LnFoldError(f"{target.parent}: folder of --json does not exist")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise LnFoldError(f"{target}: --json file is not writable")
+    _check_writable(target.parent, "--json")
 
 
-def _emit(report: FoldReport, args: argparse.Namespace) -> None:
-    if args.json:
+def _print(text: str, stream) -> None:
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:  # `... | head`: the reader left; the exit code still tells
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def _emit(report: FoldReport, args: argparse.Namespace, started: float) -> None:
+    report.elapsed_s = time.monotonic() - started
+    if args.json == STDOUT:
+        _print(report.to_json(), sys.stdout)
+    elif args.json:
         try:
             Path(args.json).write_text(report.to_json() + "\n")
         except OSError as e:
             raise LnFoldError(f"{args.json}: cannot write the report: {e.strerror or e}") from None
     if not args.quiet:
-        try:
-            print(report.format_text(), flush=True)
-        except BrokenPipeError:  # `... | head`: the reader left; the exit code still tells
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _print(report.format_text(), sys.stderr if args.json == STDOUT else sys.stdout)
+
+
+def _quiet_onnxruntime() -> None:
+    """Keep ONNX Runtime's own log lines (warnings at environment creation) off stderr: what goes
+    wrong in a verification run is raised, and reported by the tool."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return
+    onnxruntime.set_default_logger_severity(3)
 
 
 def run(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     args = build_parser().parse_args(argv)
     if args.debug:
         logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+    if not (args.dry_run or args.no_verify):
+        _quiet_onnxruntime()
     progress = Progress(enabled=False if args.quiet else None)
     try:
-        return _run(args, progress)
+        return _run(args, progress, started)
     finally:
         progress.close()
 
 
-def _run(args: argparse.Namespace, progress: Progress) -> int:
-    source = Path(args.model)
+def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
+    source = _check_source(args.model)
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
     if args.rtol is not None and not args.rtol > 0:
         raise LnFoldError("--rtol must be a positive number")
     destination = _destination(args, source)
     if destination is not None:
         check_destination(source, destination, args.in_place)
+        if destination.parent.is_dir():  # a missing folder is reported when staging, as before
+            _check_writable(destination.parent, "output")
     inputs = load_inputs(args.inputs) if args.inputs else None
 
     progress.phase(f"Loading {source}")
@@ -153,25 +238,34 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
     if destination is not None:
         check_destination(source, destination, args.in_place, input_data)
     _check_json_path(args, source, destination, input_data)
+    size_before = model_bytes(source, input_data)
 
-    if args.dry_run:
+    trace: list[str] = []
+    if args.dry_run or args.verbose:
         ops = count_ops(model)
         progress.phase("Analyzing")
+        plan = analyze(
+            model,
+            target=args.target,
+            auxiliary_centering=not args.no_aux_centering,
+            fuse_residual=args.fuse_residual,
+            tied_weights=args.tied_weights,
+        )
+        if args.verbose:  # from the model as it was: folding rewrites what the proof walks
+            trace = explain(model, plan)
+    if args.dry_run:
         report = FoldReport(
-            plan=analyze(
-                model,
-                target=args.target,
-                auxiliary_centering=not args.no_aux_centering,
-                fuse_residual=args.fuse_residual,
-                tied_weights=args.tied_weights,
-            ),
+            plan=plan,
             ops_before=ops,
             ops_after=ops,
             verification=Verification("skipped", "dry run: nothing was changed"),
             source=str(source),
+            size_before=size_before,
+            dry_run=True,
+            trace=trace,
         )
         progress.close()
-        _emit(report, args)
+        _emit(report, args, started)
         return EXIT_OK
 
     progress.phase("Folding")
@@ -186,6 +280,7 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         tied_weights=args.tied_weights,
     )
     report = result.report
+    report.size_before, report.trace = size_before, trace
     # Written (to a temporary folder beside the destination) before verification: onnxruntime
     # reads the staged file, so a model with external data is written once.
     staged = StagedModel(result.model, destination, progress=progress, rebind=True)  # type: ignore[arg-type]
@@ -197,16 +292,19 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         else:
             progress.phase("Verifying in onnxruntime")
             report.verification = check_equivalence(
-                source, staged.path, result.model, rtol=args.rtol, input_shapes=shapes, inputs=inputs
+                source, staged.path, result.model, rtol=args.rtol, input_shapes=shapes, inputs=inputs, plan=report.plan
             )
         progress.close()
-        if report.verification.status == "failed":
+        if report.verification.status in ("failed", "unverified"):  # only a passed check writes a fold
             staged.discard()
-            report.notes.append(f"Refused to write {destination}: the folded model is not equivalent.")
-            _emit(report, args)
-            print(f"onnx_lnfold: verification failed: {report.verification.reason}", file=sys.stderr)
+            why = "not equivalent" if report.verification.status == "failed" else "not verified"
+            report.notes.append(f"Refused to write {destination}: the folded model is {why}.")
+            _emit(report, args, started)
+            print(f"onnx_lnfold: {report.verification.refusal('cli')}", file=sys.stderr)
             return EXIT_VERIFY
         report.output = str(staged.commit())
+        written = [destination.parent / staged.data_name] if staged.data_name else []  # type: ignore[union-attr]
+        report.size_after = model_bytes(destination, written)  # type: ignore[arg-type]
     except BaseException:
         staged.discard()
         raise
@@ -214,7 +312,7 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         new_data = (source.parent / staged.data_name).resolve()
         for old in sorted(input_data - {new_data}):
             report.notes.append(f"The input's old external data file {old.name} is no longer used by {source.name}.")
-    _emit(report, args)
+    _emit(report, args, started)
     return EXIT_OK
 
 
@@ -226,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("onnx_lnfold: interrupted; nothing written", file=sys.stderr)
-        return 130
-
+        return EXIT_INTERRUPTED
     except Exception as e:  # an internal error: one line unless --debug asked for the traceback
         if argv is None and "--debug" in sys.argv or argv is not None and "--debug" in argv:
             raise

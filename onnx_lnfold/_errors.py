@@ -7,3 +7,8 @@ class LnFoldError(Exception):
 
 class VerificationFailed(Exception):
     """The folded model's outputs differ beyond tolerance. Nothing is written; the CLI exits 1."""
+
+
+class NotVerified(VerificationFailed):
+    """Something was folded but the equivalence check could not run (no onnxruntime, the original
+    does not run on the inputs, no inputs can be made). Nothing is written; the CLI exits 1."""

@@ -14,23 +14,17 @@ import onnx_ir as ir
 
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
-from onnx_lnfold._errors import LnFoldError, VerificationFailed
-from onnx_lnfold._inputs import check_inputs, synthesize_inputs
+from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
+from onnx_lnfold._inputs import InputsUnavailable, check_inputs, verification_input_sets
 from onnx_lnfold._load import ModelSource, load_model
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._report import FoldReport, count_ops
 from onnx_lnfold._save import release_mapped, save_with_external_data, uses_external_data, weight_bytes
-from onnx_lnfold._verify import DEFAULT_RTOL, ModelBytesOrPath, Verification, verify
+from onnx_lnfold._verify import ModelBytesOrPath, Verification, bfloat16_rounding, has_bfloat16, output_types, verify
 
 
 # Above this many weight bytes, onnxruntime reads a model for verification from a temporary file.
 _IN_MEMORY_LIMIT = 64 << 20
-
-
-def default_rtol(model: ir.Model) -> float:
-    low = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-    dtypes = {v.dtype for v in model.graph.outputs} | {v.dtype for v in model.graph.initializers.values()}
-    return DEFAULT_RTOL["float16"] if dtypes & low else DEFAULT_RTOL["float32"]
 
 
 @dataclass
@@ -88,9 +82,30 @@ def check_equivalence(
     rtol: float | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
+    plan: CenteringPlan | None = None,
 ) -> Verification:
-    feeds = inputs if inputs is not None else synthesize_inputs(spec_model, input_shapes)
-    return verify(original, folded, feeds, rtol if rtol is not None else default_rtol(spec_model))
+    """Run both models on the verification inputs; never raises for a check that cannot run
+    (the status is then "unverified", with the reason and the way out)."""
+    try:
+        input_sets = verification_input_sets(spec_model, input_shapes, inputs)
+    except InputsUnavailable as e:
+        return Verification("unverified", f"cannot synthesize verification inputs: {e}", rtol, way_out="inputs")
+    shadow = has_bfloat16(spec_model)
+    verification = verify(original, folded, input_sets, rtol, output_types(spec_model), shadow=shadow)
+    if shadow and plan is not None and verification.status == "passed":
+        verification.notes.extend(bfloat16_rounding(spec_model, plan))
+    return verification
+
+
+def raise_unless_passed(report: FoldReport) -> None:
+    """A fold that was asked to be verified and was not shown equivalent is not returned."""
+    verification = report.verification
+    if verification.status in ("passed", "skipped"):
+        return
+    error_type = VerificationFailed if verification.status == "failed" else NotVerified
+    error = error_type(verification.refusal("api"))
+    error.report = report  # type: ignore[attr-defined]
+    raise error
 
 
 def fold(
@@ -109,7 +124,10 @@ def fold(
 
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
     changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
-    model whose outputs differ beyond `rtol`, and `LnFoldError` for bad input.
+    model whose outputs differ beyond `rtol`, its subclass `NotVerified` when something was folded
+    but the check could not run (no onnxruntime, the original does not run on the inputs: pass
+    `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
+    `LnFoldError` for bad input.
 
     `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
     `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
@@ -177,18 +195,15 @@ def fold_loaded(
             try:
                 original = str(path) if path else original_src.source  # type: ignore[union-attr]
                 report.verification = check_equivalence(
-                    original, folded_src.source, ir_model, rtol=rtol, input_shapes=input_shapes, inputs=inputs
+                    original, folded_src.source, ir_model, rtol=rtol, input_shapes=input_shapes, inputs=inputs, plan=plan
                 )
             finally:
                 folded_src.close()
     finally:
         if original_src:
             original_src.close()
-    if report.verification.status == "failed":
-        error = VerificationFailed(report.verification.reason)
-        error.report = report  # type: ignore[attr-defined]
-        raise error
+    raise_unless_passed(report)
     return FoldResult(ir_model, report)
 
 
-__all__ = ["FoldResult", "fold", "fold_loaded", "check_equivalence", "LnFoldError"]
+__all__ = ["FoldResult", "fold", "fold_loaded", "check_equivalence", "raise_unless_passed", "LnFoldError"]

@@ -10,7 +10,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._proto_read import read_model
+from onnx_lnfold._proto_read import check_representable, read_model
 
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
 
@@ -78,6 +78,7 @@ def _parse_whole(p: Path) -> ir.Model:
         raise LnFoldError(f"{p}: not a readable ONNX model ({type(e).__name__})") from None
     if not proto.HasField("graph") or proto.ir_version == 0:
         raise LnFoldError(f"{p}: not an ONNX model (no graph or IR version)")
+    check_representable(proto)
     return ir.serde.deserialize_model(proto)
 
 
@@ -111,6 +112,7 @@ def load_model(source: ModelSource) -> tuple[ir.Model, Path | None]:
         return source.clone(), None
     if isinstance(source, onnx.ModelProto):
         # deserialize_model reads the proto without changing it; the IR tensors we edit are new objects.
+        check_representable(source)
         try:
             return ir.serde.deserialize_model(source), None
         except Exception as e:

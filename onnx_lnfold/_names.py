@@ -20,14 +20,33 @@ def display_names(graph: ir.Graph) -> dict[ir.Node, str]:
 
 
 def taken_names(graph: ir.Graph) -> set[str]:
-    """Every tensor and node name in use in the graph and its subgraphs."""
-    names = {v.name for v in graph.inputs if v.name}
-    names |= set(graph.initializers)
+    """Every tensor and node name in use in the graph and its subgraphs (If/Loop/Scan bodies):
+    their inputs, initializers and node outputs too. ONNX names are one namespace across a
+    model, and a body resolves a name to its own tensor first, so a new main-graph tensor named
+    like a body's input or initializer would be read as that one there."""
+    names: set[str] = set()
     for node in ir.traversal.RecursiveGraphIterator(graph):
         names |= {o.name for o in node.outputs if o.name}
         if node.name:
             names.add(node.name)
+    for sub in _graphs(graph):
+        names |= {v.name for v in sub.inputs if v.name}
+        names |= {v.name for v in sub.outputs if v.name}
+        names |= set(sub.initializers)
     return names
+
+
+def _graphs(graph: ir.Graph):
+    """The graph and every subgraph in node attributes, at any depth."""
+    yield graph
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for attr in node.attributes.values():
+            if attr.is_ref():
+                continue
+            if attr.type == ir.AttributeType.GRAPH:
+                yield attr.value
+            elif attr.type == ir.AttributeType.GRAPHS:
+                yield from attr.value
 
 
 def fresh_name(base: str, taken: set[str]) -> str:

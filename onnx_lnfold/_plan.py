@@ -129,6 +129,7 @@ class CenteringPlan:
     edits: list[CenteringEdit]
     centerings: list[AuxCentering] = field(default_factory=list)
     target: str = "ort"
+    advice: list[str] = field(default_factory=list)  # pipeline advice (which order to run the ORT optimizer in)
 
     @property
     def folded(self) -> list[LnDecision]:
@@ -158,4 +159,5 @@ class CenteringPlan:
             "edits": [e.to_dict() for e in self.edits],
             "untied_bytes": self.untied_bytes,
             "centerings": [c.to_dict() for c in self.centerings],
+            "advice": list(self.advice),
         }

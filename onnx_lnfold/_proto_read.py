@@ -21,6 +21,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._proto_wire import (
     FIXED32,
     FIXED64,
@@ -100,6 +101,33 @@ def _initializer(buf, start: int, end: int) -> tuple[onnx.TensorProto, tuple[int
     return tensor, raw
 
 
+def _sparse_initializers(graph: onnx.GraphProto) -> int:
+    """How many sparse initializers the graph and the bodies of its nodes hold, at any depth."""
+    count = len(graph.sparse_initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                count += _sparse_initializers(sub)
+    return count
+
+
+def check_representable(proto: onnx.ModelProto) -> None:
+    """Refuse what onnx_ir would silently drop on the way in (and the output would then lack):
+    sparse initializers and training information. One line, a way out."""
+    sparse = _sparse_initializers(proto.graph)
+    if sparse:
+        raise LnFoldError(
+            f"the model has {sparse} sparse_initializer(s), which onnx_lnfold cannot keep; "
+            "convert them to dense initializers first"
+        )
+    if len(proto.training_info):
+        raise LnFoldError(
+            f"the model has training_info ({len(proto.training_info)} entries), which onnx_lnfold cannot keep "
+            "and whose update bindings would not match the centered weights; fold an inference-only copy "
+            "(clear ModelProto.training_info) instead"
+        )
+
+
 def read_model(path: Path) -> ir.Model | None:
     """The model at `path` with its large initializers left in the file, or None when the file is
     not one this walker reads (the caller falls back to `onnx.load`)."""
@@ -155,6 +183,7 @@ def read_model(path: Path) -> ir.Model | None:
     del initializers, model_rest, graph_rest
     if not proto.HasField("graph") or proto.ir_version == 0:
         return None
+    check_representable(proto)
     model = ir.serde.deserialize_model(proto)  # its errors are the caller's to report
     for name, (offset, length) in regions.items():
         value = model.graph.initializers.get(name)

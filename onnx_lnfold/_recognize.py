@@ -150,55 +150,94 @@ def _skip_layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidat
     return cand
 
 
+def _use(value: ir.Value, match) -> tuple[ir.Node, int] | None:
+    """The first use (node, input index) of `value` that `match(node, index)` accepts."""
+    for node, index in value.uses():
+        if match(node, index):
+            return node, index
+    return None
+
+
+# What each intermediate of a decomposed LN holds, in pattern order (for reasons).
+_INTERMEDIATES = (
+    "the mean",
+    "the centered input",
+    "the squared deviations",
+    "the variance",
+    "the variance plus epsilon",
+    "the standard deviation",
+    "1/std",
+)
+
+
+def _shared_intermediate(chain: list[ir.Node]) -> tuple[ir.Node, str, str] | None:
+    """The first node of the pattern (all but its last) whose output is read outside the pattern
+    or is a graph output, what it holds and how it is read: folding removes these nodes, and
+    their readers need them."""
+    inside = set(chain)
+    for node, what in zip(chain[:-1], _INTERMEDIATES):
+        out = node.outputs[0]
+        if out.is_graph_output():
+            return node, what, "is a graph output"
+        if any(user not in inside for user, _ in out.uses()):
+            return node, what, "is read outside the pattern"
+    return None
+
+
 def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
-    """Match the decomposed pattern anchored at its first ReduceMean; None if it is not one."""
+    """Match the decomposed pattern anchored at its first ReduceMean; None if it is not one.
+
+    Intermediates may have readers outside the pattern (or be graph outputs): the pattern is
+    still an LN, reported and kept, since folding removes the nodes that compute them."""
     x = mean.inputs[0]
     rank = shapes.rank(x)
     axis = _reduce_axis(mean, rank)
     if x is None or axis is None:
         return None
-    use = _only_use(mean.outputs[0])
-    if use is None or use[0].op_type != "Sub" or use[1] != 1 or use[0].inputs[0] is not x:
+    use = _use(mean.outputs[0], lambda n, i: n.op_type == "Sub" and i == 1 and n.inputs[0] is x)
+    if use is None:
         return None
     sub = use[0]
     d = sub.outputs[0]
-    if d.is_graph_output():
+    square = _use(
+        d,
+        lambda n, i: (n.op_type == "Pow" and i == 0 and _const_scalar(n.inputs[1]) == 2.0)
+        or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d),
+    )
+    if square is None:
         return None
-    square = norm = None
-    for node, index in d.uses():
-        if node.op_type == "Pow" and index == 0 and _const_scalar(node.inputs[1]) == 2.0:
-            square = node
-        elif node.op_type == "Mul" and node.inputs[0] is d and node.inputs[1] is d:
-            square = node
-        elif node.op_type in ("Div", "Mul") and index == 0 and node.inputs[1] is not d:
-            norm = node
-    if square is None or norm is None or len({n for n, _ in d.uses()}) != 2:
-        return None
+    square = square[0]
     chain = [mean, sub, square]
-    step = _only_use(square.outputs[0])
-    if step is None or step[0].op_type != "ReduceMean" or _reduce_axis(step[0], rank) != axis:
+    step = _use(
+        square.outputs[0], lambda n, i: n.op_type == "ReduceMean" and i == 0 and _reduce_axis(n, rank) == axis
+    )
+    if step is None:
         return None
     chain.append(step[0])
-    step = _only_use(step[0].outputs[0])
-    if step is None or step[0].op_type != "Add":
+    step = _use(
+        step[0].outputs[0], lambda n, i: n.op_type == "Add" and _const_scalar(_other(n, n.inputs[i])) is not None
+    )
+    if step is None:
         return None
     epsilon = _const_scalar(_other(step[0], step[0].inputs[step[1]]))
-    if epsilon is None:
-        return None
+    assert epsilon is not None
     chain.append(step[0])
-    step = _only_use(step[0].outputs[0])
-    if step is None or step[0].op_type != "Sqrt":
+    step = _use(step[0].outputs[0], lambda n, i: n.op_type == "Sqrt")
+    if step is None:
         return None
     chain.append(step[0])
     root = step[0].outputs[0]
-    if norm.op_type == "Div":
-        if norm.inputs[1] is not root or _only_use(root) is None:
+    norm = _use(d, lambda n, i: n.op_type == "Div" and i == 0 and n.inputs[1] is root)
+    if norm is None:
+        recip = _use(root, lambda n, i: n.op_type == "Reciprocal")
+        if recip is None:
             return None
-    else:
-        step = _only_use(root)
-        if step is None or step[0].op_type != "Reciprocal" or norm.inputs[1] is not step[0].outputs[0]:
+        r = recip[0].outputs[0]
+        norm = _use(d, lambda n, i: n.op_type == "Mul" and i == 0 and n.inputs[1] is r)
+        if norm is None:
             return None
-        chain.append(step[0])
+        chain.append(recip[0])
+    norm = norm[0]
     chain.append(norm)
     out = norm.outputs[0]
     scale = beta = None
@@ -220,8 +259,20 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
     cand = LnCandidate(DECOMPOSED, mean, name, out, scale, beta, axis, epsilon)
     cand.nodes = tuple(chain)
     cand.terms = (Requirement(0, axis),)
+    shared = _shared_intermediate(chain)
+    if shared is not None:
+        node, what, how = shared
+        if node is mean:
+            # The mean moves with a shift of the input: this pattern does not remove one.
+            cand.form_problem = f"its mean '{mean.outputs[0].name}' {how}, and centering the input would change it"
+            return cand
+        cand.form_problem = (
+            f"its intermediate '{node.outputs[0].name}' ({what}) {how}; RMSNorm does not compute it"
+        )
+    # The pattern removes a shift of x whatever else reads its shift-free intermediates.
     cand.sink_uses = ((mean, 0), (sub, 0))
-    cand.form_problem = _check_float(cand, shapes)
+    if cand.form_problem is None:
+        cand.form_problem = _check_float(cand, shapes)
     if cand.form_problem is None and axis != rank - 1:
         cand.form_problem = f"it normalizes over axis {axis}, not the last one; RMSNorm ops normalize trailing axes"
     if cand.form_problem is None and scale is None:

@@ -1,16 +1,29 @@
-"""The report: the plan, op counts before and after, verification figures, where the output went."""
+"""The report: a summary line, then the plan, node counts before and after, verification figures,
+where the output went. `format_text()` is what the command line prints; `to_json()` the same as data.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import sys
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable
 
 import onnx_ir as ir
 
-from onnx_lnfold._plan import CenteringPlan
+from onnx_lnfold import __version__
+from onnx_lnfold._plan import CenteringPlan, LnDecision
 from onnx_lnfold._verify import Verification
+
+_WIDTH = 100  # long lines (reasons, lists of names) wrap here
+
+# Ops a folded model holds in place of LayerNorms: a model with these and no LN was folded before.
+_RMS_OPS = ("SimplifiedLayerNormalization", "com.microsoft::SkipSimplifiedLayerNormalization", "RMSNormalization")
 
 
 def count_ops(model: ir.Model) -> dict[str, int]:
@@ -18,6 +31,94 @@ def count_ops(model: ir.Model) -> dict[str, int]:
         node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}" for node in model.graph
     )
     return dict(sorted(counts.items()))
+
+
+def model_bytes(path: Path, data_files: Iterable[Path] = ()) -> int:
+    """Bytes on disk of a model file and the external data files it reads."""
+    return path.stat().st_size + sum(p.stat().st_size for p in set(data_files) if p.is_file())
+
+
+def _mb(n: int) -> str:
+    mb = n / 1e6
+    return f"{mb:.0f}" if mb >= 100 else f"{mb:.1f}" if mb >= 10 else f"{mb:.2f}"
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def _wrap(text: str, indent: str, first: str = "") -> list[str]:
+    """`first + text` wrapped at _WIDTH, continuation lines indented by `indent`."""
+    return textwrap.wrap(
+        text, _WIDTH, initial_indent=first, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    ) or [first.rstrip()]
+
+
+# Why an LN is kept, in plain words first: (pattern over the analysis' reason, headline shared by
+# every LN it matches, the specifics of one LN). Reasons no pattern matches are grouped by their
+# text with the names taken out, and shown as they are.
+_KEPT_REASONS: list[tuple[re.Pattern[str], str, str]] = [
+    (
+        re.compile(r"tensor '(?P<t>[^']*)' is the output of (?P<ln>.+), whose gamma\*n\+beta has a data-dependent mean"),
+        "post-LN: each reads the output of another LayerNorm, whose gamma*n+beta has a data-dependent mean",
+        "reads '{t}', the output of {ln}",
+    ),
+    (
+        re.compile(r"tensor '(?P<t>[^']*)' would change, and it is a graph output"),
+        "centering would change a graph output (a residual stream exposed as hidden states, say)",
+        "'{t}' would change",
+    ),
+    (
+        re.compile(r"tensor '(?P<t>[^']*)' would change, and it feeds (?P<n>.+), which mixes the shift into every output"),
+        "centering would change a tensor that also feeds a layer mixing its channels",
+        "'{t}' would change, and it feeds {n}",
+    ),
+    (
+        re.compile(r"tensor '(?P<t>[^']*)' would change, and (?P<why>.+)"),
+        "centering would change a tensor read where the change matters",
+        "'{t}' would change, and {why}",
+    ),
+    (
+        re.compile(r"tensor '(?P<t>[^']*)' comes from a node that breaks the chain: (?P<why>.+)"),
+        "the input comes from an op through which no weight edit can make it zero-mean",
+        "'{t}': {why}",
+    ),
+    (
+        re.compile(r"tensor '(?P<t>[^']*)' is a graph input: its mean depends on the data"),
+        "the input is a graph input: its mean depends on the data",
+        "'{t}'",
+    ),
+    (
+        re.compile(r"weight '(?P<t>[^']*)'(?P<of> of .+)? is a graph input: .*"),
+        "a weight to center is also a graph input: it can be overridden at run time, so it is not a constant",
+        "'{t}'{of}",
+    ),
+]
+
+
+def _explain(reason: str) -> tuple[str, str]:
+    """(plain headline shared by LNs kept for the same cause, this LN's specifics)."""
+    for pattern, headline, detail in _KEPT_REASONS:
+        m = pattern.fullmatch(reason)
+        if m:
+            return headline, detail.format(**{k: v or "" for k, v in m.groupdict().items()})
+    template = re.sub(r"'[^']*'", "'...'", reason)
+    return template, ("" if template == reason else reason)
+
+
+def _folded_what(d: LnDecision) -> str:
+    what = f"-> {d.rewrite}"
+    if d.residual_add:
+        what += " with its residual Add"
+    return what + {"add": ", beta as Add", "consumers": ", beta folded into consumer biases"}.get(d.beta or "", "")
+
+
+def _grouped(items: list[tuple[str, LnDecision]]) -> list[tuple[str, list[LnDecision]]]:
+    """Decisions grouped by key, groups in graph order of their first LN, members in graph order."""
+    groups: dict[str, list[LnDecision]] = {}
+    for key, d in items:
+        groups.setdefault(key, []).append(d)
+    return list(groups.items())
 
 
 @dataclass
@@ -29,75 +130,163 @@ class FoldReport:
     source: str | None = None
     output: str | None = None
     notes: list[str] = field(default_factory=list)
+    size_before: int | None = None  # bytes on disk, external data included
+    size_after: int | None = None
+    elapsed_s: float | None = None
+    dry_run: bool = False
+    trace: list[str] = field(default_factory=list)  # the per-LN proof (`--verbose`)
+
+    @property
+    def nodes_before(self) -> int:
+        return sum(self.ops_before.values())
+
+    @property
+    def nodes_after(self) -> int:
+        return sum(self.ops_after.values())
+
+    def _already_folded(self) -> dict[str, int]:
+        return {op: self.ops_before[op] for op in _RMS_OPS if self.ops_before.get(op)}
 
     def to_dict(self) -> dict[str, Any]:
+        verification = self.verification.to_dict()
+        verification["passed"] = self.verification.passed
+        ort = sys.modules.get("onnxruntime") if self.verification.status != "skipped" else None
+        verification["onnxruntime"] = getattr(ort, "__version__", None)
         return {
-            "source": self.source,
-            "output": self.output,
+            "tool": "onnx_lnfold",
+            "version": __version__,
+            "source": os.path.abspath(self.source) if self.source else None,
+            "output": os.path.abspath(self.output) if self.output else None,
+            "dry_run": self.dry_run,
+            "elapsed_s": self.elapsed_s,
+            "size_before": self.size_before,
+            "size_after": self.size_after,
             **self.plan.to_dict(),
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
-            "verification": self.verification.to_dict(),
+            "verification": verification,
             "notes": self.notes,
+            "trace": self.trace,
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def format_text(self) -> str:
+    def summary(self) -> str:
+        """One line: where from and to, LNs folded, size, verification verdict, time."""
         plan = self.plan
-        lines = [f"onnx_lnfold: {self.source or '<model>'}"]
-        if not plan.decisions:
-            lines.append("nothing to fold: the model has no LayerNormalization")
+        where = self.source or "<model>"
+        if self.output:
+            where += f" -> {self.output}" + ("" if plan.folded else " (unchanged copy)")
+        elif self.dry_run:
+            where += " (dry run, nothing written)"
+        elif self.verification.status == "failed":
+            where += " (nothing written)"
+        parts = [where]
+        if plan.decisions:
+            parts.append(f"{len(plan.folded)}/{_plural(len(plan.decisions), 'LayerNorm')} folded")
+        elif self._already_folded():
+            parts.append("already folded (" + ", ".join(f"{n} {op.split('::')[-1]}" for op, n in self._already_folded().items()) + ")")
         else:
-            lines.append(f"LayerNorm nodes: {len(plan.folded)} folded, {len(plan.kept)} kept (of {len(plan.decisions)})")
-            width = max(len(d.node) for d in plan.decisions)
-            for d in plan.decisions:
-                if d.folded:
-                    what = f"-> {d.rewrite}"
-                    if d.residual_add:
-                        what += f" (with residual Add '{d.residual_add}')"
-                    what += {"add": ", beta as Add", "consumers": ", beta folded into consumer biases"}.get(d.beta or "", "")
-                else:
-                    what = d.reason
-                lines.append(f"  {d.node:<{width}}  {d.status:<6}  {what}")
-        if plan.edits:
-            untied = [e for e in plan.edits if e.untie]
-            lines.append(
-                f"Centered constants: {len(plan.edits)} ({len(untied)} untied copies, +{plan.untied_bytes:,} bytes)"
-            )
-            width = max(len(e.tensor) for e in plan.edits)
-            for e in plan.edits:
-                axis = "zeroed" if e.axis is None else f"axis {e.axis}" + ("*w" if e.weights else "")
-                copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
-                lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
-                if e.note:
-                    lines.append(f"  {'':<{width}}  {'':<7}  ({e.note})")
+            parts.append("no LayerNormalization")
+        if self.size_before is not None and self.size_after is not None:
+            parts.append(f"{_mb(self.size_before)} -> {_mb(self.size_after)} MB")
+        elif self.size_before is not None:
+            grows = f" (+{_mb(plan.untied_bytes)} MB of untied copies once written)" if plan.untied_bytes else ""
+            parts.append(f"{_mb(self.size_before)} MB{grows}")
+        v = self.verification
+        if v.status == "passed":
+            parts.append(f"verified (worst relative diff {v.max_rel_diff:.2g})")
+        elif v.status == "failed":
+            worst = f" (worst relative diff {v.max_rel_diff:.2g} > rtol {v.rtol:g})" if v.outputs and v.rtol else ""
+            parts.append(f"verification FAILED{worst}")
+        else:
+            parts.append("not verified")
+        if self.elapsed_s is not None:
+            parts.append(f"{self.elapsed_s:.1f} s")
+        return "onnx_lnfold: " + ", ".join(parts)
+
+    def _layer_norm_lines(self) -> list[str]:
+        plan = self.plan
+        if not plan.decisions:
+            done = self._already_folded()
+            if done:
+                ops = ", ".join(f"{n} {op}" for op, n in done.items())
+                return [f"nothing to fold: already folded ({ops}), no LayerNormalization left"]
+            return ["nothing to fold: the model has no LayerNormalization"]
+        lines = [f"LayerNorm nodes: {len(plan.folded)} folded, {len(plan.kept)} kept (of {len(plan.decisions)})"]
+        for what, members in _grouped([(_folded_what(d), d) for d in plan.folded]):
+            lines.append(f"  {len(members)} folded {what}:")
+            names = ", ".join(d.node + (f" (Add '{d.residual_add}')" if d.residual_add else "") for d in members)
+            lines += _wrap(names, " " * 6, " " * 6)
+        explained = {d.node: _explain(d.reason) for d in plan.kept}
+        for headline, members in _grouped([(explained[d.node][0], d) for d in plan.kept]):
+            lines += _wrap(headline, " " * 4, f"  {len(members)} kept: ")
+            if not any(explained[d.node][1] for d in members):  # nothing to add per LN: names only
+                lines += _wrap(", ".join(d.node for d in members), " " * 6, " " * 6)
+                continue
+            width = max(len(d.node) for d in members)
+            for d in members:
+                lines += _wrap(explained[d.node][1], " " * (6 + width + 2), f"      {d.node:<{width}}  ")
+        return lines
+
+    def _edit_lines(self) -> list[str]:
+        plan = self.plan
+        if not plan.edits:
+            return []
+        untied = [e for e in plan.edits if e.untie]
+        lines = [
+            f"Centered constants: {len(plan.edits)} ({_plural(len(untied), 'untied copy', 'untied copies')}, "
+            f"+{plan.untied_bytes:,} bytes)"
+        ]
+        # In graph order of the first LN each edit serves, then by name.
+        position = {d.node: i for i, d in enumerate(plan.decisions)}
+        edits = sorted(plan.edits, key=lambda e: (min((position.get(n, 0) for n in e.required_by), default=0), e.tensor))
+        width = max(len(e.tensor) for e in edits)
+        for e in edits:
+            axis = "zeroed" if e.axis is None else f"axis {e.axis}" + ("*w" if e.weights else "")
+            copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
+            lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
+            if e.note:
+                lines += _wrap(f"({e.note})", " " * 6, " " * 6)
         for c in plan.centerings:
             if c.instead_of_untie:
-                lines.append(
+                text = (
                     f"Explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis} ({c.cost}) instead of "
                     f"an untied copy of '{c.instead_of_untie}' (saves {c.saved_bytes:,} bytes; --tied-weights untie)"
                 )
-                continue
-            lines.append(
-                f"Explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis} ({c.cost}) "
-                f"unlocks {len(c.required_by)} LN(s): {', '.join(c.required_by)}"
-            )
-        changed = sorted(k for k in set(self.ops_before) | set(self.ops_after) if self.ops_before.get(k, 0) != self.ops_after.get(k, 0))
-        if changed:
-            lines.append("Ops: " + "; ".join(f"{k} {self.ops_before.get(k, 0)} -> {self.ops_after.get(k, 0)}" for k in changed))
-        v = self.verification
-        if v.status == "skipped":
-            lines.append(f"Verification: skipped ({v.reason})")
-        else:
-            shapes = ", ".join(f"{k}{tuple(s)}" for k, s in v.input_shapes.items())
-            lines.append(f"Verification ({v.status}, onnxruntime CPU, optimizations off, inputs {shapes}, rtol {v.rtol:g}):")
-            for o in v.outputs:
-                lines.append(f"  {o.name}: max|diff| {o.max_abs_diff:.3g}, relative {o.rel_diff:.3g}")
-            if v.reason:
-                lines.append(f"  {v.reason}")
-        lines.extend(self.notes)
+            else:
+                text = (
+                    f"Explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis} ({c.cost}) "
+                    f"unlocks {_plural(len(c.required_by), 'LN')}: {', '.join(c.required_by)}"
+                )
+            lines += _wrap(text, "  ")
+        return lines
+
+    def _verification_lines(self) -> list[str]:
+        first, *rest = self.verification.format_lines()
+        lines = _wrap(first, "    ")
+        for line in rest:  # already indented by two
+            lines += _wrap(line.strip(), "    ", "  ")
+        return lines
+
+    def format_text(self) -> str:
+        lines = [self.summary()]
+        changed = [k for k in sorted(set(self.ops_before) | set(self.ops_after)) if self.ops_before.get(k, 0) != self.ops_after.get(k, 0)]
+        counts = "".join(f"; {k} {self.ops_before.get(k, 0)} -> {self.ops_after.get(k, 0)}" for k in changed)
+        lines += _wrap(f"Nodes: {self.nodes_before} -> {self.nodes_after}{counts}", "  ")
+        lines += self._layer_norm_lines()
+        lines += self._edit_lines()
+        for advice in self.plan.advice:  # pipeline order (see _pipeline_order)
+            lines += _wrap(advice, "  ")
+        lines += self._verification_lines()
+        if self.trace:
+            lines.append("Proof per LayerNorm (--verbose):")
+            lines += [f"  {line}" for line in self.trace]
+        for note in self.notes:
+            lines += _wrap(note, "  ")
         if self.output:
-            lines.append(f"Wrote {self.output}")
+            lines.append(f"Wrote {self.output}" + ("" if self.plan.folded else " (an unchanged copy of the input: nothing was folded)"))
         return "\n".join(lines)

@@ -26,16 +26,25 @@ _PROTO_LIMIT = 2**31 - 2**26
 _WRITERS = min(2, os.cpu_count() or 1)
 
 
+def _initializers(model: ir.Model):
+    """Initializers of the main graph and of every If/Loop/Scan body."""
+    for graph in model.graphs():
+        yield from graph.initializers.values()
+
+
 def weight_bytes(model: ir.Model) -> int:
     total = 0
-    for value in model.graph.initializers.values():
+    for value in _initializers(model):
         if value.const_value is not None:
             total += value.const_value.nbytes
     return total
 
 
 def uses_external_data(model: ir.Model) -> bool:
-    return any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
+    """Whether any initializer, a body's included, lives in external data: the output then keeps
+    its weights in external data too (a body's external tensor would otherwise point at a file
+    the output's folder does not have)."""
+    return any(isinstance(v.const_value, ir.ExternalTensor) for v in _initializers(model))
 
 
 def release_mapped(model: ir.Model) -> None:
@@ -54,6 +63,15 @@ def save_with_external_data(model: ir.Model, path: Path | str, data_name: str, c
     """`ir.save` with every initializer in `data_name` beside `path`: untouched external tensors
     are copied by the kernel, edited ones computed and written by a second thread meanwhile."""
     ir.save(model, path, external_data=data_name, callback=callback, max_workers=_WRITERS)
+
+
+def _proto_initializers(graph: onnx.GraphProto):
+    """The initializers of a GraphProto and of the bodies of its nodes, at any depth."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _proto_initializers(sub)
 
 
 def _os_error(what: str, e: OSError) -> LnFoldError:
@@ -120,8 +138,8 @@ class StagedModel:
     def _rebind(self) -> None:
         """Point the model's external-data initializers at the staged data file."""
         proto = onnx.load(str(self.path), load_external_data=False)
-        initializers = self._model.graph.initializers
-        for init in proto.graph.initializer:
+        initializers = {name: value for graph in self._model.graphs() for name, value in graph.initializers.items()}
+        for init in _proto_initializers(proto.graph):
             value = initializers.get(init.name)
             if init.data_location != onnx.TensorProto.EXTERNAL or value is None or value.const_value is None:
                 continue

@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 # A dim is an int, a symbol name, or None when nothing is known about it.
 Dim = Union[int, str, None]
 Shape = tuple[Dim, ...]
-Inferred = dict[str, tuple[Union[Shape, None], int]]  # value name -> (shape, elem type)
+# (graph path, value name) -> (shape, elem type). A path locates an If/Loop/Scan body as a chain of
+# (node index, attribute name, graph index): sibling If branches reuse value names.
+Inferred = dict[tuple[tuple, str], tuple[Union[Shape, None], int]]
 
 # Symbols an inference made up (not a graph input's dim name) start with this, then the source.
 GENERATED_PREFIX = "?"
@@ -128,19 +130,21 @@ def light_proto(model: ir.Model, declared: bool = False) -> onnx.ModelProto:
     return proto
 
 
-def _collect(model: onnx.ModelProto) -> Inferred:
+def _collect(model: onnx.ModelProto, with_subgraphs: bool = True) -> Inferred:
     shapes: Inferred = {}
-    graphs = [model.graph]
+    graphs: list[tuple[tuple, onnx.GraphProto]] = [((), model.graph)]
     while graphs:  # If/Loop/Scan bodies carry their own value_info
-        g = graphs.pop()
+        path, g = graphs.pop()
         for vi in list(g.value_info) + list(g.output) + list(g.input):
             if vi.type.HasField("tensor_type"):
-                shapes[vi.name] = (proto_dims(vi.type), vi.type.tensor_type.elem_type)
-        for node in g.node:
+                shapes[(path, vi.name)] = (proto_dims(vi.type), vi.type.tensor_type.elem_type)
+        if not with_subgraphs:
+            continue
+        for index, node in enumerate(g.node):
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
-                    graphs.append(attr.g)
-                graphs.extend(attr.graphs)
+                    graphs.append(((*path, (index, attr.name, 0)), attr.g))
+                graphs.extend(((*path, (index, attr.name, k)), sub) for k, sub in enumerate(attr.graphs))
     return shapes
 
 
@@ -170,7 +174,9 @@ def _run_symbolic(proto: onnx.ModelProto, auto_merge: bool) -> tuple[Inferred, b
     except Exception as e:  # a conflict between dims ends the run; keep what it found
         logger.debug("symbolic shape inference stopped (auto_merge=%s): %s", auto_merge, e)
         complete = False
-    return _collect(inference.out_mp_), complete
+    # Main graph only: it rewrites subgraph node lists in its own order, so node-index paths into
+    # them would not name the same bodies.
+    return _collect(inference.out_mp_, with_subgraphs=False), complete
 
 
 def ort_symbolic_inference(proto: onnx.ModelProto) -> tuple[Inferred, bool]:
@@ -206,7 +212,7 @@ def ort_symbolic_inference(proto: onnx.ModelProto) -> tuple[Inferred, bool]:
 def _lacks_rank(proto: onnx.ModelProto, inferred: Inferred) -> bool:
     for node in proto.graph.node:
         for out in node.output:
-            if out and inferred.get(out, (None, 0))[0] is None:
+            if out and inferred.get(((), out), (None, 0))[0] is None:
                 return True
     return False
 

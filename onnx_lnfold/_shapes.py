@@ -82,6 +82,20 @@ def _merge(inferred: list[Shape], hints: list[Shape]) -> Shape | None:
     return tuple(merged)
 
 
+def _graph_paths(graph: ir.Graph, path: tuple = ()) -> dict[int, tuple]:
+    """Where each (sub)graph sits, as `_infer` keys it: sibling If branches reuse value names
+    (optimum's merged decoders do), so a name alone does not say which value it is."""
+    paths = {id(graph): path}
+    for index, node in enumerate(graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                paths.update(_graph_paths(attr.as_graph(), (*path, (index, attr.name, 0))))
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for k, sub in enumerate(attr.as_graphs()):
+                    paths.update(_graph_paths(sub, (*path, (index, attr.name, k))))
+    return paths
+
+
 # Ops whose output 0 has the rank of input 0.
 _SAME_RANK = {
     "FastGelu", "BiasGelu", "Gelu", "QuickGelu", "BiasAdd", "Attention", "MultiHeadAttention",
@@ -103,15 +117,24 @@ class ShapeTable:
         if self._inferred is None:
             self._inferred = infer(self._model)
             self._shared = input_symbols(self._model)
+            self._paths = _graph_paths(self._model.graph)
         return self._inferred
+
+    def _key(self, value: ir.Value) -> tuple[tuple, str]:
+        """(graph path, name), as `_shape_infer` keys results: sibling If branches reuse names."""
+        self._sources()
+        producer = value.producer()
+        graph = producer.graph if producer is not None else value.graph
+        return self._paths.get(id(graph), ()), value.name or ""
 
     def dtype(self, value: ir.Value | None) -> ir.DataType | None:
         if value is None:
             return None
         if value.dtype is not None:
             return value.dtype
+        key = self._key(value)
         for source in self._sources():  # the graph's own inferences first
-            elem = source.get(value.name or "", (None, 0))[1]
+            elem = source.get(key, (None, 0))[1]
             if elem:
                 return ir.DataType(elem)
         return None
@@ -124,13 +147,13 @@ class ShapeTable:
         if value in self._memo:
             return self._memo[value]
         by_onnx, by_ort, by_hint = self._sources()
-        name = value.name or ""
-        inferred = [s for s in (by_onnx.get(name, (None, 0))[0], by_ort.get(name, (None, 0))[0]) if s is not None]
+        key = self._key(value)
+        inferred = [s for s in (by_onnx.get(key, (None, 0))[0], by_ort.get(key, (None, 0))[0]) if s is not None]
         if value.is_graph_input() and value.graph is self._model.graph:
             declared = _dims(value.shape)  # the model's interface: its own names are the shared ones
         else:
             declared = tag(_dims(value.shape), "declared", self._shared or set())
-        hints = [h for h in (declared, by_hint.get(name, (None, 0))[0]) if h is not None]
+        hints = [h for h in (declared, by_hint.get(key, (None, 0))[0]) if h is not None]
         shape = _merge(inferred, hints)
         self._memo[value] = shape
         return shape

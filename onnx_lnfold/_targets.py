@@ -93,8 +93,9 @@ def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], 
         return None
     if mode == "auto" and (len(a) != 3 or len(add.outputs[0].uses()) != 1 or add.outputs[0].is_graph_output()):
         return None  # ORT would not have fused the original's Add + LayerNormalization here
-    if constant_of(cand.scale) is None:
-        return None
+    scale = constant_of(cand.scale)
+    if scale is None or tuple(scale.shape.dims) != (a[-1],):
+        return None  # the Skip kernels take a gamma of the hidden size only, not a broadcast [1]
     return add
 
 

@@ -82,6 +82,8 @@ class _Gen:
         self.forms: Counter = Counter()
         self.ln_inputs: list[str] = []
         self.residual: tuple[str, str, str] | None = None  # (sum, a, b) of the last residual Add
+        self.in_body = False  # building an If/Loop body: its constants are not the main graph's
+        self.decoys: set[str] = set()  # body names chosen to collide with what the fold may add
 
     # ---- draws -------------------------------------------------------------------------------
     def chance(self, pct: int) -> bool:
@@ -101,7 +103,7 @@ class _Gen:
     def const(self, shape, stem: str = "c", *, nonzero: bool = False, tie: bool = False) -> str:
         shape = tuple(shape)
         if tie and self.pool.get(shape) and self.chance(25):
-            return self.pick(self.pool[shape])
+            return self.pick(self.pool[shape])  # in a body too: a main-graph constant, read from the outer scope
         arr = self.rng.normal(0.3, 1.0, size=shape)
         if nonzero:
             arr = np.where(arr >= 0, 1.0, -1.0) * (0.5 + np.abs(arr))
@@ -117,7 +119,8 @@ class _Gen:
             self.g.nodes.append(helper.make_node("Constant", [], [name], name=self.fresh("const_"), **attrs))
         else:
             self.g.inits.append(numpy_helper.from_array(arr, name))
-        self.pool.setdefault(shape, []).append(name)
+        if not self.in_body:  # a body's constants are not visible outside it
+            self.pool.setdefault(shape, []).append(name)
         return name
 
     def double(self, shape, stem: str = "dc") -> str:
@@ -126,12 +129,20 @@ class _Gen:
         self.g.inits.append(numpy_helper.from_array(self.rng.normal(0.3, 1.0, size=shape).astype(np.float64), name))
         return self.node("Cast", [name], to=F)
 
+    def half(self, shape, stem: str = "hc") -> str:
+        """An fp16 constant, cast to float32 where it is used (weights stored in fp16, computed in fp32)."""
+        name = self.fresh(stem)
+        self.g.inits.append(numpy_helper.from_array(self.rng.normal(0.3, 1.0, size=shape).astype(np.float16), name))
+        return self.node("Cast", [name], to=F)
+
     def addend(self, w: int, stem: str = "add") -> str:
         """A constant added into the stream, possibly behind carry ops (each one a different leaf)."""
         shape = self.broadcast_shape(w)
-        wrap = self.pick(["identity", "neg", "cast", "reshape", "unsqueeze", "expand"]) if self.chance(30) else None
+        wrap = self.pick(["identity", "neg", "cast", "reshape", "unsqueeze", "expand", "half"]) if self.chance(30) else None
         if wrap == "cast":
             return self.double(shape, stem)
+        if wrap == "half":
+            return self.half(shape, stem)
         c = self.const(shape, stem, tie=True)
         full = [1] * (3 - len(shape)) + list(shape)
         if wrap == "identity":
@@ -183,6 +194,8 @@ class _Gen:
         return name
 
     def out(self, name: str) -> None:
+        if self.in_body:  # a body's outputs are fixed by its If/Loop: what it exposes is dropped
+            return
         if name not in self.outputs and name not in self.inputs:
             self.outputs.append(name)
 
@@ -204,9 +217,11 @@ class _Gen:
 
     def factor(self) -> str:
         """A data-dependent factor, constant along the normalized axis (never on the stream)."""
-        kind = self.pick(["t1", "t", "reduce_x"] if self.seq == "s" else ["t1", "reduce_src"])
+        kind = self.pick(["t1", "t", "reduce_x"] if self.seq == "s" else ["t1", "reduce_src", "t_derived"])
         if kind == "t1":
             return self.inp("t1", [self.B, 1, 1])
+        if kind == "t_derived":  # an input whose length is written as an expression of another's
+            return self.inp("t_cls", [self.B, "s + 1", 1])
         if kind == "t":
             return self.inp("t", [self.B, "s", 1])
         src, _ = self.x()
@@ -229,9 +244,11 @@ class _Gen:
         """A [K, w] MatMul weight: fresh, tied to an earlier one, or a Transpose of a [w, K] one."""
         if self.chance(10) and self.pool.get((w, K)):
             return self.node("Transpose", [self.pick(self.pool[(w, K)])], perm=[1, 0])
-        wrap = self.pick(["identity", "cast", "unsqueeze", "expand"]) if self.chance(10) else None
+        wrap = self.pick(["identity", "cast", "unsqueeze", "expand", "half"]) if self.chance(10) else None
         if wrap == "cast":
             return self.double((K, w), "Wd")
+        if wrap == "half":
+            return self.half((K, w), "Wh")
         W = self.const((K, w), "W", tie=True)
         if wrap == "identity":
             return self.node("Identity", [W])
@@ -327,7 +344,7 @@ class _Gen:
     # ---- sums of terms -------------------------------------------------------------------------
     def term(self, w: int) -> str:
         if self.chance(self.blockers):
-            kinds = ["input", "act", "mul_vec", "ln_out"]
+            kinds = ["input", "act", "mul_vec", "ln_out"] + (["int_table"] if self.seq == "s" else [])
         else:
             kinds = ["const", "producer", "expand"] + (["pos"] if self.seq == "s" else [])
         kind = self.pick(kinds)
@@ -346,8 +363,15 @@ class _Gen:
                 return self.node("Slice", [table, self.ints([0]), end, self.ints([0])])
             return self.node("Gather", [table, self.ids(rows, "pos", ["s"])])
         if kind == "input":
-            shape = [self.B, "s", w] if self.seq == "s" else [self.B, 1, w]
+            shape = [self.B, "s", w] if self.seq == "s" else [self.B, self.pick([1, "s + 1"]), w]
             return self.inp(f"extra{w}_{self.seq}", shape)
+        if kind == "int_table":  # an integer table read through Cast (and a scale): never centered
+            V = self.pick([7, 5])
+            table = self.fresh("Eint")
+            dtype = self.pick([np.int8, np.int32, np.int64])
+            self.g.inits.append(numpy_helper.from_array(self.rng.integers(-20, 20, size=(V, w)).astype(dtype), table))
+            y = self.node("Cast", [self.node("Gather", [table, self.ids(V)])], to=F)
+            return self.node("Mul", [y, self.const((), "iscale", nonzero=True)]) if self.chance(50) else y
         if kind == "act":
             return self.act(self.producer(w))
         if kind == "mul_vec":
@@ -591,7 +615,7 @@ class _Gen:
         return name
 
     def _c_add_input(self, h, w):
-        shape = [self.B, "s", w] if self.seq == "s" else [1, 1, w]
+        shape = [self.B, "s", w] if self.seq == "s" else [1, self.pick([1, "s + 1"]), w]
         return self.node("Add", [h, self.inp(f"extra{w}_{self.seq}", shape)])
 
     def _c_mul_self(self, h, w):
@@ -615,14 +639,18 @@ class _Gen:
     # ---- LayerNorm -----------------------------------------------------------------------------
     def ln(self, h: str, w: int, axis: int = -1, gamma_shape=None, rank: int = 3) -> str:
         self.n_ln += 1
-        self.ln_inputs.append(h)
+        if not self.in_body:  # (a body's tensors cannot be made graph outputs to check them)
+            self.ln_inputs.append(h)
         if axis == -1 and self.chance(15):
             return self.decomposed(h, w)
         self.forms["LayerNormalization"] += 1
-        gamma_shape = gamma_shape or (w,)
+        beta_shape = gamma_shape
+        if gamma_shape is None:  # [1]: one gamma (or beta) broadcast over the normalized axis
+            gamma_shape = (1,) if self.chance(10) else (w,)
+            beta_shape = (1,) if self.chance(10) else (w,)
         ins = [h, self.const(gamma_shape, "gamma", tie=True)]
         if self.chance(80):
-            ins.append(self.const(gamma_shape, "beta", tie=True))
+            ins.append(self.const(beta_shape, "beta", tie=True))
         attrs = {}
         if axis != -1 or self.chance(70):
             attrs["axis"] = axis if self.chance(70) else axis + rank
@@ -648,16 +676,22 @@ class _Gen:
         m = self.reduce("ReduceMean", h, [-1], 1)
         dev = self.node("Sub", [h, m])
         sq = self.node("Pow", [dev, self.scalar(2.0)]) if self.chance(50) else self.node("Mul", [dev, dev])
-        var = self.node("Add", [self.reduce("ReduceMean", sq, [-1], 1), self.scalar(self.pick([1e-5, 1e-6]))])
+        variance = self.reduce("ReduceMean", sq, [-1], 1)
+        var = self.node("Add", [variance, self.scalar(self.pick([1e-5, 1e-6]))])
         root = self.node("Sqrt", [var])
+        inner = [m, dev, sq, variance, var, root]
         if self.chance(50):
             y = self.node("Div", [dev, root])
         else:
-            y = self.node("Mul", [dev, self.node("Reciprocal", [root])])
+            inner.append(self.node("Reciprocal", [root]))
+            y = self.node("Mul", [dev, inner[-1]])
+        if self.chance(10):  # an intermediate (the mean, 1/std, ...) read elsewhere or a graph output
+            t = self.pick(inner)
+            self.out(t if self.chance(50) else self.node("Neg", [t]))
         if self.chance(85):
-            y = self.node("Mul", [y, self.const((w,), "gamma", tie=True)])
+            y = self.node("Mul", [y, self.const(self.pick([(w,), (w,), (1,)]), "gamma", tie=True)])
         if self.chance(80):
-            y = self.node("Add", [y, self.const((w,), "beta", tie=True)])
+            y = self.node("Add", [y, self.const(self.pick([(w,), (w,), (1,)]), "beta", tie=True)])
         if self.chance(8):
             self.out(y)
         return y
@@ -797,6 +831,93 @@ class _Gen:
                 y = self.node("MatMul", [y, self.const((self.d, self.pick([5, self.d])), "head", tie=True)])
         self.out(y)
 
+    # ---- If / Loop bodies: LNs inside, on stream tensors read from the outer scope ------------
+    # Suffixes of the names the fold gives new tensors: body inputs and initializers named like
+    # them must not be shadowed by (or shadow) what the fold adds.
+    SUFFIXES = [".centered", ".zeroed", ".rms", ".beta", ".mean", ".with_beta", ".sum", ".scale"]
+
+    def decoy(self, near: list[str]) -> str | None:
+        if not near:
+            return None
+        name = self.pick(near) + self.pick(self.SUFFIXES)
+        if name in self.decoys:
+            return None
+        self.decoys.add(name)
+        return name
+
+    def body(self, t: str, w: int, kind: str, head: bool, near: list[str]):
+        """(nodes, initializers, output) of a body computing one [B, S, w] tensor from `t`."""
+        saved = self.g.nodes, self.g.inits
+        self.g.nodes, self.g.inits = [], []
+        self.in_body = True
+        try:
+            if kind == "ln":
+                y = self.ln(t, w)
+            elif kind == "ln_producer":  # a linear layer inside the body (its weight may be the main graph's)
+                y = self.ln(self.matmul(self.x(), w), w)
+            elif kind == "neg":  # the changed stream reaches the body's output: blocks
+                y = self.node("Neg", [t])
+            else:  # "pass": the branch does not read the stream
+                y = self.matmul(self.x(), w)
+            if head:  # a linear head: the LN's beta folds into its bias (a body initializer)
+                y = self.node("Add", [self.node("MatMul", [y, self.const((w, w), "bW")]), self.const((w,), "bb")])
+            body_lns = [n.output[0] for n in self.g.nodes if n.op_type == "LayerNormalization"]
+            name = self.decoy(near + body_lns) if self.chance(50) else None
+            if name is not None:  # a body initializer named like a tensor the fold may add
+                self.g.inits.append(numpy_helper.from_array(self.rng.normal(0.3, 1.0, size=(w,)).astype(np.float32), name))
+                y = self.node("Add", [y, name])
+            return self.g.nodes, self.g.inits, y
+        finally:
+            self.g.nodes, self.g.inits = saved
+            self.in_body = False
+
+    def near_names(self, t: str) -> list[str]:
+        """Names the fold derives new names from: the stream tensor the body reads (explicit
+        centering), LN outputs (their RMSNorm and beta tensors), weights (centered copies)."""
+        lns = [n.output[0] for n in self.g.nodes if n.op_type in ("LayerNormalization", "SkipLayerNormalization")]
+        weights = [i.name for i in self.g.inits if len(i.dims) >= 1]
+        return [t] + lns + weights
+
+    def if_block(self, t: str, w: int) -> None:
+        """If on a bool input, an LN in each branch (or a pass-through); both branches run in the checks."""
+        cond = self.inp("flag", [], TensorProto.BOOL)
+        head = self.chance(40)
+        near = self.near_names(t)
+        kinds = [self.pick(["ln", "ln_producer", "neg"]), self.pick(["ln", "ln_producer", "pass"])]
+        bodies = []
+        for tag, kind in zip(("then", "else"), kinds):
+            nodes, inits, y = self.body(t, w, kind, head, near)
+            bodies.append(helper.make_graph(nodes, self.fresh(tag), [], [helper.make_tensor_value_info(y, F, None)], inits))
+        name = self.fresh("if_")
+        self.g.nodes.append(helper.make_node("If", [cond], [f"{name}_out"], name=name, then_branch=bodies[0], else_branch=bodies[1]))
+        self.out(f"{name}_out")
+
+    def loop_block(self, t: str, w: int) -> None:
+        """Loop (2 trips): its body computes an LN of `t` as a scan output; the carried state and
+        the body's inputs may be named like tensors the fold adds."""
+        near = self.near_names(t)
+        names = [self.decoy(near) or self.fresh("it"), self.decoy(near) or self.fresh("cond_in"), self.decoy(near) or self.fresh("v_in")]
+        nodes, inits, y = self.body(t, w, self.pick(["ln", "ln_producer"]), self.chance(30), near)
+        cond_out, v_out = self.fresh("cond_out"), self.fresh("v_out")
+        nodes = [helper.make_node("Identity", [names[1]], [cond_out]), helper.make_node("Neg", [names[2]], [v_out])] + nodes
+        body = helper.make_graph(
+            nodes,
+            self.fresh("body"),
+            [
+                helper.make_tensor_value_info(names[0], I64, []),
+                helper.make_tensor_value_info(names[1], TensorProto.BOOL, []),
+                helper.make_tensor_value_info(names[2], F, None),
+            ],
+            [helper.make_tensor_value_info(o, t_, None) for o, t_ in ((cond_out, TensorProto.BOOL), (v_out, F), (y, F))],
+            inits,
+        )
+        trip = self.ints(2)
+        name = self.fresh("loop_")
+        outs = [f"{name}_state", f"{name}_scan"]
+        self.g.nodes.append(helper.make_node("Loop", [trip, "", self.const((w,), "v0")], outs, name=name, body=body))
+        for o in outs:
+            self.out(o)
+
     # ---- the model -----------------------------------------------------------------------------
     def build(self) -> Built:
         d = self.d
@@ -813,6 +934,8 @@ class _Gen:
             x = self.inp("x", [self.B, "s", self.k])
             self.src_cls = self.node("Concat", [self.node("Slice", [x, self.ints([0]), self.ints([1]), self.ints([1])]), x], axis=1)
             self.seq = "s+1"
+            if self.chance(30):  # a derived dim: an input as long as the stream, its length written 's + 1'
+                h = self.keep(self.node("Mul", [h, self.inp("t_cls", [self.B, "s + 1", 1])]))
         for _ in range(self.draw(st.integers(0, 3))):
             h = self.block(h, d)
         self.final(h, d)
@@ -830,6 +953,10 @@ class _Gen:
                     self.out(self.node("Relu", [t]))
                 else:
                     self.out(self.node("SimplifiedLayerNormalization", [t, self.const((d,), "rms")], axis=-1, epsilon=1e-5))
+        if self.chance(15):
+            self.if_block(self.pick(self.stream), d)
+        if self.chance(10):
+            self.loop_block(self.pick(self.stream), d)
         if self.chance(self.blockers // 4):  # a weight that can be overridden at run time
             floats = [i for i in self.g.inits if i.data_type == F and len(i.dims) >= 1]
             if floats:
@@ -846,17 +973,36 @@ def models(draw) -> Built:
     return _Gen(draw).build()
 
 
+def dim_size(param: str, sizes: dict[str, int]) -> int:
+    """A dim written as a name ('s') or as an expression of names ('s + 1')."""
+    if param in sizes:
+        return sizes[param]
+    return int(eval(param, {"__builtins__": {}}, dict(sizes)))  # test code: expressions the generator wrote
+
+
+def derived_dims(built: Built) -> bool:
+    """Whether some input dim is written as an expression ('s + 1')."""
+    return any(
+        d.HasField("dim_param") and not d.dim_param.isidentifier()
+        for vi in built.model.graph.input
+        for d in vi.type.tensor_type.shape.dim
+    )
+
+
 def feeds(built: Built, sizes: dict[str, int], seed: int) -> dict[str, np.ndarray]:
-    """Random inputs; dims named in `sizes` take those sizes; initializers listed as inputs are not fed."""
+    """Random inputs; dims named in `sizes` take those sizes (and expressions of them); a bool
+    input is True for odd seeds, False for even ones; initializers listed as inputs are not fed."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in built.model.graph.initializer}
     out = {}
     for vi in built.model.graph.input:
         if vi.name in inits:
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else sizes[d.dim_param] for d in vi.type.tensor_type.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else dim_size(d.dim_param, sizes) for d in vi.type.tensor_type.shape.dim]
         if vi.type.tensor_type.elem_type == I64:
             out[vi.name] = rng.integers(0, built.index_bounds[vi.name], size=dims).astype(np.int64)
+        elif vi.type.tensor_type.elem_type == TensorProto.BOOL:
+            out[vi.name] = np.full(dims, seed % 2 == 1)
         else:
             out[vi.name] = rng.standard_normal(dims).astype(np.float32)
     return out

@@ -1,5 +1,6 @@
 """The Python API: fold() on every kind of input, the onnx-ir pass, beta placement, dtypes, idempotence."""
 
+import shutil
 import sys
 
 import numpy as np
@@ -9,7 +10,7 @@ import onnx_ir.passes.common as common_passes
 import pytest
 
 import onnx_lnfold
-from conftest import MODELS
+from conftest import MODELS, ROOT
 from graphs import Graph, assert_equivalent, fold_checked, ops
 
 
@@ -112,12 +113,13 @@ def test_other_float_dtypes(dtype, rtol):
     assert result.model.graph.initializers["wte"].const_value.dtype == ir.DataType.from_numpy(np.dtype(dtype))
 
 
-def test_fold_without_onnxruntime_reports_verification_skipped(monkeypatch):
+def test_fold_without_onnxruntime_raises_unless_verification_is_declined(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    result = onnx_lnfold.fold(_pre_ln())
+    with pytest.raises(onnx_lnfold.NotVerified, match=r"onnxruntime is not installed; pip install 'onnx_lnfold\[ort\]'"):
+        onnx_lnfold.fold(_pre_ln())
+    result = onnx_lnfold.fold(_pre_ln(), verify=False)
     assert len(result.plan.folded) == 2
     assert result.report.verification.status == "skipped"
-    assert "onnxruntime is not installed" in result.report.verification.reason
 
 
 def test_verification_failure_raises_instead_of_returning_a_model():
@@ -187,3 +189,83 @@ def test_report_serializes_everything_a_pipeline_needs():
     assert report["ops_before"]["LayerNormalization"] == 5 and report["ops_after"]["LayerNormalization"] == 4
     assert report["verification"]["status"] == "passed" and report["verification"]["max_rel_diff"] < 1e-5
     assert report["untied_bytes"] == 0 and len(report["edits"]) == 3
+
+
+# --- issue 11: analyze() takes what fold() takes; Verification.passed; the package ------------
+
+
+def test_analyze_accepts_a_path_a_proto_and_an_ir_model(tmp_path):
+    proto = _pre_ln()
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    model = ir.serde.deserialize_model(proto)
+    for source in (path, str(path), proto, model):
+        plan = onnx_lnfold.analyze(source)
+        assert [d.node for d in plan.folded] == ["ln1", "ln_f"] and len(plan.edits) == 3
+    assert sum(n.op_type == "LayerNormalization" for n in model.graph) == 2  # read, not changed
+    assert proto.SerializeToString() == onnx.load(path).SerializeToString()
+    bert = onnx_lnfold.analyze(MODELS / "bert.onnx", auxiliary_centering=False)
+    assert len(bert.folded) == 1 and len(bert.kept) == 4
+
+
+@pytest.mark.parametrize("bad,message", [(42, "got int"), ("no/such.onnx", "no such file")])
+def test_analyze_bad_input_is_an_lnfold_error(bad, message):
+    with pytest.raises(onnx_lnfold.LnFoldError, match=message):
+        onnx_lnfold.analyze(bad)
+
+
+def test_verification_passed_beside_status():
+    result = onnx_lnfold.fold(_pre_ln())
+    assert result.report.verification.passed is True and result.report.verification.status == "passed"
+    assert onnx_lnfold.fold(_pre_ln(), verify=False).report.verification.passed is False
+    with pytest.raises(onnx_lnfold.VerificationFailed) as info:
+        onnx_lnfold.fold(_pre_ln(), rtol=1e-12)
+    assert info.value.report.verification.passed is False
+    assert info.value.report.elapsed_s > 0
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_package_metadata():
+    meta = _pyproject()
+    project = meta["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]  # SPDX, PEP 639
+    assert "setuptools>=77" in meta["build-system"]["requires"]  # the first to read the SPDX form
+    assert not [c for c in project["classifiers"] if c.startswith("License ::")]  # forbidden beside SPDX
+    assert "Programming Language :: Python :: 3" in project["classifiers"] and "onnx" in project["keywords"]
+    assert project["scripts"]["onnx-lnfold"] == "onnx_lnfold.__main__:main"
+    assert project["version"] == onnx_lnfold.__version__
+    assert (ROOT / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
+
+
+def test_wheel_builds_cleanly_and_holds_the_license(tmp_path):
+    """`pip wheel .` on a copy of the sources (the build writes beside them), with the
+    environment's setuptools: no network, and the same warnings a user would see."""
+    import subprocess
+    import zipfile
+
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip("needs setuptools >= 77 installed")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "onnx_lnfold", src / "onnx_lnfold", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "-w", str(tmp_path / "dist"), "--no-deps", "--no-build-isolation"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
+    (wheel,) = (tmp_path / "dist").glob("onnx_lnfold-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+    assert "onnx_lnfold/_cli.py" in names and "onnx_lnfold/__main__.py" in names

@@ -1,6 +1,8 @@
 """The command line: outputs, reports, refusals and exit codes."""
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -9,9 +11,10 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import MODELS
+from conftest import MODELS, ROOT
 from helpers import run_cli as _cli
-from onnx_lnfold._cli import main
+import onnx_lnfold
+from onnx_lnfold._cli import main, program_name
 
 
 @pytest.fixture
@@ -61,7 +64,10 @@ def test_kept_lns_are_listed_with_their_reason(tmp_path):
     code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run")
     assert code == 0
     assert "0 folded, 4 kept" in out
-    assert "it feeds MatMul" in out and "is the output of LayerNormalization" in out
+    assert "  1 kept: centering would change a tensor that also feeds a layer mixing its channels" in out
+    assert "node_layer_norm  'add_88' would change, and it feeds MatMul 'node_MatMul_43'" in out
+    assert "  3 kept: post-LN: each reads the output of another LayerNorm" in out
+    assert "node_layer_norm_1  reads 'layer_norm', the output of LayerNormalization 'node_layer_norm'" in out
 
 
 def test_verification_failure_exits_1_and_writes_nothing(gpt2):
@@ -141,3 +147,187 @@ def test_report_piped_into_head_ends_quietly():
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("onnx_lnfold:")
     assert proc.stderr == ""
+
+
+# --- issue 11: a new user's first hour ---------------------------------------------------------
+
+# Subprocesses started outside the repository root import this checkout, not an installed copy.
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def _run_in(cwd, *args):
+    proc = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=_ENV)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("name", [".", "./", "/", ""])
+def test_a_folder_or_an_empty_name_is_bad_input(tmp_path, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)
+    assert main([name]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("onnx_lnfold: error:") and "is a directory" in err
+    assert out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc: a folder no one can create files in")
+@pytest.mark.parametrize("flag", ["--json", "-o"])
+def test_every_destination_is_checked_before_folding(gpt2, flag):
+    """/proc refuses new files even to root, where permission bits would not."""
+    code, out, err = _cli(gpt2, *(["-o", gpt2.with_name("o.onnx")] if flag == "--json" else []), flag, "/proc/lnfold.x")
+    assert code == 2 and err.count("\n") == 1 and "cannot write to the" in err
+    assert out == "" and sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx"]
+
+
+def test_unwritable_json_folder_is_refused_before_folding(gpt2):
+    folder = gpt2.parent / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):  # root: the bits do not apply; the /proc test covers it
+            pytest.skip("running as root")
+        code, _, err = _cli(gpt2, "--json", folder / "r.json")
+    finally:
+        folder.chmod(0o700)
+    assert code == 2 and "cannot write to the --json folder" in err
+    assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx", "ro"]
+
+
+def test_json_dash_writes_the_report_to_stdout_alone(gpt2):
+    code, out, err = _cli(gpt2, "--json", "-")
+    assert code == 0, err
+    report = json.loads(out)  # all of stdout is the JSON document
+    assert report["folded"] == 5 and report["verification"]["passed"] is True
+    assert report["output"] == str(gpt2.with_name("gpt2.lnfold.onnx"))
+    assert err.startswith("onnx_lnfold: ") and "LayerNorm nodes: 5 folded" in err  # the text report moved
+    assert not (gpt2.parent / "-").exists()
+    code, out, err = _cli(gpt2, "-o", gpt2.with_name("q.onnx"), "--json", "-", "-q")
+    assert code == 0 and json.loads(out)["folded"] == 5 and err == ""
+
+
+def test_help_names_the_program_as_invoked_and_lists_exit_codes():
+    code, out, _ = _cli("--help")
+    assert code == 0 and out.startswith("usage: python -m onnx_lnfold ")
+    assert "exit codes:" in out and "130  interrupted" in out and "examples:" in out
+    assert "-v, --verbose" in out and "-V, --version" in out
+    # The console script: argv[0] is the command's path.
+    script = "import sys; sys.argv[0] = '/venv/bin/onnx-lnfold'; from onnx_lnfold.__main__ import main; sys.exit(main())"
+    code, out, _ = _run_in(ROOT, "-c", script, "--help")
+    assert code == 0 and out.startswith("usage: onnx-lnfold ")
+    assert "  onnx-lnfold model.onnx --dry-run -v" in out
+    assert program_name("/usr/lib/python3/site-packages/onnx_lnfold/__main__.py") == "python -m onnx_lnfold"
+
+
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version(flag, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([flag])
+    assert info.value.code == 0 and capsys.readouterr().out == f"onnx_lnfold {onnx_lnfold.__version__}\n"
+
+
+def test_verbose_adds_the_proof_per_ln(gpt2):
+    code, out, err = _cli(gpt2, "--dry-run", "-v")
+    assert code == 0, err
+    proof = out[out.index("Proof per LayerNorm (--verbose):") :]
+    assert "node_layer_norm_4 (LayerNormalization, axis 2): folded -> com.microsoft::SkipSimplifiedLayerNormalization" in proof
+    assert "producer: Gemm weight 'model.transformer.h.1.mlp.c_proj.weight' read by node_addmm_7" in proof
+    assert "carried through 9 op(s): Add x5, Reshape x4" in proof
+    code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run", "--verbose")
+    assert "  blocked: tensor 'add_88' would change, and it feeds MatMul 'node_MatMul_43'" in out
+
+
+_INTERRUPT_IMPORT = """
+import runpy, sys
+class Interrupt:  # Ctrl-C while the CLI imports its dependencies
+    def find_spec(self, name, path=None, target=None):
+        if name == "onnx_ir":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+sys.argv = [sys.argv[0], *sys.argv[1:]]
+"""
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "runpy.run_module('onnx_lnfold', run_name='__main__')",  # python -m onnx_lnfold
+        "from onnx_lnfold.__main__ import main; sys.exit(main())",  # the onnx-lnfold script
+    ],
+)
+def test_ctrl_c_during_start_up_is_one_line_exit_130(gpt2, entry):
+    code, _, err = _run_in(gpt2.parent, "-c", _INTERRUPT_IMPORT + entry, gpt2)
+    assert code == 130, err
+    assert err == "onnx_lnfold: interrupted; nothing written\n"
+    assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx"]
+
+
+def test_importing_the_package_loads_no_dependency():
+    code = "import sys, onnx_lnfold; print(sorted(m for m in ('numpy', 'onnx', 'onnx_ir') if m in sys.modules))"
+    _, out, err = _run_in(ROOT, "-c", code)
+    assert out.strip() == "[]", err
+    assert onnx_lnfold.fold is onnx_lnfold._api.fold and "analyze" in dir(onnx_lnfold)
+
+
+def _model_that_fails_at_run_time(path):
+    """x[b, 8] -> MatMul -> Reshape(-1, 4, 16) -> LN: folds, but a batch of 3 cannot be reshaped,
+    so ONNX Runtime fails inside a kernel (where it logs an error line of its own)."""
+    h = onnx.helper
+    rng = np.random.default_rng(0)
+    g = h.make_graph(
+        [
+            h.make_node("MatMul", ["x", "w"], ["y"], name="fc"),
+            h.make_node("Reshape", ["y", "shape"], ["r"], name="reshape"),
+            h.make_node("LayerNormalization", ["r", "gamma", "beta"], ["z"], name="ln", axis=-1),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", 8])],
+        [h.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None)],
+        [
+            onnx.numpy_helper.from_array(rng.normal(0.3, 1, (8, 16)).astype(np.float32), "w"),
+            onnx.numpy_helper.from_array(np.array([-1, 4, 16], np.int64), "shape"),
+            onnx.numpy_helper.from_array(rng.normal(1, 0.1, 16).astype(np.float32), "gamma"),
+            onnx.numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "beta"),
+        ],
+    )
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("quiet", [[], ["-q"]])
+def test_stderr_holds_only_the_tools_own_lines(tmp_path, quiet):
+    src = _model_that_fails_at_run_time(tmp_path / "m.onnx")
+    report = tmp_path / "r.json"
+    code, out, err = _cli(src, "-o", tmp_path / "o.onnx", "--input-shape", "x:3,8", "--json", report, *quiet)
+    assert "does not run in onnxruntime" in json.loads(report.read_text())["verification"]["reason"]
+    # ORT's own log lines look like '2026-... [E:onnxruntime:, sequential_executor.cc:...]' (colored);
+    # the tool's refusal may quote the exception text, but only on its own 'onnx_lnfold:' line.
+    assert not re.search(r"\[[EWIV]:onnxruntime", err) and "\x1b[" not in err
+    assert all(line.startswith("onnx_lnfold:") for line in err.splitlines()), err
+
+
+def test_summary_line_first_and_an_unchanged_copy_said_so(gpt2):
+    code, out, _ = _cli(gpt2)
+    target = gpt2.with_name("gpt2.lnfold.onnx")
+    first = out.splitlines()[0]
+    size_before, size_after = gpt2.stat().st_size / 1e6, target.stat().st_size / 1e6
+    assert first.startswith(
+        f"onnx_lnfold: {gpt2} -> {target}, 5/5 LayerNorms folded, {size_before:.2f} -> {size_after:.2f} MB, "
+        "verified (worst relative diff "
+    )
+    assert first.endswith(" s") and out.splitlines()[1].startswith("Nodes: 161 -> 161; LayerNormalization 5 -> 0")
+    code, out, _ = _cli(target, "-o", gpt2.with_name("again.onnx"))
+    assert code == 0
+    assert "(unchanged copy), already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in out
+    assert f"Wrote {gpt2.with_name('again.onnx')} (an unchanged copy of the input: nothing was folded)" in out
+
+
+def test_sizes_count_external_data(tmp_path):
+    from helpers import make_large_model
+
+    src = make_large_model.make_model(tmp_path / "m.onnx", hidden=32, layers=2, vocab=64, positions=32)
+    out = tmp_path / "o.onnx"
+    code, _, err = _cli(src, "-o", out, "--json", tmp_path / "r.json", "-q")
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    data = tmp_path / "m.onnx.data"
+    assert data.is_file() and report["size_before"] == src.stat().st_size + data.stat().st_size
+    assert report["size_after"] == out.stat().st_size + (tmp_path / "o.onnx.data").stat().st_size

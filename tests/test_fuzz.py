@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, event, given, reject, settings
 from onnx import TensorProto
 
 import onnx_lnfold
-from fuzz_graphs import Built, feeds, models
+from fuzz_graphs import Built, derived_dims, feeds, models
 from graphs import Graph, assert_equivalent, decomposed_ln, fold_checked
 
 RMS = "SimplifiedLayerNormalization"
@@ -97,11 +97,20 @@ def _assert_same_outputs(original: onnx.ModelProto, folded: onnx.ModelProto, bui
             assert rel <= RTOL, f"output {name!r} ({sizes}): max|diff| {diff:.3g}, relative {rel:.3g} > {RTOL}"
 
 
+def _nodes(graph: onnx.GraphProto):
+    """The graph's nodes and those of every If/Loop body, at any depth."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _nodes(sub)
+
+
 def _norm_ops(model: onnx.ModelProto) -> Counter:
     """Normalization nodes by the names `LnDecision.rewrite` uses ('domain::op' outside the default domain)."""
     return Counter(
         n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-        for n in model.graph.node
+        for n in _nodes(model.graph)
         if "Normalization" in n.op_type
     )
 
@@ -109,7 +118,9 @@ def _norm_ops(model: onnx.ModelProto) -> Counter:
 def check_fold(built: Built) -> onnx_lnfold.FoldResult:
     """Every property the tool promises, on one model."""
     model = built.model
-    result = onnx_lnfold.fold(model)  # VerificationFailed propagates: the test fails
+    # Inputs with dims written as expressions ('s + 1') are fed as the checks below feed them.
+    inputs = feeds(built, {"b": 2, "s": 4}, 13) if derived_dims(built) else None
+    result = onnx_lnfold.fold(model, inputs=inputs)  # VerificationFailed propagates: the test fails
     plan = result.plan
     before = _norm_ops(model)
     assert Counter(d.op_type for d in plan.decisions) == built.forms, plan.to_dict()
@@ -127,11 +138,11 @@ def check_fold(built: Built) -> onnx_lnfold.FoldResult:
     assert set(emitted) <= {RMS, SKIP_RMS}, emitted
     assert after[RMS] - before[RMS] == emitted[RMS], (after, emitted)
     assert after[SKIP_RMS] - before[SKIP_RMS] == emitted[SKIP_RMS], (after, emitted)
-    names = {n.name for n in folded.graph.node}
+    names = {n.name for n in _nodes(folded.graph)}
     for d in plan.decisions:  # the LN node (a decomposed LN's first ReduceMean) goes iff it folded
         assert (d.node in names) == (not d.folded), f"{d.node} {d.status} but present: {d.node in names}"
     _assert_same_outputs(model, folded, built)
-    again = onnx_lnfold.fold(folded)
+    again = onnx_lnfold.fold(folded, inputs=inputs)
     assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, (
         "second fold changed something: "
         + repr([(d.node, d.reason) for d in again.plan.folded] + [e.tensor for e in again.plan.edits])

@@ -18,9 +18,8 @@ EXPECTED = {
     "gpt2_fp16": (9, 9, None),
     "gpt2_inferred": (9, 9, None),
     "vit_fp16": (9, 9, None),
-    # The vision tower starts at pre_layrnorm's output; its fp32 export folds all 19 with one
-    # explicit centering there, which is not inserted into fp16 streams (see README).
-    "clip_fp16": (10, 19, "is the output of LayerNormalization '/model/vision_model/pre_layrnorm"),
+    # The vision tower starts at pre_layrnorm's output: one explicit centering there, in fp16.
+    "clip_fp16": (19, 19, None),
     "gpt2_eager_ort_opt0": (9, 9, None),
     "clip_ort": (19, 19, None),
     "vit_torchscript": (9, 9, None),

@@ -1,5 +1,6 @@
 """The README's commands and code run as written, so the docs cannot rot."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -10,6 +11,8 @@ import pytest
 from conftest import MODELS, ROOT
 
 README = (ROOT / "README.md").read_text()
+# The commands run in a scratch folder: import this checkout, not whatever copy is installed.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def _fold_commands():
@@ -39,7 +42,7 @@ def test_readme_has_the_two_quick_start_commands():
 @pytest.mark.parametrize("command", _fold_commands())
 def test_readme_fold_command(workdir, command):
     args = command.split()[1:]
-    proc = subprocess.run([sys.executable, *args], cwd=workdir, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, *args], cwd=workdir, capture_output=True, text=True, env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert "LayerNorm nodes: 5 folded, 0 kept (of 5)" in proc.stdout
     assert "Verification (passed" in proc.stdout
@@ -49,3 +52,40 @@ def test_readme_fold_command(workdir, command):
 def test_readme_python_blocks(workdir, block, monkeypatch):
     monkeypatch.chdir(workdir)
     exec(compile(block, "README.md", "exec"), {})
+
+
+def _elapsed_masked(line: str) -> str:
+    return re.sub(r", \d+\.\d s$", ", <elapsed> s", line)
+
+
+def test_readme_quick_start_output_is_what_the_command_prints(workdir):
+    """The output block after the quick start is the fold's output today: each run of lines
+    between `...` marks appears, in order and contiguous, in what the command prints (the
+    elapsed time aside)."""
+    block = re.search(r"The fold prints this.*?```\n(.*?)```", README, flags=re.S).group(1)
+    command = next(c for c in _fold_commands() if "models/gpt2.onnx" in c)
+    proc = subprocess.run([sys.executable, *command.split()[1:]], cwd=workdir, capture_output=True, text=True, env=ENV)
+    printed = [_elapsed_masked(line) for line in proc.stdout.splitlines()]
+    chunks = [[_elapsed_masked(line) for line in chunk.strip("\n").splitlines()] for chunk in block.split("  ...\n")]
+    assert len(chunks) >= 2 and chunks[0][0].startswith("onnx_lnfold: models/gpt2.onnx -> gpt2.lnfold.onnx, 5/5")
+    at = 0
+    for chunk in chunks:
+        starts = [i for i in range(at, len(printed)) if printed[i : i + len(chunk)] == chunk]
+        assert starts, f"README lines not printed (in this order) by `{command}`:\n" + "\n".join(chunk)
+        at = starts[0] + len(chunk)
+    assert chunks[0][0] == printed[0] and chunks[-1][-1] == printed[-1]  # same first and last line
+
+
+def test_readme_mentions_the_command_the_version_and_a_venv():
+    assert "onnx-lnfold" in README and "--version" in README
+    lines = re.findall(r"^\$ (.+)$", README, flags=re.M)
+    venv = next(i for i, line in enumerate(lines) if "-m venv" in line)
+    assert venv < next(i for i, line in enumerate(lines) if "pip install" in line)
+
+
+def test_readme_lists_every_command_line_option():
+    from onnx_lnfold._cli import build_parser
+
+    for action in build_parser("onnx-lnfold")._actions:
+        if action.option_strings and action.dest != "help":
+            assert f"`{action.option_strings[-1]}" in README or f", {action.option_strings[-1]}" in README, action.option_strings

@@ -1,0 +1,141 @@
+"""The report as a user reads it: the summary line, grouped reasons, wording, and the JSON fields."""
+
+import json
+import os
+
+import onnx_ir as ir
+import pytest
+
+import onnx_lnfold
+from conftest import MODELS
+from onnx_lnfold._load import load_path
+from onnx_lnfold._report import FoldReport, _explain, count_ops
+from onnx_lnfold._trace import explain
+from onnx_lnfold._verify import OutputDiff, Verification
+
+
+def _report(name: str, **fields) -> FoldReport:
+    model = load_path(MODELS / name)
+    ops = count_ops(model)
+    plan = onnx_lnfold.analyze(model)
+    verification = fields.pop("verification", Verification("skipped", "dry run: nothing was changed"))
+    return FoldReport(plan, ops, ops, verification, source=name, **fields)
+
+
+def _passed(rel: float = 3.7e-7) -> Verification:
+    return Verification("passed", "", 1e-4, {"input_ids": [2, 8]}, [OutputDiff("logits", (2, 8, 64), rel, 1.0)])
+
+
+def test_summary_line_comes_first_with_lns_sizes_verdict_and_time():
+    report = _report("gpt2.onnx", verification=_passed(), size_before=327_654_321, size_after=482_043_825, elapsed_s=12.34)
+    report.output = "gpt2.lnfold.onnx"
+    first = report.format_text().splitlines()[0]
+    assert first == (
+        "onnx_lnfold: gpt2.onnx -> gpt2.lnfold.onnx, 5/5 LayerNorms folded, 328 -> 482 MB, "
+        "verified (worst relative diff 3.7e-07), 12.3 s"
+    )
+
+
+def test_summary_line_of_a_failed_and_of_a_dry_run():
+    failed = Verification("failed", "output 'logits' differs", 1e-15, {}, [OutputDiff("logits", (2,), 3e-7, 1.0)])
+    line = _report("gpt2.onnx", verification=failed, size_before=860_897).summary()
+    assert "(nothing written)" in line and "verification FAILED (worst relative diff 3e-07 > rtol 1e-15)" in line
+    dry = _report("gpt2.onnx", dry_run=True, size_before=860_897).summary()
+    assert dry == (
+        "onnx_lnfold: gpt2.onnx (dry run, nothing written), 5/5 LayerNorms folded, "
+        "0.86 MB (+0.13 MB of untied copies once written), not verified"
+    )
+
+
+def test_node_totals_then_the_ops_that_changed():
+    report = _report("gpt2.onnx")
+    report.ops_after = {**report.ops_before, "LayerNormalization": 0, "SimplifiedLayerNormalization": 5}
+    text = report.format_text()
+    before = sum(report.ops_before.values())
+    assert f"Nodes: {before} -> {before}; LayerNormalization 5 -> 0; SimplifiedLayerNormalization 0 -> 5" in text
+
+
+def test_already_folded_model_says_so():
+    folded = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
+    again = onnx_lnfold.fold(folded.model_proto, verify=False).report
+    again.output = "again.onnx"
+    text = again.format_text()
+    assert "already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in text.splitlines()[0]
+    assert "(unchanged copy)" in text.splitlines()[0]
+    assert "Wrote again.onnx (an unchanged copy of the input: nothing was folded)" in text
+
+
+def test_identical_reasons_are_grouped_under_plain_words_in_graph_order():
+    text = _report("bert.onnx").format_text()
+    lines = text.splitlines()
+    header = lines.index("  4 kept: post-LN: each reads the output of another LayerNorm, whose gamma*n+beta has a")
+    members = [line.split()[0] for line in lines[header + 2 : header + 6]]
+    assert members == ["node_layer_norm_1", "node_layer_norm_2", "node_layer_norm_3", "node_layer_norm_4"]
+    assert "node_layer_norm_1  reads 'layer_norm', the output of LayerNormalization 'node_layer_norm'" in text
+    assert text.count("post-LN") == 1
+
+
+def test_unknown_reasons_group_by_their_text_without_names():
+    a = _explain("Cast 'c1' narrows to FLOAT16, whose rounding does not commute with centering")
+    b = _explain("Cast 'c2' narrows to FLOAT16, whose rounding does not commute with centering")
+    assert a[0] == b[0] == "Cast '...' narrows to FLOAT16, whose rounding does not commute with centering"
+    assert a[1].startswith("Cast 'c1'")
+
+
+def test_long_lines_wrap_at_100_columns():
+    text = _report("convnext_block.onnx").format_text()
+    assert "grouped Conv (group=32)" in text
+    assert max(len(line) for line in text.splitlines()[1:]) <= 100
+
+
+@pytest.mark.parametrize("name,phrase", [("gpt2.onnx", "(1 untied copy,"), ("bert.onnx", "(0 untied copies,")])
+def test_untied_copy_count_is_singular_or_plural(name, phrase):
+    assert phrase in _report(name).format_text()
+
+
+def test_json_carries_versions_absolute_paths_and_elapsed(monkeypatch):
+    import onnxruntime  # the one verification ran with: the report names the loaded module's version
+
+    monkeypatch.chdir(MODELS)
+    report = _report("gpt2.onnx", verification=_passed(), elapsed_s=1.5, size_before=10, size_after=12)
+    report.output = "out.onnx"
+    data = json.loads(report.to_json())
+    assert data["tool"] == "onnx_lnfold" and data["version"] == onnx_lnfold.__version__
+    assert data["source"] == str(MODELS / "gpt2.onnx") and data["output"] == os.path.join(str(MODELS), "out.onnx")
+    assert data["elapsed_s"] == 1.5 and data["size_before"] == 10 and data["size_after"] == 12
+    assert data["nodes_before"] == sum(data["ops_before"].values())
+    assert data["verification"]["passed"] is True
+    assert data["verification"]["onnxruntime"] == onnxruntime.__version__
+
+
+def test_verbose_trace_names_producers_carry_ops_and_blocks():
+    model = load_path(MODELS / "bert.onnx")
+    plan = onnx_lnfold.analyze(model)
+    lines = explain(model, plan)
+    assert lines[0] == "node_layer_norm (LayerNormalization, axis 2): folded -> SimplifiedLayerNormalization"
+    assert "  producer: embedding table 'model.embeddings.word_embeddings.weight' read by node_embedding: centered along axis 1" in lines
+    assert "  carried through 2 op(s): Add x2: node_add_14, node_add_22" in lines
+    assert "node_layer_norm_1 (LayerNormalization, axis 2): kept" in lines
+    assert "  'layer_norm' is produced by LayerNormalization 'node_layer_norm'" in lines
+    # The walk follows the residual stream only: GPT-2's last LN passes 5 Adds and 4 Reshapes.
+    gpt2 = load_path(MODELS / "gpt2.onnx")
+    carried = [line for line in explain(gpt2, onnx_lnfold.analyze(gpt2)) if "carried through" in line]
+    assert [line.split(":")[0] for line in carried] == [
+        "  carried through 1 op(s)",
+        "  carried through 3 op(s)",
+        "  carried through 5 op(s)",
+        "  carried through 7 op(s)",
+        "  carried through 9 op(s)",
+    ]
+
+
+def test_the_report_of_fold_carries_elapsed_time():
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
+    assert result.report.elapsed_s is not None and result.report.elapsed_s > 0
+    assert result.report.summary().endswith(" s")
+
+
+def test_ir_model_input_reports_a_placeholder_source():
+    model = ir.load(str(MODELS / "gpt2.onnx"))
+    report = onnx_lnfold.fold(model, verify=False).report
+    assert report.summary().startswith("onnx_lnfold: <model>, 5/5 LayerNorms folded")
