@@ -17,9 +17,10 @@ from pathlib import Path
 
 import onnx
 
-import onnx_lnfold
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # this checkout's onnx_lnfold, not whichever is installed
+
+import onnx_lnfold  # noqa: E402
 
 
 def ort_optimized_nodes(path: Path, out: Path) -> int:

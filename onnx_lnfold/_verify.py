@@ -280,9 +280,38 @@ def _widen_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 # --------------------------------------------------------------------------- what the model holds
 def output_types(model: ir.Model) -> dict[str, int]:
-    """Each graph output's element type: its tolerance follows it (an fp32 output is held to the
-    fp32 tolerance even when some weights are fp16)."""
-    return {v.name: int(v.dtype) for v in model.graph.outputs if v.name and v.dtype is not None}
+    """The element type each graph output is computed in: its tolerance follows it. An fp32 output
+    is held to the fp32 tolerance even when some weights are fp16; but an output that is only a
+    widening Cast of an fp16/bf16 tensor (an fp16 model converted with `keep_io_types`) carries
+    fp16 rounding, and gets the fp16 tolerance."""
+    types = {}
+    for v in model.graph.outputs:
+        if not v.name or v.dtype is None:
+            continue
+        computed, dtype = v, v.dtype
+        while computed.producer() is not None and computed.producer().op_type in ("Cast", "Identity"):
+            source = computed.producer().inputs[0]
+            if source is None:
+                break
+            computed, dtype = source, _elem_type(source)
+        types[v.name] = int(dtype if dtype in _LOW_PRECISION else v.dtype)
+    return types
+
+
+def _elem_type(value: ir.Value, depth: int = 0) -> int | None:
+    """`value`'s element type, declared or, where intermediate types were not written, read off
+    its producer: a Cast's `to`, else the type of the producer's first typed input."""
+    if value.dtype is not None:
+        return int(value.dtype)
+    node = value.producer()
+    if node is None or depth > 16:
+        return None
+    if node.op_type == "Cast" and "to" in node.attributes:
+        return node.attributes["to"].as_int()
+    for inp in node.inputs:
+        if inp is not None and (found := _elem_type(inp, depth + 1)) is not None:
+            return found
+    return None
 
 
 def has_bfloat16(model: ir.Model) -> bool:

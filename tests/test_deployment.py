@@ -69,7 +69,7 @@ def test_embeddings_layer_norm_that_ort_would_fuse_is_kept_with_a_reason():
     assert len(result.plan.folded) == 0  # post-LN: the other four read LN outputs
     (advice,) = result.plan.advice
     assert advice.startswith("Order:") and embeddings.node in advice
-    assert advice in result.report.format_text()
+    assert advice in " ".join(result.report.format_text().split())  # the report wraps long lines
     assert result.report.to_dict()["advice"] == [advice]
 
 

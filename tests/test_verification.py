@@ -383,3 +383,29 @@ def test_user_inputs_are_also_checked_with_their_bools_flipped():
     feeds = {"x": np.ones((2, 3, 8), np.float32), "flag": np.array(True)}
     verification = onnx_lnfold.fold(model, inputs=feeds).report.verification
     assert verification.status == "passed" and verification.input_sets == ["x(2, 3, 8), flag=True", "x(2, 3, 8), flag=False"]
+
+
+def test_an_output_widened_from_fp16_gets_the_fp16_tolerance():
+    """keep_io_types fp16 models end in Cast(fp16 -> fp32): that output carries fp16 rounding."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from onnx_lnfold._verify import output_types, rtol_for
+
+    w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float16), "w")
+    g = h.make_graph(
+        [
+            h.make_node("Cast", ["x"], ["x16"], to=T.FLOAT16),
+            h.make_node("MatMul", ["x16", "w"], ["y16"]),
+            h.make_node("Cast", ["y16"], ["y"], to=T.FLOAT),
+            h.make_node("Cast", ["w"], ["w32"], to=T.FLOAT),
+            h.make_node("MatMul", ["x", "w32"], ["z"]),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 4]), h.make_tensor_value_info("z", T.FLOAT, [2, 4])],
+        [w],
+    )
+    types = output_types(ir.from_proto(h.make_model(g, opset_imports=[h.make_opsetid("", 17)])))
+    assert types == {"y": T.FLOAT16, "z": T.FLOAT}
+    assert (rtol_for(types["y"]), rtol_for(types["z"])) == (1e-2, 1e-4)
