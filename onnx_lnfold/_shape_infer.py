@@ -85,8 +85,8 @@ def tag(shape: Shape | None, source: str, shared: set[str]) -> Shape | None:
     )
 
 
-def light_proto(model: ir.Model, declared: bool = False) -> onnx.ModelProto:
-    """The graph with small constants only and, unless `declared`, no declared intermediate shapes.
+def light_proto(model: ir.Model) -> onnx.ModelProto:
+    """The graph with small constants only, and the shapes it declares (see `stripped`).
 
     Large initializers become typed graph inputs. Built node by node so that no large tensor is
     ever copied into protobuf (serializing the whole model would hold every weight in memory
@@ -109,14 +109,11 @@ def light_proto(model: ir.Model, declared: bool = False) -> onnx.ModelProto:
     outputs = {v.name for v in g.outputs}
     for node in g:
         graph.node.append(ir.serde.serialize_node(node))
-        for out in node.outputs if declared else ():
+        for out in node.outputs:
             if out.name and out.name not in outputs and (out.type is not None or out.shape is not None):
                 graph.value_info.append(ir.serde.serialize_value(out))
     for value in g.outputs:
-        out = ir.serde.serialize_value(value)
-        if out.type.HasField("tensor_type") and not declared:
-            out.type.tensor_type.ClearField("shape")  # a declared output shape is a hint too
-        graph.output.append(out)
+        graph.output.append(ir.serde.serialize_value(value))
     proto = onnx.helper.make_model(
         graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()]
     )
@@ -128,6 +125,18 @@ def light_proto(model: ir.Model, declared: bool = False) -> onnx.ModelProto:
     for function in model.functions.values():
         proto.functions.append(ir.serde.serialize_function(function))
     return proto
+
+
+def stripped(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of a light proto without the main graph's declared intermediate and output shapes
+    (element types stay)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    del copy.graph.value_info[:]
+    for out in copy.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")  # a declared output shape is a hint too
+    return copy
 
 
 def _collect(model: onnx.ModelProto, with_subgraphs: bool = True) -> Inferred:
@@ -227,8 +236,8 @@ def infer(model: ir.Model) -> tuple[Inferred, Inferred, Inferred]:
     annotate, where the first may know them only by symbols of its own.
     """
     try:
-        proto = light_proto(model)
-        seeded = light_proto(model, declared=True) if model.graph.num_nodes() and _declares(model) else None
+        seeded = light_proto(model)
+        proto = stripped(seeded)
     except Exception as e:  # a model the IR cannot write back cannot be inferred either
         logger.debug("shape inference skipped: %s", e)
         return {}, {}, {}
@@ -239,14 +248,10 @@ def infer(model: ir.Model) -> tuple[Inferred, Inferred, Inferred]:
     if _lacks_rank(proto, by_onnx):
         by_ort, comparable = ort_symbolic_inference(proto)
         ort_shared = shared if comparable else set()
-    by_hint = onnx_inference(seeded) if seeded is not None else {}
+    by_hint = onnx_inference(seeded) if len(seeded.graph.value_info) else {}
     return (
         {k: (tag(s, "onnx", shared), t) for k, (s, t) in by_onnx.items()},
         {k: (tag(s, "ort", ort_shared), t) for k, (s, t) in by_ort.items()},
         {k: (tag(s, "hint", shared), t) for k, (s, t) in by_hint.items()},
     )
 
-
-def _declares(model: ir.Model) -> bool:
-    """Whether any node output declares a shape (else the seeded inference is the plain one)."""
-    return any(out.shape is not None for node in model.graph for out in node.outputs)
