@@ -1,6 +1,6 @@
 """The analysis: which LayerNorms can become RMSNorm, and what to center. Mutates nothing.
 
-Following FOLDING.md sections 2 and 3:
+Following docs/DESIGN.md sections 2 and 3:
 
 1. **Trace** (backward, per LN): prove the LN input zero-mean along its axis by walking up through
    carry ops to leaves (`_Leaf`): one *use* of a constant, centered along one axis, or, for

@@ -1,4 +1,4 @@
-"""How a mean along one axis moves through one node (FOLDING.md section 2).
+"""How a mean along one axis moves through one node (docs/DESIGN.md section 2).
 
 Two questions are asked of every node, one per direction, and both are answered from the same
 per-op axis bookkeeping so that the analysis and the side-effect check can never disagree:

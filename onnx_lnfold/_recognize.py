@@ -1,6 +1,6 @@
 """Recognize LayerNorm in its forms and normalize what the analysis and the rewrite need to know.
 
-Forms (FOLDING.md section 5):
+Forms (docs/DESIGN.md section 5):
 - `LayerNormalization` (opset 17+);
 - `com.microsoft::SkipLayerNormalization` (written by `onnxruntime.transformers.optimizer`): it
   normalizes `input + skip (+ bias)`, and its output 3 is that sum;

@@ -1,4 +1,4 @@
-"""What a folded LN becomes (FOLDING.md section 4). Pure: decides, mutates nothing.
+"""What a folded LN becomes (docs/DESIGN.md section 4). Pure: decides, mutates nothing.
 
 - target "ort" (default): `SimplifiedLayerNormalization` (domain ''), or
   `com.microsoft::SkipSimplifiedLayerNormalization` where the LN reads a residual `Add` (ONNX

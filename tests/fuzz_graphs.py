@@ -1,4 +1,4 @@
-"""Random models over the whole vocabulary of FOLDING.md, for the property test in test_fuzz.py.
+"""Random models over the whole vocabulary of docs/DESIGN.md, for the property test in test_fuzz.py.
 
 Every structural choice is a hypothesis draw (failures shrink toward smaller graphs: the first
 option of every `pick` and the "off" side of every `chance` is the simple one); constant values
@@ -10,7 +10,7 @@ drawn as excursions that come back to it, so any op can follow any other. Views 
 shape for good (pooling, slicing the axis, splitting it) are only used in front of a terminal LN.
 B is 2 (static) or the symbol 'b'; S is the symbol 's', or 's'+1 after a class token.
 
-Vocabulary (FOLDING.md sections 2, 3 and 5):
+Vocabulary (docs/DESIGN.md sections 2, 3 and 5):
 - producers: MatMul with a constant weight (2-D, batched 3-D, tied, behind Identity/Cast/Unsqueeze/
   Expand, or a Transpose of another weight) + optional bias Add; Reshape -> Gemm (transB 0/1,
   bias [w], [1, w], scalar, none; alpha/beta) -> Reshape back; Conv 1-D and 2-D (group 1, 2 and

@@ -1,4 +1,4 @@
-"""The side-effect rule and the other reasons an LN stays LayerNormalization (FOLDING.md section 3)."""
+"""The side-effect rule and the other reasons an LN stays LayerNormalization (docs/DESIGN.md section 3)."""
 
 import numpy as np
 import onnx

@@ -1,4 +1,4 @@
-"""Ops that carry a zero mean, with the normalized axis followed through them (FOLDING.md section 2)."""
+"""Ops that carry a zero mean, with the normalized axis followed through them (docs/DESIGN.md section 2)."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """LN forms and emitted forms: decomposed LNs, SkipLayerNormalization, residual fusion,
-explicit centering, the ONNX target (FOLDING.md sections 3-5)."""
+explicit centering, the ONNX target (docs/DESIGN.md sections 3-5)."""
 
 import numpy as np
 import onnx

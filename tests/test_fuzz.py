@@ -1,4 +1,4 @@
-"""Property test: on random graphs over the whole vocabulary of FOLDING.md the fold is exact or refuses.
+"""Property test: on random graphs over the whole vocabulary of docs/DESIGN.md the fold is exact or refuses.
 
     python -m pytest tests/test_fuzz.py -q                              # CI: 200 examples, derandomized
     LNFOLD_FUZZ_EXAMPLES=10000 python -m pytest tests/test_fuzz.py -q   # profile fuzz-long

@@ -1,4 +1,4 @@
-"""Producers whose constant weights can be centered (FOLDING.md section 2, first table)."""
+"""Producers whose constant weights can be centered (docs/DESIGN.md section 2.1)."""
 
 import numpy as np
 import pytest
