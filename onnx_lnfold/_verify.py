@@ -244,7 +244,12 @@ def _widen_graph(graph: onnx.GraphProto) -> None:
         _widen_tensor(tensor)
     for info in (*graph.input, *graph.output, *graph.value_info):
         _widen_type(info.type)
-    for node in graph.node:
+    _widen_nodes(graph.node)
+
+
+def _widen_nodes(nodes) -> None:
+    """Cast targets, constant tensors and subgraphs of `nodes` (a graph's or a function's)."""
+    for node in nodes:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.INT and attr.name in _DTYPE_ATTRIBUTES and attr.i == _BF16:
                 attr.i = _FLOAT
@@ -265,12 +270,7 @@ def float32_shadow(model: ModelBytesOrPath) -> bytes:
     proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
     _widen_graph(proto.graph)
     for function in proto.functions:
-        for node in function.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.INT and attr.name in _DTYPE_ATTRIBUTES and attr.i == _BF16:
-                    attr.i = _FLOAT
-                elif attr.type == onnx.AttributeProto.TENSOR:
-                    _widen_tensor(attr.t)
+        _widen_nodes(function.node)
     return proto.SerializeToString()
 
 
