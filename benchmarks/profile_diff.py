@@ -146,15 +146,42 @@ def print_report(r: dict) -> None:
         print(f"    {op:34s} {a:9.0f} {b:9.0f}  ({b - a:+.0f})")
 
 
+def summarize(results: list[dict]) -> str:
+    """Markdown: per model and thread count, the group ratio with and without the fused Skip node,
+    and the plain LN -> SimplifiedLN node ratio (median over that configuration's nodes)."""
+    lines = ["| model | threads | batch x seq | group ratio | group ratio without the Skip node | "
+             "plain LN -> SLN nodes (median ratio) | Skip node before -> after (us) | beta Add share of folded group |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r["model"], r["threads"], r["batch"], r["seq"])):
+        o, f = r["group_us"]["original"], r["group_us"]["folded"]
+        skip_o = o.get("norm_op:SkipLayerNormalization", 0.0)
+        skip_f = f.get("norm_op:SkipSimplifiedLayerNormalization", 0.0)
+        plain = [p["ratio"] for p in r["norm_nodes"]
+                 if p["original"][1] == "LayerNormalization" and p["folded"][1] == "SimplifiedLayerNormalization"]
+        without = (o["TOTAL"] - skip_o) / (f["TOTAL"] - skip_f)
+        lines.append(f"| {r['model']} | {r['threads']} | {r['batch']} x {r['seq']} | x{r['group_ratio']:.2f} | "
+                     f"x{without:.2f} | x{float(np.median(plain)):.2f} ({len(plain)} nodes) | "
+                     + (f"{skip_o:.0f} -> {skip_f:.0f} |" if skip_o else "none |")
+                     + f" {100 * f.get('beta_add:Add', 0.0) / f['TOTAL']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--summarize", nargs="+", metavar="JSON", help="print the summary table of earlier --json outputs")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--runs", type=int, default=21)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.summarize:
+        loaded = [json.loads(Path(f).read_text()) for f in args.summarize]
+        print(summarize([r for x in loaded for r in (x if isinstance(x, list) else [x])]))
+        return 0
+    if not args.model:
+        ap.error("a model name is required")
     r = profile_pair(args.model, args.batch, args.seq, args.runs, args.threads)
     print_report(r)
     if args.json:
