@@ -154,6 +154,8 @@ class Device:
             raise SweepRefused(f"the probe session ran on {sess.get_providers()}, not CUDAExecutionProvider")
         if not np.isfinite(y[0]).all():
             raise SweepRefused("the probe session on CUDA returned non-finite values")
+        # e.g. use_tf32 (on by default: fp32 MatMuls then round like TF32 on both sides of a ratio)
+        info["provider_options"] = sess.get_provider_options().get("CUDAExecutionProvider", {})
         info.update(gpu_info())
         return info
 
