@@ -1,0 +1,155 @@
+"""GPT-2-style pre-LN decoders built directly with onnx-ir: no torch, any size, fp32 or fp16.
+
+    path = build_gpt2(Gpt2Shape(hidden=768, layers=12), "float16", "/tmp/gpt2.onnx")
+
+The graph is what the dynamo exporter writes for GPT2LMHeadModel, in standard ops at opset 18:
+token + position `Gather`s, per block `LayerNormalization -> MatMul+Add (qkv) -> Split -> heads ->
+MatMul -> scale -> causal mask (Where on a sliced constant) -> Softmax -> MatMul -> MatMul+Add
+(proj) -> residual Add -> LayerNormalization -> MatMul+Add -> Gelu (Erf form) -> MatMul+Add ->
+residual Add`, a final LayerNormalization and an LM head tied to the token embedding
+(`Transpose(wte) -> MatMul`). Batch and sequence are dynamic. Weights are random, every one
+perturbed off its init (no gamma == 1, no zero bias), so the fold does real centering work.
+
+Weights larger than 1 KiB go to one external data file beside the model, so a d=2048 model is
+written without a > 2 GB protobuf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir import tape as ir_tape
+
+OPSET = 18
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpt2Shape:
+    hidden: int = 768
+    layers: int = 12
+    heads: int | None = None  # default: hidden // 64
+    vocab: int = 50257
+    positions: int = 2048
+    ffn: int | None = None  # default: 4 * hidden
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads or max(1, self.hidden // 64)
+
+    @property
+    def n_ffn(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def label(self) -> str:
+        return f"gpt2_d{self.hidden}_L{self.layers}"
+
+    def parameters(self) -> int:
+        d, f = self.hidden, self.n_ffn
+        per_block = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+        return self.vocab * d + self.positions * d + self.layers * per_block + 2 * d
+
+
+class _Weights:
+    """Random weights, perturbed off their init: N(0, 0.02) matrices, gamma = 1 + N(0, 0.1),
+    beta and biases N(0, 0.02) (an exporter merges identical initializers and drops zero biases,
+    and a real checkpoint never looks like its init)."""
+
+    def __init__(self, tape: ir_tape.Tape, dtype: np.dtype, seed: int):
+        self.tape, self.dtype = tape, dtype
+        self.rng = np.random.default_rng(seed)
+
+    def _value(self, name: str, array: np.ndarray) -> ir.Value:
+        return self.tape.initializer(ir.tensor(np.ascontiguousarray(array.astype(self.dtype)), name=name), name=name)
+
+    def matrix(self, name: str, shape: tuple[int, ...], std: float = 0.02) -> ir.Value:
+        # float32 draws: float64 normals would double the peak memory of a d=2048 build
+        return self._value(name, self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+
+    def gamma(self, name: str, d: int) -> ir.Value:
+        return self._value(name, 1.0 + 0.1 * self.rng.standard_normal(d, dtype=np.float32))
+
+    def scalar(self, name: str, value: float, dtype=None) -> ir.Value:
+        arr = np.array(value, dtype=dtype or self.dtype)
+        return self.tape.initializer(ir.tensor(arr, name=name), name=name)
+
+    def ints(self, name: str, values: list[int]) -> ir.Value:
+        return self.tape.initializer(ir.tensor(np.array(values, dtype=np.int64), name=name), name=name)
+
+
+def build_gpt2(shape: Gpt2Shape, dtype: str, path: str | Path, seed: int = 0, eps: float = 1e-5) -> Path:
+    """Write the model to `path` (+ `path.data`); returns the path."""
+    np_dtype = np.dtype(dtype)
+    ir_dtype = ir.DataType.FLOAT16 if np_dtype == np.float16 else ir.DataType.FLOAT
+    d, h = shape.hidden, shape.n_heads
+    dh = d // h
+    if dh * h != d:
+        raise ValueError(f"hidden {d} is not a multiple of {h} heads")
+    tape = ir_tape.Tape()
+    w = _Weights(tape, np_dtype, seed)
+    op = tape.op
+
+    ids = ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape(["batch", "seq"]))
+    wte = w.matrix("wte", (shape.vocab, d))
+    wpe = w.matrix("wpe", (shape.positions, d), std=0.01)
+    causal = tape.initializer(ir.tensor(np.tril(np.ones((shape.positions, shape.positions), dtype=bool)),
+                                        name="causal_mask"), name="causal_mask")
+    zero, one = w.ints("c_zero", [0]), w.ints("c_one", [1])
+    neg_inf = w.scalar("c_neg_big", -1e4 if np_dtype == np.float16 else -1e9)
+    scale = w.scalar("c_attn_scale", 1.0 / math.sqrt(dh))
+    half, one_f = w.scalar("c_half", 0.5), w.scalar("c_one_f", 1.0)
+    inv_sqrt2 = w.scalar("c_inv_sqrt2", 1.0 / math.sqrt(2.0))
+    heads_shape = w.ints("c_heads_shape", [0, 0, h, dh])
+    merge_shape = w.ints("c_merge_shape", [0, 0, d])
+
+    seq = op("Gather", [op("Shape", [ids]), one], {"axis": 0})  # [1]
+    positions = op("Range", [w.scalar("c_pos0", 0, np.int64), op("Squeeze", [seq]), w.scalar("c_pos1", 1, np.int64)])
+    x = op("Add", [op("Gather", [wte, ids], {"axis": 0}), op("Gather", [wpe, positions], {"axis": 0})])
+    # causal[:seq, :seq] as [1, 1, seq, seq]
+    mask = op("Slice", [causal, op("Concat", [zero, zero], {"axis": 0}), op("Concat", [seq, seq], {"axis": 0}),
+                        w.ints("c_axes01", [0, 1])])
+    mask = op("Unsqueeze", [mask, w.ints("c_axes_mask", [0, 1])])
+
+    def linear(inp: ir.Value, name: str, n_in: int, n_out: int) -> ir.Value:
+        return op("Add", [op("MatMul", [inp, w.matrix(f"{name}.weight", (n_in, n_out))]),
+                          w.matrix(f"{name}.bias", (n_out,))])
+
+    def layer_norm(inp: ir.Value, name: str) -> ir.Value:
+        return op("LayerNormalization", [inp, w.gamma(f"{name}.weight", d), w.matrix(f"{name}.bias", (d,))],
+                  {"axis": -1, "epsilon": eps})
+
+    for i in range(shape.layers):
+        p = f"h.{i}"
+        qkv = linear(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", d, 3 * d)
+        q, k, v = tape.op_multi_out("Split", [qkv, w.ints(f"{p}.split", [d, d, d])], {"axis": -1}, num_outputs=3)
+        q = op("Transpose", [op("Reshape", [q, heads_shape])], {"perm": [0, 2, 1, 3]})
+        k = op("Transpose", [op("Reshape", [k, heads_shape])], {"perm": [0, 2, 3, 1]})
+        v = op("Transpose", [op("Reshape", [v, heads_shape])], {"perm": [0, 2, 1, 3]})
+        scores = op("Mul", [op("MatMul", [q, k]), scale])
+        probs = op("Softmax", [op("Where", [mask, scores, neg_inf])], {"axis": -1})
+        ctx = op("Transpose", [op("MatMul", [probs, v])], {"perm": [0, 2, 1, 3]})
+        x = op("Add", [x, linear(op("Reshape", [ctx, merge_shape]), f"{p}.attn.c_proj", d, d)])
+        up = linear(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", d, shape.n_ffn)
+        gelu = op("Mul", [op("Mul", [up, half]), op("Add", [op("Erf", [op("Mul", [up, inv_sqrt2])]), one_f])])
+        x = op("Add", [x, linear(gelu, f"{p}.mlp.c_proj", shape.n_ffn, d)])
+    logits = op("MatMul", [layer_norm(x, "ln_f"), op("Transpose", [wte], {"perm": [1, 0]})])
+    logits.name = "logits"
+    logits.type = ir.TensorType(ir_dtype)
+    logits.shape = ir.Shape(["batch", "seq", shape.vocab])
+
+    graph = ir.Graph([ids], [logits], nodes=tape.nodes, initializers=tape.initializers,
+                     opset_imports={"": OPSET}, name=shape.label)
+    model = ir.Model(graph, ir_version=9, producer_name="benchmarks.gpt2_onnx")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ir.save(model, path, external_data=path.name + ".data", size_threshold_bytes=1024)
+    return path
+
+
+def make_inputs(shape: Gpt2Shape, batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"input_ids": rng.integers(0, shape.vocab, size=(batch, seq), dtype=np.int64)}

@@ -1,0 +1,193 @@
+"""Where does the fold's saving go? Per-node kernel time of original vs folded, from ORT's profile.
+
+    python -m benchmarks.profile_diff opt_small [--batch 1] [--seq 128] [--runs 21] [--threads 1] [--json F]
+
+Both models (from benchmarks/cache/, folded and re-saved as benchmarks.run does) run in profiled
+CPU sessions at graph optimization level ALL, interleaved, after warm-up runs. The graph ORT
+executes is dumped by each session, and every node is classified by the normalization-group
+roles of `benchmarks.latency.norm_groups`. Printed:
+
+- kernel time per op type in the normalization group (norm ops, residual Adds, beta Adds,
+  centering nodes), original vs folded, medians over runs, and the group's ratio;
+- each normalization node's own time, paired by position (the n-th norm node of each graph), with
+  the shape of its input as ORT ran it: where a folded node costs more than its original, it shows;
+- the op types whose total time changed most outside the group (a fold can move ORT's other
+  fusions: a Reshape kept or removed, a MatMul+Add that no longer fuses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import CACHE, ensure_exported, session_options
+from benchmarks.latency import feeds_for, norm_groups
+
+
+def _prepare(name: str) -> dict[str, str]:
+    meta = ensure_exported(name)
+    src = Path(meta["path"])
+    folded = src.with_name(f"{name}.lnfold.onnx")
+    if not folded.exists():
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(folded), "--no-verify", "-q"],
+                       check=True)
+    return {"meta": meta, "original": str(src), "folded": str(folded)}
+
+
+def _node_events(profile: str, n_calls: int) -> list[dict[str, tuple[str, float, list]]]:
+    """Per run: node name -> (op, kernel us, input shapes)."""
+    events = json.loads(Path(profile).read_text())
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])
+    assert len(runs) == n_calls, (len(runs), n_calls)
+    per_run: list[dict] = [dict() for _ in runs]
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        for i, r in enumerate(runs):
+            if r["ts"] <= e["ts"] <= r["ts"] + r["dur"]:
+                args = e.get("args", {})
+                shapes = [list(s.values())[0] for s in args.get("input_type_shape", [])]
+                per_run[i][e["name"][: -len("_kernel_time")]] = (args.get("op_name", "?"), float(e["dur"]), shapes)
+                break
+    return per_run
+
+
+def profile_pair(name: str, batch: int, seq: int, runs: int, threads: int) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    paths = _prepare(name)
+    meta = paths["meta"]
+    feeds = feeds_for(meta, batch, seq)
+    out: dict = {"model": name, "batch": batch, "seq": seq, "runs": runs, "threads": threads}
+    with tempfile.TemporaryDirectory(prefix="lnfold-pdiff-") as tmp:
+        sessions, roles, order = {}, {}, {}
+        for v in ("original", "folded"):
+            opt = os.path.join(tmp, f"{v}.opt.onnx")
+            so = session_options(threads=threads, profile_prefix=os.path.join(tmp, v), optimized_path=opt)
+            sessions[v] = ort.InferenceSession(paths[v], so, providers=["CPUExecutionProvider"])
+            roles[v] = norm_groups(opt)
+            g = onnx.load(opt, load_external_data=False).graph
+            order[v] = [n.name for n in g.node if roles[v].get(n.name) == "norm_op"]
+        warm = 3
+        for _ in range(warm):
+            for v in sessions:
+                sessions[v].run(None, feeds)
+        for r in range(runs):
+            for v in (("original", "folded") if r % 2 == 0 else ("folded", "original")):
+                sessions[v].run(None, feeds)
+        per_run = {v: _node_events(sessions[v].end_profiling(), warm + runs)[warm:] for v in sessions}
+
+    def med(values):
+        return float(np.median(values)) if len(values) else 0.0
+
+    by_op_all: dict[str, dict[str, float]] = {}
+    group: dict[str, dict[str, float]] = {}
+    for v, rs in per_run.items():
+        acc_all, acc_group = defaultdict(list), defaultdict(list)
+        for run in rs:
+            t_all, t_group = defaultdict(float), defaultdict(float)
+            for node, (op, us, _) in run.items():
+                t_all[op] += us
+                role = roles[v].get(node)
+                if role:
+                    t_group[f"{role}:{op}"] += us
+                    t_group["TOTAL"] += us
+            t_all["TOTAL"] = sum(us for _, us, _ in run.values())
+            for k, val in t_all.items():
+                acc_all[k].append(val)
+            for k, val in t_group.items():
+                acc_group[k].append(val)
+        by_op_all[v] = {k: med(x) for k, x in acc_all.items()}
+        group[v] = {k: med(x) for k, x in acc_group.items()}
+    out["group_us"] = group
+    out["group_ratio"] = group["original"]["TOTAL"] / group["folded"]["TOTAL"]
+    out["total_ratio"] = by_op_all["original"]["TOTAL"] / by_op_all["folded"]["TOTAL"]
+    ops = sorted(set(by_op_all["original"]) | set(by_op_all["folded"]))
+    out["by_op_us"] = {op: [by_op_all["original"].get(op, 0.0), by_op_all["folded"].get(op, 0.0)] for op in ops}
+    pairs = []
+    for i, (a, b) in enumerate(zip(order["original"], order["folded"])):
+        ta = med([r[a][1] for r in per_run["original"] if a in r])
+        tb = med([r[b][1] for r in per_run["folded"] if b in r])
+        sa = next((r[a][2] for r in per_run["original"] if a in r), None)
+        sb = next((r[b][2] for r in per_run["folded"] if b in r), None)
+        opa = next((r[a][0] for r in per_run["original"] if a in r), "?")
+        opb = next((r[b][0] for r in per_run["folded"] if b in r), "?")
+        pairs.append({"i": i, "original": [a, opa, ta, sa], "folded": [b, opb, tb, sb],
+                      "ratio": ta / tb if tb else float("inf")})
+    out["norm_nodes"] = pairs
+    return out
+
+
+def print_report(r: dict) -> None:
+    print(f"{r['model']} b{r['batch']} s{r['seq']}, {r['runs']} profiled runs each, {r['threads']} thread(s)")
+    print(f"  normalization group: {r['group_us']['original']['TOTAL']:.0f} us -> "
+          f"{r['group_us']['folded']['TOTAL']:.0f} us (x{r['group_ratio']:.2f}); all nodes x{r['total_ratio']:.3f}")
+    keys = sorted(set(r["group_us"]["original"]) | set(r["group_us"]["folded"]) - {"TOTAL"})
+    for k in keys:
+        print(f"    {k:48s} {r['group_us']['original'].get(k, 0):9.0f} {r['group_us']['folded'].get(k, 0):9.0f} us")
+    print("  norm nodes paired by position (original -> folded):")
+    for p in r["norm_nodes"]:
+        a, b = p["original"], p["folded"]
+        print(f"    {p['i']:2d} {a[1]:34s} {a[2]:7.0f} us {str(a[3]):40s} -> {b[1]:34s} {b[2]:7.0f} us  x{p['ratio']:.2f}")
+    print("  op types whose total moved most (original, folded us):")
+    moved = sorted(r["by_op_us"].items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))
+    for op, (a, b) in moved[:10]:
+        print(f"    {op:34s} {a:9.0f} {b:9.0f}  ({b - a:+.0f})")
+
+
+def summarize(results: list[dict]) -> str:
+    """Markdown: per model and thread count, the group ratio with and without the fused Skip node,
+    and the plain LN -> SimplifiedLN node ratio (median over that configuration's nodes)."""
+    lines = ["| model | threads | batch x seq | group ratio | group ratio without the Skip node | "
+             "plain LN -> SLN nodes (median ratio) | Skip node before -> after (us) | beta Add share of folded group |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r["model"], r["threads"], r["batch"], r["seq"])):
+        o, f = r["group_us"]["original"], r["group_us"]["folded"]
+        skip_o = o.get("norm_op:SkipLayerNormalization", 0.0)
+        skip_f = f.get("norm_op:SkipSimplifiedLayerNormalization", 0.0)
+        plain = [p["ratio"] for p in r["norm_nodes"]
+                 if p["original"][1] == "LayerNormalization" and p["folded"][1] == "SimplifiedLayerNormalization"]
+        without = (o["TOTAL"] - skip_o) / (f["TOTAL"] - skip_f)
+        lines.append(f"| {r['model']} | {r['threads']} | {r['batch']} x {r['seq']} | x{r['group_ratio']:.2f} | "
+                     f"x{without:.2f} | x{float(np.median(plain)):.2f} ({len(plain)} nodes) | "
+                     + (f"{skip_o:.0f} -> {skip_f:.0f} |" if skip_o else "none |")
+                     + f" {100 * f.get('beta_add:Add', 0.0) / f['TOTAL']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--summarize", nargs="+", metavar="JSON", help="print the summary table of earlier --json outputs")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=21)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if args.summarize:
+        loaded = [json.loads(Path(f).read_text()) for f in args.summarize]
+        print(summarize([r for x in loaded for r in (x if isinstance(x, list) else [x])]))
+        return 0
+    if not args.model:
+        ap.error("a model name is required")
+    r = profile_pair(args.model, args.batch, args.seq, args.runs, args.threads)
+    print_report(r)
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
