@@ -1,6 +1,6 @@
 """`onnx-lnfold IN.onnx [-o OUT.onnx]` (or `python -m onnx_lnfold`): fold, verify, write, report.
 
-Exit codes: 0 done (also when nothing folds), 1 verification failed (nothing written),
+Exit codes: 0 done (also when nothing folds), 1 a fold that did not pass verification (nothing written),
 2 bad input or usage (one line on stderr, nothing written), 3 internal error, 130 interrupted.
 """
 
@@ -34,7 +34,7 @@ STDOUT = "-"  # `--json -`: the JSON report on stdout, the text report on stderr
 _EPILOG = """\
 exit codes:
   0    done (also when nothing folds)
-  1    verification failed: nothing written
+  1    a fold that did not pass verification (failed, or could not run): nothing written
   2    bad input or usage: one line on stderr, nothing written
   3    internal error (rerun with --debug for the traceback)
   130  interrupted: nothing written
