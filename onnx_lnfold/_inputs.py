@@ -142,6 +142,9 @@ def _index_bound(value: ir.Value, depth: int = 0) -> int | None:
         if node.op_type == "Gather" and index == 1:
             data = node.inputs[0]
             shape = data.shape if data is not None else None
+            if shape is None and data is not None:  # a Constant node's table: no declared shape
+                table = ir.convenience.get_const_tensor(data)
+                shape = table.shape if table is not None else None
             axis = node.attributes["axis"].as_int() if "axis" in node.attributes else 0
             if shape is not None and -len(shape) <= axis < len(shape) and isinstance(shape[axis], int):
                 bounds.append(shape[axis])

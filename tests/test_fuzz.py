@@ -323,3 +323,32 @@ def test_regression_no_explicit_centering_in_half_precision():
     result = onnx_lnfold.fold(g.model())
     assert not result.plan.centerings
     assert all("narrows to FLOAT16" in d.reason for d in result.plan.kept)
+
+
+def test_regression_ids_stay_inside_a_constant_node_table():
+    """Found by the 10,000-example run on the merged verification: ids index a table held by a
+    Constant node (7 rows, no declared shape) and an initializer (11 rows). Synthesized ids were
+    drawn below 11, the original failed on them and the fold was refused as unverified; a
+    Constant node's table now bounds the ids by its own shape."""
+    from onnx import helper as h
+
+    table = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((7, 4)).astype(np.float32), "E_1")
+    nodes = [
+        h.make_node("Constant", [], ["E_1"], value=table),
+        h.make_node("Gather", ["E_1", "ids"], ["a"]),
+        h.make_node("Gather", ["E_4", "ids"], ["b"]),
+        h.make_node("Add", ["a", "b"], ["s"]),
+        h.make_node("LayerNormalization", ["s", "gamma"], ["y"], axis=-1),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2, "s"])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, "s", 4])],
+        [
+            onnx.numpy_helper.from_array(np.random.default_rng(1).standard_normal((11, 4)).astype(np.float32), "E_4"),
+            onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 4, dtype=np.float32), "gamma"),
+        ],
+    )
+    result = onnx_lnfold.fold(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    assert result.report.verification.status == "passed" and len(result.plan.folded) == 1
