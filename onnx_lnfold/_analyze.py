@@ -584,7 +584,7 @@ def _fold_set(
     return active, blocked
 
 
-def _junction_roots(blocked, shapes: ShapeTable) -> frozenset[ir.Value]:
+def _junction_roots(blocked, shapes: ShapeTable, exclude: frozenset[ir.Value] = frozenset()) -> frozenset[ir.Value]:
     """Stream sums (Add/Sub/Sum of two computed tensors) that the blocked LNs' inputs come from
     through carry ops, each shared by at least `AUX_MIN_UNLOCKED` of them, most shared first.
 
@@ -602,7 +602,7 @@ def _junction_roots(blocked, shapes: ShapeTable) -> frozenset[ir.Value]:
     roots: set[ir.Value] = set()
     covered: set[LnCandidate] = set()
     for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
-        if len(cands - covered) >= AUX_MIN_UNLOCKED:
+        if value not in exclude and len(cands - covered) >= AUX_MIN_UNLOCKED:
             roots.add(value)
             covered |= cands
     return frozenset(roots)
@@ -652,15 +652,27 @@ def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
     }
 
 
+# Rounds of stream-sum centering tried for LNs that stay blocked (each round tries new sums only).
+_JUNCTION_ROUNDS = 8
+
+
 def _with_auxiliary_centering(candidates, shapes, sinks, names):
     """Fold with explicit centering roots allowed, denying the roots that unlock too few LNs;
     then, where LNs stay blocked, try centering the stream sums they share (`_junction_roots`)."""
     active, blocked = _aux_fold(candidates, shapes, sinks, names, frozenset())
-    junctions = _junction_roots(blocked, shapes)
-    if junctions:
-        with_junctions = _aux_fold(candidates, shapes, sinks, names, junctions)
+    # Rounds until no new sum helps: a sum shared by many blocked LNs can unlock only some of
+    # them (the rest need a sum further down), and a fold must not leave for a second run what
+    # a further round would find (folding a folded model changes nothing).
+    junctions: frozenset[ir.Value] = frozenset()
+    tried: frozenset[ir.Value] = frozenset()
+    for _ in range(_JUNCTION_ROUNDS):
+        new = _junction_roots(blocked, shapes, exclude=tried)
+        if not new:
+            break
+        tried |= new
+        with_junctions = _aux_fold(candidates, shapes, sinks, names, junctions | new)
         if set(active) <= set(with_junctions[0]) and len(with_junctions[0]) > len(active):
-            return with_junctions
+            (active, blocked), junctions = with_junctions, junctions | new
     return active, blocked
 
 

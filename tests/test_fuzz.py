@@ -352,3 +352,28 @@ def test_regression_ids_stay_inside_a_constant_node_table():
     )
     result = onnx_lnfold.fold(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
     assert result.report.verification.status == "passed" and len(result.plan.folded) == 1
+
+
+def test_regression_stream_sums_are_tried_in_rounds():
+    """Found by the 10,000-example run on the merged main: the stream sum shared by most blocked
+    LNs (`h7`, read by four) unlocked only the two reading it directly; the two behind `h12`
+    (which an LN exposing its Mean also reads) needed `h12` centered, which one round never
+    tried, and a second fold found it. Sums are now tried in rounds until none helps."""
+    g = Graph()
+    x = g.input("x", [2, "s", 4])
+    ids = g.input("ids", [2, "s"], onnx.TensorProto.INT64)
+    h7 = g.node("Add", [g.linear(x, 4, 4, "proj", bias=False), g.node("Gather", [g.const("E", (7, 4)), ids])])
+    token0 = g.node("Gather", [h7, g.const("zero", value=np.asarray(0, dtype=np.int64))], axis=1)
+    first_token = g.node("Unsqueeze", [token0, g.ints("one", [1])])
+    h12 = g.node("Add", [h7, first_token])
+    ln14, mean14 = g.ln(h12, 4, "ln14", n_out=2)
+    g.output(mean14)
+    h19 = g.node("Add", [h12, g.linear(ln14, 4, 4, "mlp", bias=False)])
+    h25 = g.node("Add", [g.linear(g.ln(h19, 4, "ln22"), 4, 4, "mlp2", bias=False), h19])
+    g.output(g.ln(h25, 4, "ln27"))
+    g.output(g.ln(h7, 4, "ln34"))
+    g.output(g.ln(h7, 4, "ln37"))
+    first = fold_checked(g.model(), folded=4, kept=1)
+    assert sorted(c.tensor for c in first.plan.centerings) == sorted([h7, h12])
+    again = onnx_lnfold.fold(first.model_proto)
+    assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, again.plan.to_dict()

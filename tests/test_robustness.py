@@ -1,6 +1,7 @@
 """Bad input, odd input and safe writes: one line on stderr and exit 2, nothing written, the input
 never touched. (The basic cases, missing/empty/junk files and unknown flags, are in test_cli.py.)"""
 
+import json
 import os
 import shutil
 
@@ -285,18 +286,26 @@ def test_no_layer_norm_with_external_data(tmp_path):
 
 
 def test_initializer_listed_as_graph_input_is_kept_with_a_reason(tmp_path):
-    """Old exporters list weights as graph inputs: they can be fed at run time, so the LN that
-    needs them centered is kept, with that reason, and verification feeds only the real inputs."""
+    """Old exporters list weights as graph inputs: they can be fed at run time, so a weight edit
+    there is refused; without explicit centering the LNs that need it are kept, with that reason.
+    By default the stream behind it is centered explicitly instead, and the weight is untouched.
+    Verification feeds only the real inputs."""
     model = make_large_model.build(**SMALL)
     proto = onnx.load_from_string(_proto_bytes(model))
     weight = next(i for i in proto.graph.initializer if i.name == "blocks.0.fc2.weight")
     proto.graph.input.append(helper.make_tensor_value_info(weight.name, weight.data_type, list(weight.dims)))
     src = tmp_path / "m.onnx"
     onnx.save(proto, src)
-    code, out, err = _cli(src, "-o", tmp_path / "o.onnx")
+    code, out, err = _cli(src, "-o", tmp_path / "o.onnx", "--no-aux-centering")
     assert code == 0, err
-    assert "blocks.1.ln" in out and "kept" in out and "graph input" in out
+    assert "blocks.1.ln" in out and "2 kept" in out and "graph input" in out
     assert "Verification (passed" in out and "inputs input_ids(2, 8)" in out
+    code, out, err = _cli(src, "-o", tmp_path / "o.onnx", "--json", tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and "3/3 LayerNorms folded" in out, err
+    assert [c["tensor"] for c in report["centerings"]] == ["h1"]
+    assert "blocks.0.fc2.weight" not in {e["tensor"] for e in report["edits"]}
+    assert report["verification"]["status"] == "passed"
 
 
 def _proto_bytes(model):
