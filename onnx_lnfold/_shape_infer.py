@@ -166,6 +166,38 @@ def onnx_inference(proto: onnx.ModelProto) -> Inferred:
         return {}
 
 
+# Constant's scalar and list forms; ONNX Runtime's symbolic inference reads only `value`.
+_CONSTANT_FORMS = {
+    "value_float": onnx.TensorProto.FLOAT,
+    "value_floats": onnx.TensorProto.FLOAT,
+    "value_int": onnx.TensorProto.INT64,
+    "value_ints": onnx.TensorProto.INT64,
+}
+
+
+def _constants_as_tensors(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose Constant nodes (main graph) hold their value as a `value` tensor: exporters
+    write `value_float`/`value_int(s)`, on which ONNX Runtime's symbolic inference stops."""
+    nodes = [n for n in proto.graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")]
+    if not any(a.name in _CONSTANT_FORMS for n in nodes for a in n.attribute):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)  # the proto is a light copy, without large initializers
+    proto = copy
+    for node in proto.graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            continue
+        for attr in list(node.attribute):
+            if attr.name in _CONSTANT_FORMS:
+                value = onnx.helper.get_attribute_value(attr)
+                dims = [len(value)] if isinstance(value, list) else []
+                flat = value if isinstance(value, list) else [value]
+                tensor = onnx.helper.make_tensor("value", _CONSTANT_FORMS[attr.name], dims, flat)
+                node.attribute.remove(attr)
+                node.attribute.append(onnx.helper.make_attribute("value", tensor))
+    return proto
+
+
 def _run_symbolic(proto: onnx.ModelProto, auto_merge: bool) -> tuple[Inferred, bool]:
     """One run of ONNX Runtime's symbolic inference: (what it found, whether it ran to the end).
 
@@ -175,7 +207,7 @@ def _run_symbolic(proto: onnx.ModelProto, auto_merge: bool) -> tuple[Inferred, b
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     inference = SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
-    inference._preprocess(proto)
+    inference._preprocess(_constants_as_tensors(proto))
     complete = False
     try:
         while inference.run_:

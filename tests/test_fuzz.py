@@ -377,3 +377,20 @@ def test_regression_stream_sums_are_tried_in_rounds():
     assert sorted(c.tensor for c in first.plan.centerings) == sorted([h7, h12])
     again = onnx_lnfold.fold(first.model_proto)
     assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, again.plan.to_dict()
+
+
+def test_regression_constant_value_float_does_not_stop_symbolic_inference():
+    """Found by the 10,000-example run on the merged main: a `Constant(value_float)` (as
+    exporters write) stopped ONNX Runtime's symbolic shape inference, so the shapes after a
+    contrib Gelu stayed unknown and the LN behind it was kept; the second fold (its input now
+    written with value_info) folded it. Constants are handed over as `value` tensors."""
+    g = Graph()
+    x = g.input("x", [2, "s", 4])
+    h = g.node("Add", [g.linear(x, 4, 4, "proj", bias=False), g.node("Constant", [], value_float=0.5)])
+    n1 = g.ln(h, 4, "ln1")
+    gelu = g.node("Gelu", [g.linear(n1, 4, 8, "up", bias=False)], domain="com.microsoft")
+    h2 = g.node("Add", [g.linear(gelu, 8, 4, "down", bias=False), h])
+    g.output(g.ln(h2, 4, "ln2"))
+    first = fold_checked(g.model(ms_domain=True), folded=2)
+    again = onnx_lnfold.fold(first.model_proto)
+    assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, again.plan.to_dict()
