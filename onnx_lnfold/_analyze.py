@@ -543,6 +543,11 @@ def _edits(
     return edits, centerings
 
 
+def _leaf_order(leaf: _Leaf, names: dict[ir.Node, str]) -> tuple:
+    axis = -1 if leaf.axis is None else leaf.axis
+    return (names[leaf.node], leaf.index, leaf.aux, axis, leaf.weights is not None, leaf.weights or ())
+
+
 def _fold_set(
     candidates: list[LnCandidate],
     shapes: ShapeTable,
@@ -566,7 +571,7 @@ def _fold_set(
         else:
             active[cand] = traced
     while active:
-        leaves = sorted({leaf for ls in active.values() for leaf in ls}, key=lambda l: (names[l.node], l.index, l.aux))
+        leaves = sorted({leaf for ls in active.values() for leaf in ls}, key=lambda l: _leaf_order(l, names))
         index = {leaf: i for i, leaf in enumerate(leaves)}
         violations = _side_effects(leaves, shapes, sinks)
         if not violations:
@@ -727,8 +732,10 @@ def analyze(
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
             active, blocked = aux_active, {cand: blocked[cand] for cand in aux_blocked}
 
+    # Leaves in a fixed order: fresh names (`W.centered`, `W.centered_2`) are handed out in it,
+    # and a set of leaves iterates in an order that changes from run to run.
     edits, centerings = _edits(
-        [(leaf, cand.name) for cand, ls in active.items() for leaf in ls],
+        [(leaf, cand.name) for cand, ls in active.items() for leaf in sorted(ls, key=lambda l: _leaf_order(l, names))],
         names,
         taken_names(graph),
         tied_weights if auxiliary_centering else "untie",  # no centering nodes at all, as asked

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+import onnx_lnfold
+
 from graphs import Graph, fold_checked
 
 
@@ -403,3 +405,22 @@ def test_axis_moves_through_unsqueeze_and_flatten_whatever_the_other_dims(op):
 
     (kept,) = onnx_lnfold.fold(model, verify=False).plan.kept
     assert "custom.domain" in kept.reason, kept.reason  # followed up to the custom op
+
+
+def test_one_weight_centered_two_ways_gets_the_same_names_every_run():
+    """A weight read by two MatMuls, one behind a layer scale, is centered as two copies. Their
+    names were handed out in the iteration order of a set of IR objects, which changes from run
+    to run (found by models/fold_digests.py): which copy was `W.centered` varied."""
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    w = g.const("W", (8, 16))
+    plain = g.node("MatMul", [x, w], name="a_plain")
+    scaled = g.node("Mul", [g.node("MatMul", [x, w], name="b_scaled"), g.const("ls", (16,))], name="ls")
+    g.output(g.ln(g.node("Add", [plain, scaled]), 16, "ln"))
+    model = g.model()
+    names = set()
+    for _ in range(12):  # each analysis loads the model afresh: new objects, new set order
+        plan = onnx_lnfold.analyze(model)
+        names.add(tuple((e.uses, e.new_name, e.weights is not None) for e in plan.edits))
+    assert names == {((("a_plain:1",), "W.centered", False), (("b_scaled:1",), "W.centered_2", True))}
+    fold_checked(model, folded=1)
