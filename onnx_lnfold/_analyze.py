@@ -28,7 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold import _carry
-from onnx_lnfold._carry import node_label
+from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
 from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._fusions import embed_layer_norm_costs
 from onnx_lnfold._names import display_names, fresh_name, taken_names
@@ -36,7 +36,7 @@ from onnx_lnfold._pipeline_order import order_advice
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import DECOMPOSED, LnCandidate, find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._targets import check_target, choose_rewrite, constant_of
+from onnx_lnfold._targets import check_target, choose_rewrite
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,6 @@ def _weigh(weights: Weights, factor: np.ndarray, divide: bool = False) -> Weight
 
 
 _SKIP_NORMALIZATIONS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
-_NARROW = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
 
 def _skip_sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[_carry.Requirement] | None:
@@ -202,7 +201,7 @@ class _Tracer:
         fp16 converter leaves LNs, carries fp16 noise of its own: not refused here.)"""
         src = self.shapes.dtype(cast.inputs[0])
         dst = self.shapes.dtype(cast.outputs[0])
-        if src in _NARROW and dst is not None and dst not in _NARROW and constant_of(cast.inputs[0]) is not None:
+        if src in NARROW_FLOAT_TYPES and dst is not None and dst not in NARROW_FLOAT_TYPES and constant_of(cast.inputs[0]) is not None:
             return (
                 f"{node_label(cast)} of {src.name} constant '{cast.inputs[0].name}' to {dst.name}: centered in "
                 f"{src.name}, it would leave a mean far above {dst.name} rounding"
@@ -235,7 +234,7 @@ class _Tracer:
                 )
             tensor = constant_of(inp)
             if tensor is not None:
-                if tensor.dtype not in _carry.FLOAT_TYPES:
+                if tensor.dtype not in FLOAT_TYPES:
                     # An integer table (read through a Cast) cannot hold its centered values:
                     # rounding them back to integers would not be exact.
                     return _Blocked(
@@ -277,7 +276,7 @@ class _Tracer:
         if self.aux_denied is None or value in self.aux_denied:
             return False
         # fp16/bf16 roots only for LNs of their own precision (`_mixed_precision_roots`).
-        return self.shapes.dtype(value) in _FLOAT_TYPES
+        return self.shapes.dtype(value) in FLOAT_TYPES
 
     def _leaf(self, node, req, out, out_weights: Weights, weights: Weights, aux: bool = False):
         """A leaf at input `req.index` of `node`. The change it makes is a shift at the node's
@@ -640,20 +639,16 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
     return memo[(start, axis)]
 
 
-_FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-
-
 def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
     """fp16/bf16 roots that unlock an LN of another precision. A mean computed and subtracted in
     10 or 7 mantissa bits leaves a residual mean at that type's rounding: noise for an LN of the
     same type (fp16 models centered explicitly drift from their fp32 original no more than
     unfolded ones: README "Deployment pipelines"), far above the noise of an fp32 LN reached
     through a widening Cast (found by the fuzz test)."""
-    low = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
     return {
         root
         for root, cands in unlocked.items()
-        if shapes.dtype(root) in low and any(shapes.dtype(cand.x) != shapes.dtype(root) for cand in cands)
+        if shapes.dtype(root) in NARROW_FLOAT_TYPES and any(shapes.dtype(cand.x) != shapes.dtype(root) for cand in cands)
     }
 
 

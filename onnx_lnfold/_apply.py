@@ -18,7 +18,8 @@ from onnx_lnfold._centering import CenteredTensor, bias_plus_beta
 from onnx_lnfold._names import fresh_name, taken_names
 from onnx_lnfold._plan import AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import SKIP_LAYER_NORM
-from onnx_lnfold._targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, bias_slot, constant_of
+from onnx_lnfold._ir import constant_of
+from onnx_lnfold._targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, bias_slot
 
 logger = logging.getLogger(__name__)
 
@@ -117,18 +118,14 @@ def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: n
     for node in consumers:
         weight = constant_of(node.inputs[1])
         assert weight is not None
-        trans_b = False
-        if node.op_type == "Gemm":
-            attrs = node.attributes
-            trans_b = bool(attrs["transB"].as_int()) if "transB" in attrs else False
+        attrs = node.attributes
+        trans_b = node.op_type == "Gemm" and bool(attrs.get_int("transB", 0))
         # A beta of shape [1] (or a scalar) is broadcast over the normalized axis: beta @ W
         # needs it as a row of K.
         rows = weight.shape[1] if trans_b else weight.shape[0]
         row = np.broadcast_to(beta.reshape(-1), (rows,))
         if node.op_type == "Gemm":
-            alpha = attrs["alpha"].as_float() if "alpha" in attrs else 1.0
-            beta_g = attrs["beta"].as_float() if "beta" in attrs else 1.0
-            scale = alpha / beta_g  # Gemm computes alpha * (A @ B) + beta_g * C
+            scale = attrs.get_float("alpha", 1.0) / attrs.get_float("beta", 1.0)  # Gemm computes alpha * (A @ B) + beta_g * C
             if len(node.inputs) > 2 and node.inputs[2] is not None:
                 _add_beta_to_bias(graph, node, 2, row, weight, taken, trans=trans_b, scale=scale)
             else:

@@ -19,16 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, attr_or_input_ints, is_standard, node_label, normalize_axis
 from onnx_lnfold._reshape import reshaped_axis
 from onnx_lnfold._shapes import Shape, ShapeTable
-
-FLOAT_TYPES = {
-    ir.DataType.FLOAT,
-    ir.DataType.FLOAT16,
-    ir.DataType.BFLOAT16,
-    ir.DataType.DOUBLE,
-}
-
 
 @dataclass(frozen=True)
 class Requirement:
@@ -61,36 +54,6 @@ def axis_vector(node: ir.Node, index: int, out_rank: int, axis: int, shapes: Sha
     if any(d != 1 for i, d in enumerate(shape) if i != in_axis):
         return None  # checked before reading: a weight matrix is never loaded just to say no
     return np.asarray(tensor.numpy()).astype(np.float64).reshape(-1)
-
-
-def node_label(node: ir.Node) -> str:
-    return f"{node.op_type} '{node.name}'" if node.name else node.op_type
-
-
-def value_label(value: ir.Value) -> str:
-    return f"'{value.name}'"
-
-
-def _int_attr(node: ir.Node, name: str, default: int) -> int:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_int()
-
-
-def _ints(node: ir.Node, attr_name: str, input_index: int) -> list[int] | None:
-    """Axes given as an attribute (older opsets) or as a constant input (newer)."""
-    attr = node.attributes.get(attr_name)
-    if attr is not None:
-        return list(attr.as_ints())
-    if input_index < len(node.inputs) and node.inputs[input_index] is not None:
-        const = ir.convenience.get_const_tensor(node.inputs[input_index])
-        if const is None:
-            return None
-        return [int(v) for v in np.asarray(const.numpy()).reshape(-1)]
-    return []
-
-
-def _norm(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
 
 
 def _aligned(out_rank: int, in_shape: Shape, out_shape: Shape | None, axis: int) -> int | None:
@@ -129,15 +92,12 @@ _RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 JOINTLY_LINEAR = {"Add", "Sub", "Sum", "Concat", "Gemm", "Conv", "SkipLayerNormalization"}
 
 
-_NARROW = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-
-
 def _unary_check(node: ir.Node, shapes: ShapeTable) -> str | None:
     if node.op_type == "Cast":
-        to = ir.DataType(_int_attr(node, "to", 0))
+        to = ir.DataType(node.attributes.get_int("to", 0))
         if to not in FLOAT_TYPES:
             return f"{node_label(node)} casts to {to.name}, not a float type"
-        if to in _NARROW and shapes.dtype(node.inputs[0]) != to:
+        if to in NARROW_FLOAT_TYPES and shapes.dtype(node.inputs[0]) != to:
             # Rounding to fewer bits is not linear: the centered tensor rounds differently, and
             # the difference is no longer a shift the LN removes.
             return f"{node_label(node)} narrows to {to.name}, whose rounding does not commute with centering"
@@ -149,14 +109,14 @@ def _unary_check(node: ir.Node, shapes: ShapeTable) -> str | None:
 
 
 def _reduce_axes(node: ir.Node, rank: int) -> list[int] | str:
-    axes = _ints(node, "axes", 1)
+    axes = attr_or_input_ints(node, "axes", 1)
     if axes is None:
         return f"{node_label(node)} reduces over axes that are not constant"
     if not axes:
-        if _int_attr(node, "noop_with_empty_axes", 0):
+        if node.attributes.get_int("noop_with_empty_axes", 0):
             return []
         return list(range(rank))
-    return sorted(_norm(a, rank) for a in axes)
+    return sorted(normalize_axis(a, rank) for a in axes)
 
 
 def _layout_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool) -> int | str:
@@ -185,7 +145,7 @@ def _layout_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool)
         reduced = _reduce_axes(node, in_rank)
         if isinstance(reduced, str):
             return reduced
-        keep = _int_attr(node, "keepdims", 1)
+        keep = node.attributes.get_int("keepdims", 1)
         kept = [a for a in range(in_rank) if a not in reduced]
         if forward:
             if axis in reduced:
@@ -198,19 +158,19 @@ def _layout_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool)
     if op == "Slice":
         in_shape = src_shape if forward else dst_shape
         out_shape = dst_shape if forward else src_shape
-        sliced = _ints(node, "axes", 3)
+        sliced = attr_or_input_ints(node, "axes", 3)
         if sliced is None:
             return f"{node_label(node)} slices axes that are not constant"
         if not sliced:
-            starts = _ints(node, "starts", 1) or []
+            starts = attr_or_input_ints(node, "starts", 1) or []
             sliced = list(range(len(starts)))
-        sliced = [_norm(a, len(in_shape)) for a in sliced]
+        sliced = [normalize_axis(a, len(in_shape)) for a in sliced]
         if axis in sliced and (in_shape[axis] is None or in_shape[axis] != out_shape[axis]):
             return f"{node_label(node)} slices the normalized axis"
         return axis
     if op in ("Split", "Concat"):
         rank = len(src_shape)
-        along = _norm(_int_attr(node, "axis", 0), rank)
+        along = normalize_axis(node.attributes.get_int("axis", 0), rank)
         if along == axis:
             return f"{node_label(node)} splits or joins along the normalized axis"
         return axis
@@ -222,7 +182,7 @@ def _gather_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool)
     indices_rank = shapes.rank(node.inputs[1])
     if data_shape is None or indices_rank is None:
         return f"the shape around {node_label(node)} is unknown, so the axis cannot be followed"
-    g = _norm(_int_attr(node, "axis", 0), len(data_shape))
+    g = normalize_axis(node.attributes.get_int("axis", 0), len(data_shape))
     if forward:  # data axis -> output axis
         if axis == g:
             return f"{node_label(node)} gathers along the normalized axis"
@@ -240,7 +200,7 @@ _LAYOUT = {"Transpose", "Expand", "ReduceMean", "ReduceSum", "Slice", "Split", "
 def backward(node: ir.Node, output_index: int, axis: int, shapes: ShapeTable) -> list[Requirement] | str:
     """Which inputs must be zero-mean for `node.outputs[output_index]` to be zero-mean along `axis`."""
     op = node.op_type
-    if node.domain not in ("", "ai.onnx"):
+    if not is_standard(node):
         return f"{node_label(node)} ({node.domain}) does not carry a zero mean"
     if op in _UNARY:
         return _unary_check(node, shapes) or [Requirement(0, axis)]
@@ -282,7 +242,7 @@ def backward(node: ir.Node, output_index: int, axis: int, shapes: ShapeTable) ->
     if op == "Gemm":
         if axis != 1:
             return f"{node_label(node)} is normalized along its rows, not its output columns"
-        reqs = [Requirement(1, 0 if _int_attr(node, "transB", 0) else 1)]
+        reqs = [Requirement(1, 0 if node.attributes.get_int("transB", 0) else 1)]
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             c_shape = shapes.shape(node.inputs[2])
             if c_shape is None:
@@ -290,9 +250,9 @@ def backward(node: ir.Node, output_index: int, axis: int, shapes: ShapeTable) ->
             reqs.append(Requirement(2, _aligned(2, c_shape, shapes.shape(node.outputs[0]), 1)))
         return reqs
     if op == "Conv":
-        if _int_attr(node, "group", 1) != 1:
+        if node.attributes.get_int("group", 1) != 1:
             return (
-                f"{node_label(node)} is a grouped Conv (group={_int_attr(node, 'group', 1)}): "
+                f"{node_label(node)} is a grouped Conv (group={node.attributes.get_int('group', 1)}): "
                 "its output channels cannot be centered by editing weights"
             )
         if axis != 1:
@@ -325,15 +285,15 @@ def absorbs(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
     Returns None when the node is not a normalization at all, a reason when it is one that cannot
     absorb this shift, and otherwise the outputs that still carry the shift (SkipLayerNorm's sum).
     """
-    if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
+    if node.op_type in ("Shape", "Size") and is_standard(node):
         return {}  # reads only the shape, which a shift leaves alone
-    if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx"):
+    if node.op_type == "LayerNormalization" and is_standard(node):
         if input_index != 0:
             return f"it is the scale or bias of {node_label(node)}"
         rank = shapes.rank(node.inputs[0])
         if rank is None:
             return f"the rank of the input of {node_label(node)} is unknown"
-        first = _norm(_int_attr(node, "axis", -1), rank)
+        first = normalize_axis(node.attributes.get_int("axis", -1), rank)
         if first != axis or axis != rank - 1:
             return f"{node_label(node)} normalizes over other axes than the shifted one"
         if any(out is not None and (out.uses() or out.is_graph_output()) for out in node.outputs[1:]):
@@ -374,7 +334,7 @@ _SHAPE_BLIND_INPUTS: dict[str, set[int] | None] = {
 def _only_shape_read(node: ir.Node, input_index: int) -> bool:
     """Whether a change of input `input_index` reaches nothing but Shape/Size nodes: the node's
     outputs are read only for their shapes, which do not depend on that input's values."""
-    if node.domain not in ("", "ai.onnx") or node.op_type not in _SHAPE_BLIND_INPUTS:
+    if not is_standard(node) or node.op_type not in _SHAPE_BLIND_INPUTS:
         return False
     blind = _SHAPE_BLIND_INPUTS[node.op_type]
     if blind is not None and input_index not in blind:
@@ -384,7 +344,7 @@ def _only_shape_read(node: ir.Node, input_index: int) -> bool:
             continue
         if out.is_graph_output():
             return False
-        if any(use.node.op_type not in ("Shape", "Size") or use.node.domain not in ("", "ai.onnx") for use in out.uses()):
+        if any(use.node.op_type not in ("Shape", "Size") or not is_standard(use.node) for use in out.uses()):
             return False
     return True
 
@@ -395,7 +355,7 @@ def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
     why = f"it feeds {node_label(node)}"
     if _only_shape_read(node, input_index):
         return {}  # e.g. TorchScript's `x[:, :, -1].shape`: a Gather along the axis read by Shape
-    if node.domain not in ("", "ai.onnx"):
+    if not is_standard(node):
         return f"{why}, which does not pass a mean shift through"
     if op in _UNARY:
         reason = _unary_check(node, shapes)
@@ -423,7 +383,7 @@ def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
             return {0: out_rank - 1}
         return f"{why}, which mixes the shift into every output"
     if op == "Gemm":
-        if input_index == 1 and axis == (0 if _int_attr(node, "transB", 0) else 1):
+        if input_index == 1 and axis == (0 if node.attributes.get_int("transB", 0) else 1):
             return {0: 1}
         if input_index == 2:
             c_rank = shapes.rank(node.inputs[2])
@@ -431,7 +391,7 @@ def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
                 return {0: 1}
         return f"{why}, which mixes the shift into every output"
     if op == "Conv":
-        if _int_attr(node, "group", 1) == 1 and input_index in (1, 2) and axis == 0:
+        if node.attributes.get_int("group", 1) == 1 and input_index in (1, 2) and axis == 0:
             return {0: 1}
         return f"{why}, which mixes the shift into every output"
     if op == "Gather":
@@ -444,10 +404,10 @@ def forward(node: ir.Node, input_index: int, axis: int, shapes: ShapeTable) -> d
             return f"{why} as a shape or axes input"
         if op == "Concat":
             src_rank = shapes.rank(node.inputs[input_index])
-            along = _int_attr(node, "axis", 0)
+            along = node.attributes.get_int("axis", 0)
             if src_rank is None:
                 return f"{why}, whose shapes are unknown"
-            if _norm(along, src_rank) == axis:
+            if normalize_axis(along, src_rank) == axis:
                 return f"{why}, which joins along the shifted axis"
             return {0: axis}
         mapped = _layout_axis(node, shapes, axis, forward=True)

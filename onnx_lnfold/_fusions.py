@@ -24,7 +24,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_lnfold._recognize import DECOMPOSED, LAYER_NORM, LnCandidate
-from onnx_lnfold._targets import constant_of
+from onnx_lnfold._ir import constant_of, is_standard
 
 # com.microsoft ops only the transformers optimizer writes: a graph holding one has been
 # through it, and folding it costs no fusion the optimizer could still make.
@@ -58,7 +58,7 @@ def optimizer_has_run(graph: ir.Graph) -> bool:
 def _add_leaves(value: ir.Value, depth: int = 2) -> list[ir.Value]:
     """The addends of a sum `Add(Add(a, b), c)`, `Add(a, b)`, ... up to `depth` Adds deep."""
     node = value.producer()
-    if node is None or node.op_type != "Add" or node.domain not in ("", "ai.onnx") or depth == 0:
+    if node is None or node.op_type != "Add" or not is_standard(node) or depth == 0:
         return [value]
     leaves: list[ir.Value] = []
     for inp in node.inputs:
@@ -71,11 +71,10 @@ def _add_leaves(value: ir.Value, depth: int = 2) -> list[ir.Value]:
 def _embedding_gather(value: ir.Value) -> ir.Node | None:
     """The Gather producing `value` from a constant 2-D table along axis 0, if it is one."""
     node = value.producer()
-    if node is None or node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "Gather" or not is_standard(node):
         return None
-    axis = node.attributes.get("axis")
     table = constant_of(node.inputs[0])
-    if (axis is not None and axis.as_int() != 0) or table is None or len(table.shape) != 2:
+    if node.attributes.get_int("axis", 0) != 0 or table is None or len(table.shape) != 2:
         return None
     return node
 
@@ -156,7 +155,7 @@ def gemm_after_layer_norm(graph: ir.Graph, norms: set[ir.Node]) -> list[ir.Node]
     node of `norms` (LayerNormalization/SkipLayerNormalization) precedes them."""
     found = []
     for node in graph:
-        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "Gemm" or not is_standard(node):
             continue
         reshape = node.inputs[0].producer() if node.inputs[0] is not None else None
         if reshape is None or reshape.op_type != "Reshape" or reshape.inputs[0] is None:

@@ -145,7 +145,7 @@ def _index_bound(value: ir.Value, depth: int = 0) -> int | None:
             if shape is None and data is not None:  # a Constant node's table: no declared shape
                 table = ir.convenience.get_const_tensor(data)
                 shape = table.shape if table is not None else None
-            axis = node.attributes["axis"].as_int() if "axis" in node.attributes else 0
+            axis = node.attributes.get_int("axis", 0)
             if shape is not None and -len(shape) <= axis < len(shape) and isinstance(shape[axis], int):
                 bounds.append(shape[axis])
         elif node.op_type in _INDEX_PASSTHROUGH and index == 0 and depth < 8:
@@ -186,11 +186,6 @@ class _ConvStep:
         return max(1, (out - 1) * s + d * (k - 1) + 1 - pad)
 
 
-def _ints(node: ir.Node, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    attr = node.attributes.get(name)
-    return tuple(attr.as_ints()) if attr is not None else default
-
-
 def _conv_step(node: ir.Node) -> _ConvStep | None:
     if node.op_type == "Conv":
         weight = node.inputs[1] if len(node.inputs) > 1 else None
@@ -198,14 +193,16 @@ def _conv_step(node: ir.Node) -> _ConvStep | None:
         if shape is None or not all(isinstance(d, int) for d in shape[2:]):
             return None
         kernel = tuple(int(d) for d in shape[2:])
-        kernel = _ints(node, "kernel_shape", kernel)
+        kernel = tuple(node.attributes.get_ints("kernel_shape", kernel))
     elif node.op_type in _POOLS and "kernel_shape" in node.attributes:
-        kernel = _ints(node, "kernel_shape", ())
+        kernel = tuple(node.attributes.get_ints("kernel_shape", ()))
     else:
         return None
     n = len(kernel)
-    auto_pad = node.attributes["auto_pad"].as_string() if "auto_pad" in node.attributes else "NOTSET"
-    return _ConvStep(kernel, _ints(node, "strides", (1,) * n), _ints(node, "dilations", (1,) * n), _ints(node, "pads", ()), auto_pad)
+    auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+    attrs = node.attributes
+    strides, dilations = attrs.get_ints("strides", (1,) * n), attrs.get_ints("dilations", (1,) * n)
+    return _ConvStep(kernel, tuple(strides), tuple(dilations), tuple(attrs.get_ints("pads", ())), auto_pad)
 
 
 def _first_conv(value: ir.Value) -> ir.Node | None:

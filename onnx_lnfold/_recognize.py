@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._carry import FLOAT_TYPES, Requirement, node_label
+from onnx_lnfold._carry import Requirement
+from onnx_lnfold._ir import FLOAT_TYPES, MS_DOMAIN, attr_or_input_ints, const_scalar, is_standard, node_label, normalize_axis
 from onnx_lnfold._shapes import ShapeTable
 
 # LayerNormalization's epsilon default (ONNX spec). SkipSimplifiedLayerNormalization's default
@@ -58,16 +58,6 @@ class LnCandidate:
         return self.node.inputs[0]  # type: ignore[return-value]
 
 
-def _const_scalar(value: ir.Value | None) -> float | None:
-    if value is None:
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    if tensor is None or value.is_graph_input() or tensor.size != 1:
-        return None
-    arr = np.asarray(tensor.numpy())
-    return float(arr.reshape(-1)[0]) if arr.size == 1 else None
-
-
 def _used(value: ir.Value | None) -> bool:
     return value is not None and (bool(value.uses()) or value.is_graph_output())
 
@@ -83,11 +73,6 @@ def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
     return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
 
 
-def _attr_eps(node: ir.Node, default: float) -> float:
-    attr = node.attributes.get("epsilon")
-    return attr.as_float() if attr is not None else default
-
-
 def _check_float(cand: LnCandidate, shapes: ShapeTable) -> str | None:
     dtype = shapes.dtype(cand.x)
     if dtype is not None and dtype not in FLOAT_TYPES:
@@ -98,16 +83,14 @@ def _check_float(cand: LnCandidate, shapes: ShapeTable) -> str | None:
 def _layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate:
     inputs = list(node.inputs) + [None] * (3 - len(node.inputs))
     cand = LnCandidate(
-        LAYER_NORM, node, name, node.outputs[0], inputs[1], inputs[2], None, _attr_eps(node, LN_DEFAULT_EPSILON)
+        LAYER_NORM, node, name, node.outputs[0], inputs[1], inputs[2], None, node.attributes.get_float("epsilon", LN_DEFAULT_EPSILON)
     )
     cand.nodes = (node,)
     rank = shapes.rank(cand.x)
     if rank is None:
         cand.form_problem = f"the rank of input '{cand.x.name}' is unknown, so the normalized axis is unknown"
         return cand
-    axis_attr = node.attributes.get("axis")
-    first = axis_attr.as_int() if axis_attr is not None else -1
-    first = first + rank if first < 0 else first
+    first = normalize_axis(node.attributes.get_int("axis", -1), rank)
     if first != rank - 1:
         cand.form_problem = f"it normalizes over {rank - first} axes ({first}..{rank - 1}); RMSNorm folding needs one axis"
         return cand
@@ -129,7 +112,7 @@ def _skip_layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidat
     inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
     cand = LnCandidate(
         SKIP_LAYER_NORM, node, name, node.outputs[0], inputs[2], inputs[3], None,
-        _attr_eps(node, SKIP_LN_DEFAULT_EPSILON),
+        node.attributes.get_float("epsilon", SKIP_LN_DEFAULT_EPSILON),
     )
     cand.nodes = (node,)
     rank, skip_rank = shapes.rank(inputs[0]), shapes.rank(inputs[1])
@@ -201,7 +184,7 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
     d = sub.outputs[0]
     square = _use(
         d,
-        lambda n, i: (n.op_type == "Pow" and i == 0 and _const_scalar(n.inputs[1]) == 2.0)
+        lambda n, i: (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0)
         or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d),
     )
     if square is None:
@@ -215,11 +198,11 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
         return None
     chain.append(step[0])
     step = _use(
-        step[0].outputs[0], lambda n, i: n.op_type == "Add" and _const_scalar(_other(n, n.inputs[i])) is not None
+        step[0].outputs[0], lambda n, i: n.op_type == "Add" and const_scalar(_other(n, n.inputs[i])) is not None
     )
     if step is None:
         return None
-    epsilon = _const_scalar(_other(step[0], step[0].inputs[step[1]]))
+    epsilon = const_scalar(_other(step[0], step[0].inputs[step[1]]))
     assert epsilon is not None
     chain.append(step[0])
     step = _use(step[0].outputs[0], lambda n, i: n.op_type == "Sqrt")
@@ -287,24 +270,12 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
 def _reduce_axis(node: ir.Node, rank: int | None) -> int | None:
     """The single axis a keepdims ReduceMean reduces over (as written, if the rank is unknown),
     else None."""
-    keep = node.attributes.get("keepdims")
-    if keep is not None and keep.as_int() == 0:
+    if node.attributes.get_int("keepdims", 1) == 0:
         return None
-    attr = node.attributes.get("axes")
-    if attr is not None:
-        axes = list(attr.as_ints())
-    elif len(node.inputs) > 1 and node.inputs[1] is not None:
-        tensor = ir.convenience.get_const_tensor(node.inputs[1])
-        if tensor is None:
-            return None
-        axes = [int(a) for a in np.asarray(tensor.numpy()).reshape(-1)]
-    else:
+    axes = attr_or_input_ints(node, "axes", 1)
+    if axes is None or len(axes) != 1:
         return None
-    if len(axes) != 1:
-        return None
-    if rank is None:
-        return axes[0]
-    return axes[0] + rank if axes[0] < 0 else axes[0]
+    return axes[0] if rank is None else normalize_axis(axes[0], rank)
 
 
 def _along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: ShapeTable) -> bool:
@@ -323,15 +294,15 @@ def find_layer_norms(graph: ir.Graph, shapes: ShapeTable, names: dict[ir.Node, s
     form, in graph order."""
     found = []
     for node in ir.traversal.RecursiveGraphIterator(graph):
-        if node.domain in ("", "ai.onnx") and node.op_type == "LayerNormalization":
+        if is_standard(node) and node.op_type == "LayerNormalization":
             found.append(_layer_norm(node, names[node], shapes))
-        elif node.domain == "com.microsoft" and node.op_type == "SkipLayerNormalization":
+        elif node.domain == MS_DOMAIN and node.op_type == "SkipLayerNormalization":
             found.append(_skip_layer_norm(node, names[node], shapes))
-        elif node.domain == "com.microsoft" and node.op_type == "EmbedLayerNormalization":
+        elif node.domain == MS_DOMAIN and node.op_type == "EmbedLayerNormalization":
             cand = LnCandidate(EMBED_LAYER_NORM, node, names[node], node.outputs[0], None, None, None, 0.0)
             cand.form_problem = "EmbedLayerNormalization fuses the embeddings with the LN and has no RMSNorm counterpart"
             found.append(cand)
-        elif node.domain in ("", "ai.onnx") and node.op_type == "ReduceMean":
+        elif is_standard(node) and node.op_type == "ReduceMean":
             cand = _decomposed(node, names[node], shapes)
             if cand is not None:
                 found.append(cand)

@@ -16,12 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-import numpy as np
 import onnx_ir as ir
 
+from onnx_lnfold._ir import attr_or_input_ints, const_ints, normalize_axis
 from onnx_lnfold._shapes import ShapeTable, dims_equal, match_reshaped_axis
 
-_INT_TYPES = {ir.DataType.INT64, ir.DataType.INT32}
 _MAX_DEPTH = 16
 
 
@@ -37,26 +36,12 @@ class DimOf:
 Entry = Union[int, DimOf, None]
 
 
-def _const_ints(value: ir.Value | None) -> list[int] | None:
-    if value is None or value.is_graph_input():
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    if tensor is None or tensor.dtype not in _INT_TYPES:
-        return None
-    return [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
-
-
-def _attr_int(node: ir.Node, name: str, default: int | None) -> int | None:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_int()
-
-
 def shape_entries(value: ir.Value | None, shapes: ShapeTable, depth: int = 0) -> list[Entry] | None:
     """The elements of a 0-D or 1-D integer tensor built by a shape subgraph (Shape, Gather, Slice,
     Concat, Unsqueeze, Squeeze, Cast, Identity, constants), or None when it is not one."""
     if value is None or depth > _MAX_DEPTH:
         return None
-    ints = _const_ints(value)
+    ints = const_ints(value)
     if ints is not None:
         return list(ints)
     node = value.producer()
@@ -67,12 +52,12 @@ def shape_entries(value: ir.Value | None, shapes: ShapeTable, depth: int = 0) ->
         rank = shapes.rank(node.inputs[0])
         if rank is None:
             return None
-        start, end = _attr_int(node, "start", 0), _attr_int(node, "end", rank)
+        start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", rank)
         return [DimOf(node.inputs[0], i) for i in range(rank)][slice(start, end)]
     if op in ("Unsqueeze", "Squeeze"):  # 0-D <-> [1] keeps the elements; nothing else does
         ranks = {shapes.rank(node.inputs[0]), shapes.rank(node.outputs[0])}
         return shape_entries(node.inputs[0], shapes, depth + 1) if ranks == {0, 1} else None
-    if op == "Identity" or (op == "Cast" and _attr_int(node, "to", 0) in (6, 7)):  # to int32/int64
+    if op == "Identity" or (op == "Cast" and node.attributes.get_int("to", 0) in (6, 7)):  # to int32/int64
         return shape_entries(node.inputs[0], shapes, depth + 1)
     if op == "Concat":
         out: list[Entry] = []
@@ -86,7 +71,7 @@ def shape_entries(value: ir.Value | None, shapes: ShapeTable, depth: int = 0) ->
             out += entries
         return out
     if op == "Gather":
-        data, indices = shape_entries(node.inputs[0], shapes, depth + 1), _const_ints(node.inputs[1])
+        data, indices = shape_entries(node.inputs[0], shapes, depth + 1), const_ints(node.inputs[1])
         if data is None or indices is None or (shapes.rank(node.inputs[1]) or 0) > 1:
             return None
         if not all(-len(data) <= i < len(data) for i in indices):
@@ -94,9 +79,9 @@ def shape_entries(value: ir.Value | None, shapes: ShapeTable, depth: int = 0) ->
         return [data[i] for i in indices]
     if op == "Slice":
         data = shape_entries(node.inputs[0], shapes, depth + 1)
-        starts, ends = _const_ints(node.inputs[1]), _const_ints(node.inputs[2])
-        axes = _const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
-        steps = _const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+        starts, ends = const_ints(node.inputs[1]), const_ints(node.inputs[2])
+        axes = const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+        steps = const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
         if data is None or not starts or not ends or axes not in ([0], [-1]) or steps != [1]:
             return None
         return data[slice(starts[0], ends[0])]  # Python clamps as ONNX does for step 1
@@ -124,7 +109,7 @@ def _structural_axis(node: ir.Node, shapes: ShapeTable, axis: int, forward: bool
     entries = shape_entries(node.inputs[1], shapes) if len(node.inputs) > 1 else None
     if rank is None or entries is None:
         return None
-    allowzero = bool(_attr_int(node, "allowzero", 0))
+    allowzero = bool(node.attributes.get_int("allowzero", 0))
     n = len(entries)
 
     def copied(j: int, i: int) -> bool:
@@ -145,25 +130,16 @@ def _structural_axis(node: ir.Node, shapes: ShapeTable, axis: int, forward: bool
     return None
 
 
-def _axes_of(node: ir.Node) -> list[int] | None:
-    """The constant `axes` of a Squeeze/Unsqueeze (attribute before opset 13, input after)."""
-    attr = node.attributes.get("axes")
-    if attr is not None:
-        return list(attr.as_ints())
-    return _const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
-
-
 def _moved_axis(node: ir.Node, shapes: ShapeTable, axis: int, forward: bool) -> int | None:
     """Flatten, Squeeze and Unsqueeze move axes by index arithmetic, whatever the dims' sizes."""
     rank = shapes.rank(node.inputs[0])
     if rank is None:
         return None
     if node.op_type == "Flatten":  # [d0 .. d(k-1)] x [dk ..]: the first or last axis can stay whole
-        k = _attr_int(node, "axis", 1)
-        k = k + rank if k < 0 else k  # type: ignore[operator]
+        k = normalize_axis(node.attributes.get_int("axis", 1), rank)
         pairs = ([(0, 0)] if k == 1 else []) + ([(rank - 1, 1)] if k == rank - 1 else [])
     else:
-        axes = _axes_of(node)
+        axes = attr_or_input_ints(node, "axes", 1)  # an attribute before opset 13, an input after
         if not axes:
             return None  # Squeeze without axes drops the dims that are 1: that needs their sizes
         out_rank = rank + len(axes) if node.op_type == "Unsqueeze" else rank - len(axes)

@@ -19,7 +19,6 @@ input is tagged with its source (`GENERATED_PREFIX`): two sources can then never
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Union
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._ir import constant_of, is_standard
 from onnx_lnfold._recognize import DECOMPOSED, LAYER_NORM, SKIP_LAYER_NORM, LnCandidate
 from onnx_lnfold._shapes import ShapeTable, dims_equal
 
@@ -26,18 +27,6 @@ SKIP_RMS_OP = "com.microsoft::SkipSimplifiedLayerNormalization"
 ONNX_RMS_OP = "RMSNormalization"
 TARGETS = ("ort", "onnx")
 ONNX_RMS_OPSET = 23
-
-
-def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
-    """The value's tensor if it is a true constant (an initializer that is not a graph input)."""
-    if value is None or value.is_graph_input():
-        return None
-    if value.const_value is not None and value.is_initializer():
-        return value.const_value
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
-        return ir.convenience.get_const_tensor(value)
-    return None
 
 
 def check_target(model: ir.Model, target: str, fuse_residual: str = "auto") -> None:
@@ -82,7 +71,7 @@ def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], 
     if shapes.dtype(cand.x) not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
         return None  # the only types ONNX Runtime's CPU and CUDA kernels take
     add = cand.x.producer()
-    if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or add in claimed:
+    if add is None or add.op_type != "Add" or not is_standard(add) or add in claimed:
         return None
     if len(add.inputs) != 2 or any(v is None or constant_of(v) is not None for v in add.inputs):
         return None  # a bias Add, not a residual
@@ -174,27 +163,20 @@ def bias_slot(matmul: ir.Node) -> tuple[ir.Node, int] | None:
     return follower, slot
 
 
-def _int(node: ir.Node, name: str) -> int:
-    attr = node.attributes.get(name)
-    return attr.as_int() if attr is not None else 0
-
-
 def _takes_bias(node: ir.Node) -> bool:
     """A linear layer with a constant weight whose bias can absorb `beta @ W`."""
     weight = constant_of(node.inputs[1]) if len(node.inputs) > 1 else None
     if weight is None or len(weight.shape) != 2:
         return False
     if node.op_type == "Gemm":
-        trans_a = node.attributes.get("transA")
-        if trans_a is not None and trans_a.as_int():
+        if node.attributes.get_int("transA", 0):
             return False
-        beta = node.attributes.get("beta")
-        if beta is not None and beta.as_float() == 0.0:  # it ignores C: nothing to absorb into
+        if node.attributes.get_float("beta", 1.0) == 0.0:  # it ignores C: nothing to absorb into
             return False
         if len(node.inputs) < 3 or node.inputs[2] is None:
             return True
         bias = constant_of(node.inputs[2])
-        n = weight.shape[0] if _int(node, "transB") else weight.shape[1]
+        n = weight.shape[0] if node.attributes.get_int("transB", 0) else weight.shape[1]
         # beta @ W is a row of N: the bias must be one too (not a scalar or an [M, N] block).
         return bias is not None and tuple(bias.shape.dims) in ((n,), (1, n))
     return node.op_type == "MatMul" and bias_slot(node) is not None

@@ -16,7 +16,7 @@ from onnx_lnfold._analyze import _skip_sum_terms
 from onnx_lnfold._names import display_names
 from onnx_lnfold._plan import CenteringPlan, LnDecision
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._targets import constant_of
+from onnx_lnfold._ir import constant_of
 
 Use = tuple[ir.Node, int]
 

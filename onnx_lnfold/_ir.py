@@ -1,0 +1,74 @@
+"""Reading the IR the way every step of the fold reads it: true constants, axes written as an
+attribute (older opsets) or as a constant input (newer), and the labels reasons name nodes by.
+
+Attributes with a default are read with onnx-ir's own `node.attributes.get_int/get_float/get_ints`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+MS_DOMAIN = "com.microsoft"
+
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+NARROW_FLOAT_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+_INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+
+
+def is_standard(node: ir.Node) -> bool:
+    """An op of the default ONNX domain."""
+    return node.domain in STANDARD_DOMAINS
+
+
+def node_label(node: ir.Node) -> str:
+    return f"{node.op_type} '{node.name}'" if node.name else node.op_type
+
+
+def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The value's tensor if it is a true constant: an initializer that is not a graph input (an
+    input can be overridden at run time), or the output of a Constant node."""
+    if value is None or value.is_graph_input():
+        return None
+    if value.const_value is not None and value.is_initializer():
+        return value.const_value
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and is_standard(producer):
+        return ir.convenience.get_const_tensor(value)
+    return None
+
+
+def const_scalar(value: ir.Value | None) -> float | None:
+    """A one-element constant (any shape) as a float; None if `value` is not one."""
+    if value is None or value.is_graph_input():
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None or tensor.size != 1:
+        return None
+    return float(np.asarray(tensor.numpy()).reshape(-1)[0])
+
+
+def const_ints(value: ir.Value | None) -> list[int] | None:
+    """A constant int32/int64 tensor as a flat list (a Reshape target, Slice bounds, axes)."""
+    if value is None or value.is_graph_input():
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None or tensor.dtype not in _INT_TYPES:
+        return None
+    return [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
+
+
+def attr_or_input_ints(node: ir.Node, attr_name: str, input_index: int) -> list[int] | None:
+    """Ints given as an attribute (older opsets) or as a constant input (newer): [] when given
+    neither way, None when the input is there but not a constant."""
+    attr = node.attributes.get(attr_name)
+    if attr is not None:
+        return list(attr.as_ints())
+    if input_index < len(node.inputs) and node.inputs[input_index] is not None:
+        return const_ints(node.inputs[input_index])
+    return []
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
