@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
+from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._fusions import embed_layer_norm_costs
 from onnx_lnfold._names import display_names, fresh_name, taken_names
@@ -102,13 +103,6 @@ class _Leaf:
     weights: Weights = None  # center `value * weights` (an affine chain), not `value`
 
 
-@dataclass(frozen=True)
-class _Blocked:
-    reason: str
-    tensor: str | None
-    at: ir.Value | None = None  # the tensor where the chain broke (an auxiliary centering root)
-
-
 class _Tracer:
     """Backward zero-mean proofs, memoized per (tensor, axis). Iterative: streams are deep."""
 
@@ -128,7 +122,7 @@ class _Tracer:
         # LN op's output does. Walking into the pattern instead would name a tensor inside it as
         # the obstacle, one that explicit centering cannot use and that folding the LN removes.
         self.pattern_outputs = pattern_outputs or {}
-        self.memo: dict[tuple[ir.Value, int, Weights], frozenset[_Leaf] | _Blocked] = {}
+        self.memo: dict[tuple[ir.Value, int, Weights], frozenset[_Leaf] | Blocked] = {}
 
     def prove(self, node: ir.Node, reqs: tuple[_carry.Requirement, ...] | list[_carry.Requirement]):
         """Leaves making every required input of `node` zero-mean, or why not."""
@@ -139,7 +133,7 @@ class _Tracer:
             for value, axis, weights in result:
                 self.zero_mean(value, axis, weights)
 
-    def zero_mean(self, value: ir.Value, axis: int, weights: Weights = None) -> frozenset[_Leaf] | _Blocked:
+    def zero_mean(self, value: ir.Value, axis: int, weights: Weights = None) -> frozenset[_Leaf] | Blocked:
         stack = [(value, axis, weights)]
         while stack:
             key = stack[-1]
@@ -156,28 +150,34 @@ class _Tracer:
 
     def _step(self, value: ir.Value, axis: int, weights: Weights):
         if value in self.junctions:
-            return _Blocked(f"tensor '{value.name}' is centered explicitly", value.name, value)
+            return Blocked("centered-explicitly", f"tensor '{value.name}' is centered explicitly", value.name, value)
         if value.is_graph_input():
             if value.is_initializer():
-                return _Blocked(
+                return Blocked(
+                    "weight-is-input",
                     f"weight '{value.name}' is a graph input: it can be overridden at run time, "
                     "so it is not a constant",
                     value.name,
                     value,
                 )
-            return _Blocked(f"tensor '{value.name}' is a graph input: its mean depends on the data", value.name, value)
+            return Blocked(
+                "graph-input", f"tensor '{value.name}' is a graph input: its mean depends on the data", value.name, value
+            )
         node = value.producer()
         if node is None:
-            return _Blocked(f"tensor '{value.name}' is a constant on the stream itself", value.name)
+            return Blocked("constant-on-stream", f"tensor '{value.name}' is a constant on the stream itself", value.name)
         if node.op_type in _SKIP_NORMALIZATIONS and node.domain == "com.microsoft" and value.index() == 3:
             # Output 3 is the residual sum input + skip (+ bias): a carry, not a normalization.
             terms = _skip_sum_terms(node, self.shapes, axis)
             if terms is None:
-                return _Blocked(f"the rank of the skip input of {node_label(node)} is unknown", value.name, value)
+                return Blocked(
+                    "unknown-shape", f"the rank of the skip input of {node_label(node)} is unknown", value.name, value
+                )
             return self._collect(node, terms, (value, axis), weights)
         if node.op_type in _NORMALIZATIONS or value in self.pattern_outputs:
             label = self.pattern_outputs.get(value) or node_label(node)
-            return _Blocked(
+            return Blocked(
+                "normalization-output",
                 f"tensor '{value.name}' is the output of {label}, whose gamma*n+beta has a data-dependent mean",
                 value.name,
                 value,
@@ -185,12 +185,14 @@ class _Tracer:
         if node.op_type == "Cast":
             widened = self._widened(node)
             if widened is not None:
-                return _Blocked(f"tensor '{value.name}' is {widened}", value.name, value)
+                return Blocked("widened-narrow-constant", f"tensor '{value.name}' is {widened}", value.name, value)
         reqs = _carry.backward(node, value.index(), axis, self.shapes)
-        if isinstance(reqs, str):
-            return _Blocked(f"tensor '{value.name}' comes from a node that breaks the chain: {reqs}", value.name, value)
+        if isinstance(reqs, Blocked):
+            return reqs.reworded(
+                f"tensor '{value.name}' comes from a node that breaks the chain: {reqs.reason}", value.name, value
+            )
         if weights is not None and node.op_type == "Slice":
-            return _Blocked(f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
+            return Blocked("scaled-slice", f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
         return self._collect(node, reqs, (value, axis), weights)
 
     def _widened(self, cast: ir.Node) -> str | None:
@@ -220,14 +222,16 @@ class _Tracer:
                 assert out is not None
                 factor = _carry.axis_vector(node, req.factor, self.shapes.rank(out[0]) or 0, out[1], self.shapes)
                 if factor is None or not np.all(factor != 0):
-                    return _Blocked(
+                    return Blocked(
+                        "zero-scale-entry",
                         f"{node_label(node)} scales the stream by '{node.inputs[req.factor].name}', "
                         "which has a zero entry: no weight edit can center the product",
                         node.inputs[req.factor].name,
                     )
                 req_weights = _weigh(weights, factor)
             if inp.is_graph_input() and inp.is_initializer():
-                return _Blocked(
+                return Blocked(
+                    "weight-is-input",
                     f"weight '{inp.name}' of {node_label(node)} is a graph input: it can be overridden "
                     "at run time, so it is not a constant",
                     inp.name,
@@ -237,23 +241,26 @@ class _Tracer:
                 if tensor.dtype not in FLOAT_TYPES:
                     # An integer table (read through a Cast) cannot hold its centered values:
                     # rounding them back to integers would not be exact.
-                    return _Blocked(
+                    return Blocked(
+                        "integer-constant",
                         f"constant '{inp.name}' is {tensor.dtype.name}: its centered values are not integers, "
                         "so it cannot be centered in place",
                         inp.name,
                     )
                 if req.axis is None and req_weights is not None:
-                    return _Blocked(
+                    return Blocked(
+                        "scaled-broadcast",
                         f"constant '{inp.name}' is broadcast along a scaled axis; it cannot be centered",
                         inp.name,
                     )
                 leaf = self._leaf(node, req, out, weights, req_weights)
-                if isinstance(leaf, _Blocked):
+                if isinstance(leaf, Blocked):
                     return leaf
                 leaves.add(leaf)
                 continue
             if req.axis is None:
-                return _Blocked(
+                return Blocked(
+                    "constant-along-axis",
                     f"tensor '{inp.name}' enters {node_label(node)} constant along the normalized axis; "
                     "it is not a constant, so its mean cannot be removed by editing weights",
                     inp.name,
@@ -261,11 +268,11 @@ class _Tracer:
             sub = self.memo.get((inp, req.axis, req_weights))
             if sub is None:
                 pending.append((inp, req.axis, req_weights))
-            elif isinstance(sub, _Blocked):
+            elif isinstance(sub, Blocked):
                 if sub.at is not inp or req_weights is not None or not self._aux_allowed(inp):
                     return sub
                 leaf = self._leaf(node, req, out, weights, None, aux=True)
-                if isinstance(leaf, _Blocked):
+                if isinstance(leaf, Blocked):
                     return sub
                 leaves.add(leaf)
             else:
@@ -292,30 +299,29 @@ class _Tracer:
             seeds = ((out[0], out[1], out_weights),)
         else:
             moved = absorbed if absorbed is not None else _carry.forward(node, req.index, req.axis, self.shapes)
-            if isinstance(moved, str):  # the two directions of _carry disagree: refuse, never guess
-                return _Blocked(f"internal: cannot follow the shift of '{inp.name}': {moved}", None)
+            if isinstance(moved, Blocked):  # the two directions of _carry disagree: refuse, never guess
+                return Blocked("internal", f"internal: cannot follow the shift of '{inp.name}': {moved.reason}")
             seeds = tuple(
                 (node.outputs[k], a, out_weights) for k, a in sorted(moved.items()) if node.outputs[k] is not None
             )
         return _Leaf(inp, req.axis, node, req.index, seeds, aux, weights)
 
 
-def _absorbed(node: ir.Node, index: int, axis: int, shapes: ShapeTable, sinks) -> dict[int, int] | str | None:
+def _absorbed(node: ir.Node, index: int, axis: int, shapes: ShapeTable, sinks) -> dict[int, int] | Blocked | None:
     """What a normalization does with a shift arriving at input `index`: {outputs still carrying it}
     ({} when fully absorbed; SkipLayerNorm's sum carries it on), a reason it cannot, or None when
     `node` is not a normalization. Decomposed LNs are known by their `sinks` uses."""
     moved = _carry.absorbs(node, index, axis, shapes)
     if moved is None and (node, index) in sinks:
         if sinks[(node, index)] != axis:
-            return f"it feeds {node_label(node)}, a LayerNorm over another axis"
+            return Blocked("normalizes-other-axis", f"it feeds {node_label(node)}, a LayerNorm over another axis")
         return {}
     return moved
 
 
 @dataclass
 class _Violation:
-    reason: str
-    tensor: str
+    blocked: Blocked  # its source is the tensor that would change
     sources: int  # bitmask over leaves
 
 
@@ -323,12 +329,12 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
     """Propagate every leaf's shift forward; report each place it is not absorbed."""
     changed: dict[ir.Value, list] = {}  # value -> [axis, source mask, weights]
     touched: dict[ir.Node, dict[int, int]] = {}  # node -> {changed input index: mask}
-    violations: dict[tuple[str, str], _Violation] = {}
+    violations: dict[tuple[str, str], _Violation] = {}  # keyed by (tensor, reason)
     queue: deque[ir.Value] = deque()
     broken: set[ir.Node] = set()  # nodes that already refused a shift (one reason per node is enough)
 
-    def violate(reason: str, tensor: str, mask: int) -> None:
-        v = violations.setdefault((tensor, reason), _Violation(reason, tensor, 0))
+    def violate(code: str, reason: str, tensor: str, mask: int) -> None:
+        v = violations.setdefault((tensor, reason), _Violation(Blocked(code, reason, tensor), 0))
         v.sources |= mask
 
     def mark(value: ir.Value, axis: int, mask: int, weights: Weights) -> None:
@@ -338,6 +344,7 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
             queue.append(value)
         elif entry[0] != axis or entry[2] != weights:
             violate(
+                "incompatible-changes",
                 f"tensor '{value.name}' would change in two incompatible ways (different axes or per-channel weights)",
                 value.name,
                 mask | entry[1],
@@ -356,22 +363,24 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
         value = queue.popleft()
         axis, mask, weights = changed[value]
         if value.is_graph_output():
-            violate(f"tensor '{value.name}' would change, and it is a graph output", value.name, mask)
+            violate("graph-output", f"tensor '{value.name}' would change, and it is a graph output", value.name, mask)
         for node, index in value.uses():
             uses = touched.setdefault(node, {})
             uses[index] = uses.get(index, 0) | mask
             absorbed = _absorbed(node, index, axis, shapes, sinks)
             if absorbed is not None:
                 if weights is not None:
-                    moved = f"it feeds {node_label(node)}, and its change is not uniform along the axis"
+                    moved = Blocked(
+                        "non-uniform-change", f"it feeds {node_label(node)}, and its change is not uniform along the axis"
+                    )
                 else:
                     moved = absorbed
             else:
                 moved = _carry.forward(node, index, axis, shapes)
                 if weights is not None and node.op_type == "Slice":
-                    moved = f"it feeds {node_label(node)} while scaled per channel"
-            if isinstance(moved, str):
-                violate(f"tensor '{value.name}' would change, and {moved}", value.name, mask)
+                    moved = Blocked("scaled-slice", f"it feeds {node_label(node)} while scaled per channel")
+            if isinstance(moved, Blocked):
+                violate(moved.code, f"tensor '{value.name}' would change, and {moved.reason}", value.name, mask)
                 broken.add(node)
                 continue
             out_weights = weights
@@ -393,6 +402,7 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
                 mask |= m
             names = ", ".join(f"'{node.inputs[i].name}'" for i in sorted(uses))
             violate(
+                "several-inputs-change",
                 f"{node_label(node)} would see several of its inputs ({names}) change at once",
                 node.inputs[min(uses)].name or "",
                 mask,
@@ -554,18 +564,18 @@ def _fold_set(
     names: dict[ir.Node, str],
     aux_denied: set[ir.Value] | None,
     junctions: frozenset[ir.Value] = frozenset(),
-) -> tuple[dict[LnCandidate, frozenset[_Leaf]], dict[LnCandidate, _Blocked]]:
+) -> tuple[dict[LnCandidate, frozenset[_Leaf]], dict[LnCandidate, Blocked]]:
     """Trace every candidate, then drop those whose edits have side effects, until none do."""
     patterns = {cand.out: f"the LayerNorm pattern at '{cand.name}'" for cand in candidates if cand.kind == DECOMPOSED}
     tracer = _Tracer(shapes, sinks, aux_denied, patterns, junctions)
-    blocked: dict[LnCandidate, _Blocked] = {}
+    blocked: dict[LnCandidate, Blocked] = {}
     active: dict[LnCandidate, frozenset[_Leaf]] = {}
     for cand in candidates:
         if cand.form_problem:
-            blocked[cand] = _Blocked(cand.form_problem, None)
+            blocked[cand] = cand.form_problem
             continue
         traced = tracer.prove(cand.node, cand.terms)
-        if isinstance(traced, _Blocked):
+        if isinstance(traced, Blocked):
             blocked[cand] = traced
         else:
             active[cand] = traced
@@ -581,8 +591,8 @@ def _fold_set(
                 mask |= 1 << index[leaf]
             hit = [v for v in violations if v.sources & mask]
             if hit:
-                first = min(hit, key=lambda v: (v.tensor, v.reason))
-                blocked[cand] = _Blocked(first.reason, first.tensor)
+                first = min(hit, key=lambda v: (v.blocked.source, v.blocked.reason)).blocked
+                blocked[cand] = first
                 del active[cand]
                 logger.debug("%s blocked: %s", cand.name, first.reason)
     return active, blocked
@@ -622,8 +632,11 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
             continue
         value, ax = key
         node = value.producer()
-        reqs = _carry.backward(node, value.index(), ax, shapes) if node is not None and node.op_type not in _NORMALIZATIONS else ""
-        if isinstance(reqs, str):
+        if node is None or node.op_type in _NORMALIZATIONS:
+            memo[key] = frozenset()
+            continue
+        reqs = _carry.backward(node, value.index(), ax, shapes)
+        if isinstance(reqs, Blocked):
             memo[key] = frozenset()
             continue
         inputs = [(node.inputs[r.index], r.axis) for r in reqs if r.axis is not None and r.index < len(node.inputs)]
@@ -750,7 +763,7 @@ def analyze(
                     node=cand.name,
                     op_type=cand.kind,
                     status=FOLDED,
-                    reason=reason,
+                    proof=reason,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
                     rewrite=rewrite.op,
@@ -764,16 +777,14 @@ def analyze(
                 )
             )
         else:
-            why = blocked[cand] if cand in blocked else _Blocked(costly[cand], None)
             decisions.append(
                 LnDecision(
                     node=cand.name,
                     op_type=cand.kind,
                     status=KEPT,
-                    reason=why.reason,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
-                    blocking_tensor=why.tensor,
+                    blocked=blocked[cand] if cand in blocked else costly[cand],
                     _cand=cand,
                 )
             )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_lnfold._recognize import DECOMPOSED, LAYER_NORM, LnCandidate
+from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._ir import constant_of, is_standard
 
 # com.microsoft ops only the transformers optimizer writes: a graph holding one has been
@@ -118,7 +119,7 @@ def _feeds_attention(value: ir.Value) -> bool:
     return "Attention" in consumers or consumers.count("MatMul") >= 3
 
 
-def embed_layer_norm_costs(graph: ir.Graph, candidates: list[LnCandidate]) -> dict[LnCandidate, str]:
+def embed_layer_norm_costs(graph: ir.Graph, candidates: list[LnCandidate]) -> dict[LnCandidate, Blocked]:
     """LNs that the transformers optimizer would fuse with the embeddings into EmbedLayerNormalization,
     with the reason to keep them."""
     if optimizer_has_run(graph):
@@ -141,11 +142,12 @@ def embed_layer_norm_costs(graph: ir.Graph, candidates: list[LnCandidate]) -> di
         if not any(g.inputs[1] is not word and _positions_of(g.inputs[1], word) for g in gathers):
             continue
         tables = ", ".join(f"'{g.inputs[0].name}'" for g in gathers)
-        costly[cand] = (
+        costly[cand] = Blocked(
+            "fusion-cost",
             "kept: ONNX Runtime's transformers optimizer (optimize_model, model_type bert) fuses this LN with "
             f"the embedding Gathers of {tables} into com.microsoft::EmbedLayerNormalization, which has no RMS "
             "form; folding it would cost that fusion and buys nothing measurable (x0.96-1.02 on CPU). "
-            "Run the optimizer first: the LNs it leaves fold either way"
+            "Run the optimizer first: the LNs it leaves fold either way",
         )
     return costly
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import onnx_ir as ir
 
+from onnx_lnfold._blocked import Blocked
+
 FOLDED: Literal["folded"] = "folded"
 KEPT: Literal["kept"] = "kept"
 
@@ -84,17 +86,18 @@ class AuxCentering:
 
 @dataclass
 class LnDecision:
-    """What happens to one LayerNorm node, and why."""
+    """What happens to one LayerNorm node, and why: a kept LN carries the `Blocked` that kept it
+    (`code`, `reason`, `blocking_tensor` read from it), a folded one its proof in one line."""
 
     node: str
     op_type: str
     status: Literal["folded", "kept"]
-    reason: str  # for kept: what blocked it; for folded: what it became
     axis: int | None
     epsilon: float
+    blocked: Blocked | None = None  # kept: why
+    proof: str | None = None  # folded: what made its input zero-mean
     rewrite: str | None = None  # op emitted for a folded LN
     beta: Literal["none", "add", "consumers"] | None = None  # where a folded LN's beta went
-    blocking_tensor: str | None = None  # the tensor named in the reason, when there is one
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
     _cand: Any = field(repr=False, compare=False, default=None)  # the LnCandidate
     _out_type: Any = field(repr=False, compare=False, default=(None, None))  # inferred (shape, dtype)
@@ -106,11 +109,27 @@ class LnDecision:
     def folded(self) -> bool:
         return self.status == FOLDED
 
+    @property
+    def reason(self) -> str:
+        """Kept: what blocked it; folded: what made its input zero-mean."""
+        return self.blocked.reason if self.blocked is not None else self.proof or ""
+
+    @property
+    def code(self) -> str | None:
+        """The stable code of what kept it (a key of `onnx_lnfold._blocked.CODES`); None if folded."""
+        return self.blocked.code if self.blocked is not None else None
+
+    @property
+    def blocking_tensor(self) -> str | None:
+        """The tensor the reason names, when there is one."""
+        return self.blocked.source if self.blocked is not None else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "op_type": self.op_type,
             "status": self.status,
+            "code": self.code,
             "reason": self.reason,
             "axis": self.axis,
             "epsilon": self.epsilon,

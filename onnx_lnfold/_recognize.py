@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
+from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._carry import Requirement
 from onnx_lnfold._ir import FLOAT_TYPES, MS_DOMAIN, attr_or_input_ints, const_scalar, is_standard, node_label, normalize_axis
 from onnx_lnfold._shapes import ShapeTable
@@ -46,7 +47,7 @@ class LnCandidate:
     terms: tuple[Requirement, ...] = ()
     nodes: tuple[ir.Node, ...] = ()  # every node the rewrite replaces
     # Why it cannot be folded whatever its upstream looks like; None if it may be.
-    form_problem: str | None = None
+    form_problem: Blocked | None = None
     # (node, input index) pairs through which this LN removes a shift of its input.
     sink_uses: tuple[tuple[ir.Node, int], ...] = field(default=())
     # Length and dtype of the normalized axis, for a decomposed LN written without gamma (the
@@ -73,10 +74,10 @@ def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
     return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
 
 
-def _check_float(cand: LnCandidate, shapes: ShapeTable) -> str | None:
+def _check_float(cand: LnCandidate, shapes: ShapeTable) -> Blocked | None:
     dtype = shapes.dtype(cand.x)
     if dtype is not None and dtype not in FLOAT_TYPES:
-        return f"its input is {dtype.name}, not a float type"
+        return Blocked("not-float", f"its input is {dtype.name}, not a float type")
     return None
 
 
@@ -88,11 +89,11 @@ def _layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate:
     cand.nodes = (node,)
     rank = shapes.rank(cand.x)
     if rank is None:
-        cand.form_problem = f"the rank of input '{cand.x.name}' is unknown, so the normalized axis is unknown"
+        cand.form_problem = Blocked("unknown-shape", f"the rank of input '{cand.x.name}' is unknown, so the normalized axis is unknown")
         return cand
     first = normalize_axis(node.attributes.get_int("axis", -1), rank)
     if first != rank - 1:
-        cand.form_problem = f"it normalizes over {rank - first} axes ({first}..{rank - 1}); RMSNorm folding needs one axis"
+        cand.form_problem = Blocked("several-axes", f"it normalizes over {rank - first} axes ({first}..{rank - 1}); RMSNorm folding needs one axis")
         return cand
     cand.axis = first
     cand.terms = (Requirement(0, first),)
@@ -100,11 +101,11 @@ def _layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate:
     for i, out in enumerate(node.outputs[1:], start=1):
         if _used(out):
             what = "Mean" if i == 1 else "InvStdDev"
-            cand.form_problem = f"its {what} output '{out.name}' is used, and RMSNorm has no such output"
+            cand.form_problem = Blocked("stats-output-used", f"its {what} output '{out.name}' is used, and RMSNorm has no such output")
             return cand  # and it does not absorb a shift of its input either: not a sink
     cand.sink_uses = ((node, 0),)
     if cand.scale is None:
-        cand.form_problem = f"{node_label(node)} has no scale input"
+        cand.form_problem = Blocked("no-scale", f"{node_label(node)} has no scale input")
     return cand
 
 
@@ -117,7 +118,7 @@ def _skip_layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidat
     cand.nodes = (node,)
     rank, skip_rank = shapes.rank(inputs[0]), shapes.rank(inputs[1])
     if rank is None or skip_rank is None:
-        cand.form_problem = "the ranks of its input and skip are unknown, so the normalized axis is unknown"
+        cand.form_problem = Blocked("unknown-shape", "the ranks of its input and skip are unknown, so the normalized axis is unknown")
         return cand
     cand.axis = rank - 1
     terms = [Requirement(0, rank - 1), Requirement(1, skip_rank - 1)]
@@ -127,7 +128,7 @@ def _skip_layer_norm(node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidat
     cand.form_problem = _check_float(cand, shapes)
     for i in (1, 2):
         if i < len(node.outputs) and _used(node.outputs[i]):
-            cand.form_problem = f"its {'mean' if i == 1 else 'inv_std_var'} output is used"
+            cand.form_problem = Blocked("stats-output-used", f"its {'mean' if i == 1 else 'inv_std_var'} output is used")
             return cand
     cand.sink_uses = tuple((node, t.index) for t in terms)
     return cand
@@ -228,7 +229,7 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
     if rank is None:  # recognized, and reported, but not folded: the axis is unknown
         cand = LnCandidate(DECOMPOSED, mean, name, out, None, None, None, epsilon)
         cand.nodes = tuple(chain)
-        cand.form_problem = f"the rank of input '{x.name}' is unknown, so the normalized axis is unknown"
+        cand.form_problem = Blocked("unknown-shape", f"the rank of input '{x.name}' is unknown, so the normalized axis is unknown")
         return cand
     if step is not None and step[0].op_type == "Mul" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
         scale = _other(step[0], out)
@@ -247,21 +248,21 @@ def _decomposed(mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | N
         node, what, how = shared
         if node is mean:
             # The mean moves with a shift of the input: this pattern does not remove one.
-            cand.form_problem = f"its mean '{mean.outputs[0].name}' {how}, and centering the input would change it"
+            cand.form_problem = Blocked("intermediate-read", f"its mean '{mean.outputs[0].name}' {how}, and centering the input would change it")
             return cand
-        cand.form_problem = (
-            f"its intermediate '{node.outputs[0].name}' ({what}) {how}; RMSNorm does not compute it"
+        cand.form_problem = Blocked(
+            "intermediate-read", f"its intermediate '{node.outputs[0].name}' ({what}) {how}; RMSNorm does not compute it"
         )
     # The pattern removes a shift of x whatever else reads its shift-free intermediates.
     cand.sink_uses = ((mean, 0), (sub, 0))
     if cand.form_problem is None:
         cand.form_problem = _check_float(cand, shapes)
     if cand.form_problem is None and axis != rank - 1:
-        cand.form_problem = f"it normalizes over axis {axis}, not the last one; RMSNorm ops normalize trailing axes"
+        cand.form_problem = Blocked("not-last-axis", f"it normalizes over axis {axis}, not the last one; RMSNorm ops normalize trailing axes")
     if cand.form_problem is None and scale is None:
         dim, dtype = (shapes.shape(x) or (None,) * rank)[axis], shapes.dtype(x)
         if not isinstance(dim, int) or dtype is None:
-            cand.form_problem = "it has no gamma and the length or type of its normalized axis is unknown"
+            cand.form_problem = Blocked("unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown")
         else:
             cand.ones_scale = (dim, dtype)
     return cand
@@ -300,7 +301,7 @@ def find_layer_norms(graph: ir.Graph, shapes: ShapeTable, names: dict[ir.Node, s
             found.append(_skip_layer_norm(node, names[node], shapes))
         elif node.domain == MS_DOMAIN and node.op_type == "EmbedLayerNormalization":
             cand = LnCandidate(EMBED_LAYER_NORM, node, names[node], node.outputs[0], None, None, None, 0.0)
-            cand.form_problem = "EmbedLayerNormalization fuses the embeddings with the LN and has no RMSNorm counterpart"
+            cand.form_problem = Blocked("no-rms-form", "EmbedLayerNormalization fuses the embeddings with the LN and has no RMSNorm counterpart")
             found.append(cand)
         elif is_standard(node) and node.op_type == "ReduceMean":
             cand = _decomposed(node, names[node], shapes)
@@ -318,9 +319,10 @@ def find_in_functions(model: ir.Model, names: dict[ir.Node, str]) -> list[LnCand
             if node.op_type in ("LayerNormalization", "SkipLayerNormalization"):
                 name = f"{function.name}/{node.name or node.op_type}"
                 cand = LnCandidate(LAYER_NORM, node, name, node.outputs[0], None, None, None, 0.0)
-                cand.form_problem = (
+                cand.form_problem = Blocked(
+                    "in-function",
                     f"it is inside model-local function '{function.domain}::{function.name}'; inline "
-                    "functions first (onnx.inliner.inline_local_functions) to fold it"
+                    "functions first (onnx.inliner.inline_local_functions) to fold it",
                 )
                 found.append(cand)
     return found

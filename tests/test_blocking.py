@@ -21,6 +21,7 @@ def test_stream_tensor_that_is_a_graph_output_blocks_every_ln_that_needs_it():
     for d in result.plan.kept:
         assert d.reason == "tensor 'embed/bias_out' would change, and it is a graph output"
         assert d.blocking_tensor == "embed/bias_out"
+        assert d.code == "graph-output"
 
 
 def _tied_model(head: str = "transpose") -> onnx.ModelProto:
@@ -90,6 +91,7 @@ def test_weight_listed_as_graph_input_is_not_a_constant():
     reason = result.plan.kept[0].reason
     assert reason.startswith("weight 'proj.weight' of MatMul 'proj/matmul' is a graph input")
     assert "overridden at run time" in reason
+    assert result.plan.kept[0].code == "weight-is-input"
 
 
 def test_stream_from_a_graph_input_is_kept():
@@ -98,6 +100,7 @@ def test_stream_from_a_graph_input_is_kept():
     g.output(g.ln(g.node("Add", [x, g.const("c", (16,))]), 16, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert result.plan.kept[0].reason == "tensor 'x' is a graph input: its mean depends on the data"
+    assert result.plan.kept[0].code == "graph-input"
 
 
 def test_nonlinearity_breaks_the_chain():
@@ -106,6 +109,7 @@ def test_nonlinearity_breaks_the_chain():
     g.output(g.ln(h, 16, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "Relu 'relu_3' does not carry a zero mean" in result.plan.kept[0].reason
+    assert result.plan.kept[0].code == "not-carried"
 
 
 def test_post_ln_stream_feeding_a_matmul_blocks_the_edit():
@@ -118,6 +122,7 @@ def test_post_ln_stream_feeding_a_matmul_blocks_the_edit():
     assert result.plan.kept[0].reason == (
         "tensor 'embed/bias_out' would change, and it feeds MatMul 'q/matmul', which mixes the shift into every output"
     )
+    assert result.plan.kept[0].code == "mixes-shift"
 
 
 def test_ln_with_used_mean_output_is_kept():
@@ -128,6 +133,7 @@ def test_ln_with_used_mean_output_is_kept():
     g.output(mean)
     result = fold_checked(g.model(), folded=0, kept=1)
     assert result.plan.kept[0].reason == "its Mean output 'ln_out1' is used, and RMSNorm has no such output"
+    assert result.plan.kept[0].code == "stats-output-used"
 
 
 def test_downstream_ln_exposing_its_mean_does_not_absorb_the_shift():
@@ -139,6 +145,7 @@ def test_downstream_ln_exposing_its_mean_does_not_absorb_the_shift():
     g.output(mean)
     result = fold_checked(g.model(), folded=0, kept=2)
     assert "exposes its Mean/InvStdDev outputs" in result.plan.decision("ln1").reason
+    assert result.plan.decision("ln1").code == "stats-output-used"
 
 
 def test_simplified_layer_norm_consumer_does_not_absorb_the_shift():
@@ -148,6 +155,7 @@ def test_simplified_layer_norm_consumer_does_not_absorb_the_shift():
     g.output(g.node("SimplifiedLayerNormalization", [h, g.const("s", (16,))], axis=-1, epsilon=1e-5, name="rms"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "SimplifiedLayerNormalization 'rms'" in result.plan.kept[0].reason
+    assert result.plan.kept[0].code == "not-carried"
 
 
 def test_blocked_ln_does_not_block_an_independent_one():
@@ -195,3 +203,23 @@ def test_a_kept_layer_norm_still_absorbs_the_shift_of_a_folded_one():
     result = fold_checked(g.model(), folded=1, kept=1)
     assert result.plan.decision("ln_e").folded
     assert "Relu 'act' does not carry a zero mean" in result.plan.decision("ln_x").reason
+
+
+def test_every_code_in_a_report_is_a_documented_one():
+    """Codes are the stable part of a refusal: each is listed, with its meaning, in CODES and in
+    docs/DESIGN.md; an unknown one cannot even be made."""
+    from pathlib import Path
+
+    from onnx_lnfold._blocked import CODES, Blocked
+
+    design = Path(__file__).resolve().parents[1].joinpath("docs", "DESIGN.md").read_text()
+    missing = [code for code in CODES if f"`{code}`" not in design]
+    assert not missing, f"codes not in docs/DESIGN.md: {missing}"
+    with pytest.raises(ValueError, match="unknown Blocked code"):
+        Blocked("no-such-code", "why")
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h = g.node("Relu", [g.linear(x, 8, 16, "proj")])
+    g.output(g.ln(h, 16, "ln"))
+    decision = onnx_lnfold.analyze(g.model()).to_dict()["decisions"][0]
+    assert decision["code"] == "not-carried" and decision["code"] in CODES
