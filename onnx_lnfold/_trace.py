@@ -12,7 +12,7 @@ from collections import Counter
 import onnx_ir as ir
 
 from onnx_lnfold import _carry
-from onnx_lnfold._analyze import _skip_sum_terms
+from onnx_lnfold._zero_mean import skip_sum_terms
 from onnx_lnfold._names import display_names
 from onnx_lnfold._plan import CenteringPlan, LnDecision
 from onnx_lnfold._shapes import ShapeTable
@@ -38,7 +38,7 @@ def _carried(decision: LnDecision, leaves: set[Use], shapes: ShapeTable) -> list
         if producer is None or producer in seen:
             continue
         if producer.domain == "com.microsoft" and producer.op_type == "SkipLayerNormalization" and value.index() == 3:
-            reqs = _skip_sum_terms(producer, shapes, req.axis)  # the residual sum, as the analysis reads it
+            reqs = skip_sum_terms(producer, shapes, req.axis)  # the residual sum, as the analysis reads it
         else:
             reqs = _carry.backward(producer, value.index(), req.axis, shapes)
         if not isinstance(reqs, list):

@@ -1,0 +1,156 @@
+"""From proven leaves to the plan's edits (docs/DESIGN.md section 2): which constants to center,
+in place or as an untied copy, and which explicit centerings to insert. Mutates nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_lnfold._ir import constant_of
+from onnx_lnfold._names import fresh_name
+from onnx_lnfold._plan import AuxCentering, CenteringEdit
+from onnx_lnfold._zero_mean import Leaf, Weights
+
+
+
+_ROLES = {
+    ("MatMul", 1): "MatMul weight",
+    ("Gemm", 1): "Gemm weight",
+    ("Gemm", 2): "Gemm bias",
+    ("Conv", 1): "Conv weight",
+    ("Conv", 2): "Conv bias",
+    ("Gather", 0): "embedding table",
+    ("SkipLayerNormalization", 4): "SkipLayerNormalization bias",
+}
+
+
+def _role(node: ir.Node, index: int) -> str:
+    role = _ROLES.get((node.op_type, index))
+    if role:
+        return role
+    if node.op_type in ("Add", "Sub", "Sum"):
+        return "added constant"
+    return f"{node.op_type} input {index}"
+
+
+def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
+    return sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
+
+
+# What to do with an embedding table that other uses need unchanged (a tied LM head): "untie"
+# centers a copy of the table (no nodes; the file grows by the table, +31% for GPT-2 124M);
+# "center" centers the Gather's output, `x - ReduceMean(x)` (no copy; two nodes per run: the
+# normalization time saved fell from 23% to 21% on gpt2_small and from 22% to 14% on GPT-2 124M,
+# means over the configurations of benchmarks/results at e73fb10 (centered) and bc5f8fd
+# (untied)). "auto" unties when the other uses read the table only through a Transpose:
+# ONNX Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs
+# file bytes but no memory at run time (GPT-2 124M: 869 MB after session creation either way);
+# otherwise it centers.
+TIED_WEIGHTS = ("auto", "center", "untie")
+
+
+def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.Node, int]]) -> bool:
+    centered = set(centered_uses)
+    others = [u.node for u in value.uses() if (u.node, u.idx) not in centered]
+    return bool(others) and not value.is_graph_output() and all(n.op_type == "Transpose" for n in others)
+
+
+def _gather_outputs(members: list[tuple[Leaf, str]]) -> list[tuple[ir.Value, int]] | None:
+    """The (output, axis) of each Gather whose table the leaves center, when centering those
+    outputs is the same as centering the table for them: every leaf is a Gather's table (rows
+    gathered, so a row's mean is removed either way), unweighted, changing just that output."""
+    outputs: dict[ir.Value, int] = {}
+    for leaf, _ in members:
+        node = leaf.node
+        if node.op_type != "Gather" or leaf.index != 0 or leaf.weights is not None or leaf.axis is None:
+            return None
+        if len(leaf.seeds) != 1 or leaf.seeds[0][0] is not node.outputs[0] or leaf.seeds[0][2] is not None:
+            return None
+        outputs[node.outputs[0]] = leaf.seeds[0][1]
+    return sorted(outputs.items(), key=lambda item: item[0].name or "")
+
+
+def _aux_centering(
+    value: ir.Value,
+    axis: int,
+    uses: list[tuple[ir.Node, int]],
+    required_by: tuple[str, ...],
+    names: dict[ir.Node, str],
+    taken: set[str],
+    instead_of_untie: str | None = None,
+    saved_bytes: int = 0,
+) -> AuxCentering:
+    """`value - ReduceMean(value, axis)`, read by `uses` instead of `value`."""
+    return AuxCentering(
+        tensor=value.name or "",
+        axis=axis,
+        uses=tuple(f"{names[n]}:{i}" for n, i in uses),
+        new_name=fresh_name(f"{value.name}.centered", taken),
+        required_by=required_by,
+        _value=value,
+        _uses=tuple(uses),
+        instead_of_untie=instead_of_untie,
+        saved_bytes=saved_bytes,
+    )
+
+
+def plan_edits(
+    leaves: list[tuple[Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "auto"
+) -> tuple[list[CenteringEdit], list[AuxCentering]]:
+    """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
+    for a tied embedding table, center the Gather outputs instead)."""
+    groups: dict[tuple[ir.Value, int | None, bool, Weights], list[tuple[Leaf, str]]] = {}
+    for leaf, ln in leaves:
+        groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights), []).append((leaf, ln))
+    per_value: dict[ir.Value, int] = {}
+    for value, _, aux, _ in groups:
+        if not aux:
+            per_value[value] = per_value.get(value, 0) + 1
+    edits, centerings = [], []
+    for (value, axis, aux, weights), members in groups.items():
+        uses = _sorted_uses(members, names)
+        required_by = tuple(sorted({ln for _, ln in members}))
+        if aux:
+            centerings.append(_aux_centering(value, axis, uses, required_by, names, taken))  # type: ignore[arg-type]
+            continue
+        untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()
+        tensor = constant_of(value)
+        assert tensor is not None
+        nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64) * tensor.dtype.itemsize)
+        gathered, note = None, None
+        if untie and tied_weights != "untie":
+            gathered = _gather_outputs(members)
+            if gathered and tied_weights == "auto" and _read_only_through_transpose(value, uses):
+                gathered = None
+                note = (
+                    "its other uses read it through a Transpose, which ONNX Runtime folds into a copy of its "
+                    "own: no extra memory at run time; --tied-weights center avoids the copy for two nodes per run"
+                )
+        if gathered:
+            for out, out_axis in gathered:
+                readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
+                centerings.append(
+                    _aux_centering(out, out_axis, readers, required_by, names, taken, instead_of_untie=value.name, saved_bytes=nbytes)
+                )
+            continue
+        suffix = ".centered" if axis is not None else ".zeroed"
+        edits.append(
+            CenteringEdit(
+                tensor=value.name or "",
+                axis=axis,
+                role=_role(uses[0][0], uses[0][1]),
+                uses=tuple(f"{names[n]}:{i}" for n, i in uses),
+                untie=untie,
+                new_name=fresh_name(f"{value.name}{suffix}", taken) if untie else None,
+                copy_bytes=nbytes if untie else 0,
+                required_by=required_by,
+                weights=weights,
+                note=note,
+                _value=value,
+                _uses=tuple(uses),
+            )
+        )
+    edits.sort(key=lambda e: (e.tensor, -1 if e.axis is None else e.axis, e.uses))
+    centerings.sort(key=lambda c: (c.tensor, c.axis))
+    return edits, centerings

@@ -1,0 +1,112 @@
+"""The side-effect rule (docs/DESIGN.md section 3): every tensor that centering changes must reach
+only LNs over its axis, through carry ops, and never be a graph output.
+
+`side_effects` follows the shift of every leaf forward (`_carry.forward`) at once and returns each
+place it is not absorbed, with the leaves whose shift reaches it. Mutates nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from onnx_lnfold import _carry
+from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._ir import node_label
+from onnx_lnfold._shapes import ShapeTable
+from onnx_lnfold._sinks import absorbs_shift
+from onnx_lnfold._zero_mean import Leaf, Weights, weigh
+
+
+
+@dataclass
+class Violation:
+    blocked: Blocked  # its source is the tensor that would change
+    sources: int  # bitmask over leaves
+
+
+def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: set[tuple[ir.Node, int]]) -> list[Violation]:
+    """Propagate every leaf's shift forward; report each place it is not absorbed."""
+    changed: dict[ir.Value, list] = {}  # value -> [axis, source mask, weights]
+    touched: dict[ir.Node, dict[int, int]] = {}  # node -> {changed input index: mask}
+    violations: dict[tuple[str, str], Violation] = {}  # keyed by (tensor, reason)
+    queue: deque[ir.Value] = deque()
+    broken: set[ir.Node] = set()  # nodes that already refused a shift (one reason per node is enough)
+
+    def violate(code: str, reason: str, tensor: str, mask: int) -> None:
+        v = violations.setdefault((tensor, reason), Violation(Blocked(code, reason, tensor), 0))
+        v.sources |= mask
+
+    def mark(value: ir.Value, axis: int, mask: int, weights: Weights) -> None:
+        entry = changed.get(value)
+        if entry is None:
+            changed[value] = [axis, mask, weights]
+            queue.append(value)
+        elif entry[0] != axis or entry[2] != weights:
+            violate(
+                "incompatible-changes",
+                f"tensor '{value.name}' would change in two incompatible ways (different axes or per-channel weights)",
+                value.name,
+                mask | entry[1],
+            )
+        elif entry[1] | mask != entry[1]:
+            entry[1] |= mask
+            queue.append(value)
+
+    for i, leaf in enumerate(leaves):
+        touched.setdefault(leaf.node, {})
+        touched[leaf.node][leaf.index] = touched[leaf.node].get(leaf.index, 0) | (1 << i)
+        for value, axis, weights in leaf.seeds:
+            mark(value, axis, 1 << i, weights)
+
+    while queue:
+        value = queue.popleft()
+        axis, mask, weights = changed[value]
+        if value.is_graph_output():
+            violate("graph-output", f"tensor '{value.name}' would change, and it is a graph output", value.name, mask)
+        for node, index in value.uses():
+            uses = touched.setdefault(node, {})
+            uses[index] = uses.get(index, 0) | mask
+            absorbed = absorbs_shift(node, index, axis, shapes, sinks)
+            if absorbed is not None:
+                if weights is not None:
+                    moved = Blocked(
+                        "non-uniform-change", f"it feeds {node_label(node)}, and its change is not uniform along the axis"
+                    )
+                else:
+                    moved = absorbed
+            else:
+                moved = _carry.forward(node, index, axis, shapes)
+                if weights is not None and node.op_type == "Slice":
+                    moved = Blocked("scaled-slice", f"it feeds {node_label(node)} while scaled per channel")
+            if isinstance(moved, Blocked):
+                violate(moved.code, f"tensor '{value.name}' would change, and {moved.reason}", value.name, mask)
+                broken.add(node)
+                continue
+            out_weights = weights
+            if node.op_type == "Mul" and moved:
+                out_rank = shapes.rank(node.outputs[0]) or 0
+                factor = _carry.axis_vector(node, 1 - index, out_rank, moved[0], shapes)
+                if factor is not None:
+                    out_weights = weigh(weights, factor, divide=True)
+            for k, out_axis in moved.items():
+                if k < len(node.outputs) and node.outputs[k] is not None:
+                    mark(node.outputs[k], out_axis, mask, out_weights)
+
+    for node, uses in touched.items():
+        if len(uses) > 1 and node.op_type not in _carry.JOINTLY_LINEAR and node not in broken:
+            if all((node, i) in sinks for i in uses):
+                continue
+            mask = 0
+            for m in uses.values():
+                mask |= m
+            names = ", ".join(f"'{node.inputs[i].name}'" for i in sorted(uses))
+            violate(
+                "several-inputs-change",
+                f"{node_label(node)} would see several of its inputs ({names}) change at once",
+                node.inputs[min(uses)].name or "",
+                mask,
+            )
+    return list(violations.values())
