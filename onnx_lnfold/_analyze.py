@@ -28,6 +28,7 @@ from onnx_lnfold._pipeline_order import order_advice
 from onnx_lnfold._plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
+from onnx_lnfold._sinks import Sinks
 from onnx_lnfold._targets import check_target, choose_rewrite
 
 logger = logging.getLogger(__name__)
@@ -52,9 +53,7 @@ def analyze(
     shapes = shapes or ShapeTable(model)
     names = display_names(graph)
     candidates = find_layer_norms(graph, shapes, names) + find_in_functions(model, names)
-    # Uses through which a recognized LN removes a shift along its axis (decomposed LNs; the
-    # LayerNormalization op answers for itself in _carry.absorbs).
-    sinks = {use: cand.axis for cand in candidates if cand.axis is not None for use in cand.sink_uses}
+    sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
     # LNs whose fold would cost an ONNX Runtime fusion worth more than it saves stay LNs (they
     # still absorb shifts, as every kept LN does).
     costly = embed_layer_norm_costs(graph, candidates)
@@ -89,7 +88,7 @@ def analyze(
             decisions.append(
                 LnDecision(
                     node=cand.name,
-                    op_type=cand.kind,
+                    op_type=cand.kind.value,
                     status=FOLDED,
                     proof=reason,
                     axis=cand.axis,
@@ -97,23 +96,18 @@ def analyze(
                     rewrite=rewrite.op,
                     beta=rewrite.beta,  # type: ignore[arg-type]
                     residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
-                    _cand=cand,
-                    _out_type=(shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out)),
-                    _residual_add=rewrite.residual_add,
-                    _bias_add=rewrite.bias_add,
-                    _beta_consumers=rewrite.beta_consumers,
+                    _rewrite=rewrite,
                 )
             )
         else:
             decisions.append(
                 LnDecision(
                     node=cand.name,
-                    op_type=cand.kind,
+                    op_type=cand.kind.value,
                     status=KEPT,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
                     blocked=blocked[cand] if cand in blocked else costly[cand],
-                    _cand=cand,
                 )
             )
     advice = order_advice(graph, list(active), list(costly))

@@ -16,9 +16,10 @@ import onnx_ir as ir
 from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._ir import NARROW_FLOAT_TYPES, constant_of
-from onnx_lnfold._recognize import DECOMPOSED, LnCandidate
+from onnx_lnfold._forms import LnCandidate
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._side_effects import side_effects
+from onnx_lnfold._sinks import Sinks
 from onnx_lnfold._zero_mean import NORMALIZATIONS, Leaf, Tracer
 
 logger = logging.getLogger(__name__)
@@ -35,13 +36,13 @@ def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:
 def fold_set(
     candidates: list[LnCandidate],
     shapes: ShapeTable,
-    sinks: set[tuple[ir.Node, int]],
+    sinks: Sinks,
     names: dict[ir.Node, str],
     aux_denied: set[ir.Value] | None,
     junctions: frozenset[ir.Value] = frozenset(),
 ) -> tuple[dict[LnCandidate, frozenset[Leaf]], dict[LnCandidate, Blocked]]:
     """Trace every candidate, then drop those whose edits have side effects, until none do."""
-    patterns = {cand.out: f"the LayerNorm pattern at '{cand.name}'" for cand in candidates if cand.kind == DECOMPOSED}
+    patterns = {cand.out: f"the LayerNorm pattern at '{cand.name}'" for cand in candidates if cand.form.is_pattern}
     tracer = Tracer(shapes, sinks, aux_denied, patterns, junctions)
     blocked: dict[LnCandidate, Blocked] = {}
     active: dict[LnCandidate, frozenset[Leaf]] = {}

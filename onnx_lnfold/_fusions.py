@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnx_lnfold._recognize import DECOMPOSED, LAYER_NORM, LnCandidate
+from onnx_lnfold._forms import LnCandidate, LnKind
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._ir import constant_of, is_standard
 
@@ -127,7 +127,7 @@ def embed_layer_norm_costs(graph: ir.Graph, candidates: list[LnCandidate]) -> di
     costly: dict[LnCandidate, str] = {}
     for cand in candidates:
         # A decomposed LN counts too: the optimizer first fuses it into a LayerNormalization.
-        if cand.kind not in (LAYER_NORM, DECOMPOSED) or cand.form_problem:
+        if cand.kind not in (LnKind.LAYER_NORM, LnKind.DECOMPOSED) or cand.form_problem:
             continue
         x = cand.x
         if x is None or x.producer() is None or x.producer().op_type != "Add":

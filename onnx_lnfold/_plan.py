@@ -8,11 +8,14 @@ and nothing else reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
+
+if TYPE_CHECKING:
+    from onnx_lnfold._targets import Rewrite
 
 FOLDED: Literal["folded"] = "folded"
 KEPT: Literal["kept"] = "kept"
@@ -99,11 +102,8 @@ class LnDecision:
     rewrite: str | None = None  # op emitted for a folded LN
     beta: Literal["none", "add", "consumers"] | None = None  # where a folded LN's beta went
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
-    _cand: Any = field(repr=False, compare=False, default=None)  # the LnCandidate
-    _out_type: Any = field(repr=False, compare=False, default=(None, None))  # inferred (shape, dtype)
-    _residual_add: ir.Node | None = field(repr=False, compare=False, default=None)
-    _bias_add: ir.Node | None = field(repr=False, compare=False, default=None)
-    _beta_consumers: list = field(repr=False, compare=False, default_factory=list)
+    # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
+    _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
 
     @property
     def folded(self) -> bool:

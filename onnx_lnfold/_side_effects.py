@@ -16,7 +16,7 @@ from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._ir import node_label
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._sinks import absorbs_shift
+from onnx_lnfold._sinks import Sinks
 from onnx_lnfold._zero_mean import Leaf, Weights, weigh
 
 
@@ -27,7 +27,7 @@ class Violation:
     sources: int  # bitmask over leaves
 
 
-def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: set[tuple[ir.Node, int]]) -> list[Violation]:
+def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[Violation]:
     """Propagate every leaf's shift forward; report each place it is not absorbed."""
     changed: dict[ir.Value, list] = {}  # value -> [axis, source mask, weights]
     touched: dict[ir.Node, dict[int, int]] = {}  # node -> {changed input index: mask}
@@ -69,7 +69,7 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: set[tuple[ir.Nod
         for node, index in value.uses():
             uses = touched.setdefault(node, {})
             uses[index] = uses.get(index, 0) | mask
-            absorbed = absorbs_shift(node, index, axis, shapes, sinks)
+            absorbed = sinks.absorbs(node, index, axis, shapes)
             if absorbed is not None:
                 if weights is not None:
                     moved = Blocked(
@@ -97,7 +97,7 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: set[tuple[ir.Nod
 
     for node, uses in touched.items():
         if len(uses) > 1 and node.op_type not in _carry.JOINTLY_LINEAR and node not in broken:
-            if all((node, i) in sinks for i in uses):
+            if all((node, i) in sinks.uses for i in uses):
                 continue
             mask = 0
             for m in uses.values():

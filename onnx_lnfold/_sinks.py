@@ -1,22 +1,32 @@
-"""Which uses of a tensor remove a shift of it: the inputs of the LayerNorms themselves (docs/DESIGN.md section 3)."""
+"""Which uses of a tensor remove a shift of it (docs/DESIGN.md section 3): the inputs of the
+model's LayerNorms, as each form says (`LnForm.absorbs`), and reads of nothing but its shape."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
-from onnx_lnfold._ir import node_label
+from onnx_lnfold._forms import LnCandidate
+from onnx_lnfold._ir import is_standard
 from onnx_lnfold._shapes import ShapeTable
 
 
-def absorbs_shift(node: ir.Node, index: int, axis: int, shapes: ShapeTable, sinks) -> dict[int, int] | Blocked | None:
-    """What a normalization does with a shift arriving at input `index`: {outputs still carrying it}
-    ({} when fully absorbed; SkipLayerNorm's sum carries it on), a reason it cannot, or None when
-    `node` is not a normalization. Decomposed LNs are known by their `sinks` uses."""
-    moved = _carry.absorbs(node, index, axis, shapes)
-    if moved is None and (node, index) in sinks:
-        if sinks[(node, index)] != axis:
-            return Blocked("normalizes-other-axis", f"it feeds {node_label(node)}, a LayerNorm over another axis")
-        return {}
-    return moved
+class Sinks:
+    """The candidates, indexed by the nodes whose inputs they answer for."""
+
+    def __init__(self, candidates: list[LnCandidate]):
+        self._owner: dict[ir.Node, LnCandidate] = {}
+        for cand in candidates:
+            for node in (cand.node, *(node for node, _ in cand.sink_uses)):
+                self._owner.setdefault(node, cand)
+        # (node, input index) through which an LN of known axis removes a shift of its input.
+        self.uses = frozenset(use for cand in candidates if cand.axis is not None for use in cand.sink_uses)
+
+    def absorbs(self, node: ir.Node, index: int, axis: int, shapes: ShapeTable) -> dict[int, int] | Blocked | None:
+        """What `node` does with a shift along `axis` arriving at input `index`: {outputs still
+        carrying it} ({} when removed; SkipLayerNorm's sum carries it on), why it cannot remove
+        it, or None when `node` is no sink (the carry rules answer then)."""
+        if is_standard(node) and node.op_type in ("Shape", "Size"):
+            return {}  # reads only the shape, which a shift leaves alone
+        cand = self._owner.get(node)
+        return None if cand is None else cand.form.absorbs(cand, node, index, axis, shapes)

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._ir import constant_of, is_standard
-from onnx_lnfold._recognize import DECOMPOSED, LAYER_NORM, SKIP_LAYER_NORM, LnCandidate
+from onnx_lnfold._forms import LnCandidate, RewriteSite
 from onnx_lnfold._shapes import ShapeTable, dims_equal
 
 RMS_OP = "SimplifiedLayerNormalization"
@@ -43,13 +43,20 @@ def check_target(model: ir.Model, target: str, fuse_residual: str = "auto") -> N
             )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rewrite:
-    op: str
+    """What one folded LN becomes, bound to the IR objects of the model it was planned on:
+    `_rewrite` carries it out, and nothing else needs it (the plan reports `op`, `beta` and the
+    residual Add's name)."""
+
+    cand: LnCandidate  # the LN replaced: its nodes, output, gamma and beta
+    op: str  # RMS_OP, SKIP_RMS_OP or ONNX_RMS_OP
+    site: RewriteSite  # what the op reads besides its scale, and where it goes
     residual_add: ir.Node | None  # the Add folded into a SkipSimplifiedLayerNormalization
-    bias_add: ir.Node | None  # an Add of a bias feeding it, folded in as the op's `bias` input
+    taken_in: tuple[ir.Node, ...]  # nodes outside the LN the op replaces too (that Add, a bias Add)
     beta: str  # "none", "add" or "consumers"
-    beta_consumers: list[ir.Node]  # the linear layers whose bias absorbs beta
+    beta_consumers: tuple[ir.Node, ...]  # the linear layers whose bias absorbs beta
+    out_type: tuple  # inferred (shape, dtype) of the LN output, for tensors the model declares none of
 
 
 # Which residual Adds become SkipSimplifiedLayerNormalization (`fuse_residual`):
@@ -202,18 +209,36 @@ def beta_placement(cand: LnCandidate, shapes: ShapeTable) -> tuple[str, list[ir.
     return "consumers", consumers
 
 
+def _residual_site(add: ir.Node, bias_add: ir.Node | None) -> RewriteSite:
+    """SkipSimplifiedLayerNormalization in place of `add` (and of the `bias_add` feeding it, whose
+    constant becomes the op's bias input): it reads the addends, and its output 3 is the sum."""
+    inputs = [(add, 0), (add, 1)]
+    bias = None
+    if bias_add is not None:  # x + bias + skip
+        slot = 0 if add.inputs[0] is bias_add.outputs[0] else 1
+        is_const = [constant_of(v) is not None for v in bias_add.inputs]
+        inputs[slot] = (bias_add, is_const.index(False))
+        bias = (bias_add, is_const.index(True))
+    return RewriteSite(tuple(inputs), bias, add.outputs[0], add)
+
+
 def choose_rewrite(
     cand: LnCandidate, target: str, shapes: ShapeTable, claimed: set[ir.Node], fuse_residual: str = "auto"
 ) -> Rewrite:
     beta, consumers = beta_placement(cand, shapes)
-    if cand.kind == SKIP_LAYER_NORM:
-        return Rewrite(SKIP_RMS_OP, None, None, beta, consumers)
-    assert cand.kind in (LAYER_NORM, DECOMPOSED), cand.kind
+    out_type = (shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out))
+
+    def rewrite(op: str, site: RewriteSite, add: ir.Node | None = None, taken_in: tuple = ()) -> Rewrite:
+        return Rewrite(cand, op, site, add, taken_in, beta, tuple(consumers), out_type)
+
+    if cand.form.has_skip:
+        return rewrite(SKIP_RMS_OP, cand.form.site(cand))
     if target == "onnx":
-        return Rewrite(ONNX_RMS_OP, None, None, beta, consumers)
+        return rewrite(ONNX_RMS_OP, cand.form.site(cand))
     add = _residual_add(cand, shapes, claimed, fuse_residual)
-    bias_add = None
-    if add is not None:
-        claimed.add(add)
-        bias_add = _bias_add(add, shapes)
-    return Rewrite(SKIP_RMS_OP if add is not None else RMS_OP, add, bias_add, beta, consumers)
+    if add is None:
+        return rewrite(RMS_OP, cand.form.site(cand))
+    claimed.add(add)
+    bias_add = _bias_add(add, shapes)
+    taken_in = (add,) if bias_add is None else (add, bias_add)
+    return rewrite(SKIP_RMS_OP, _residual_site(add, bias_add), add, taken_in)

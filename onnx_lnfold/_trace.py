@@ -12,7 +12,7 @@ from collections import Counter
 import onnx_ir as ir
 
 from onnx_lnfold import _carry
-from onnx_lnfold._zero_mean import skip_sum_terms
+from onnx_lnfold._forms import sum_terms
 from onnx_lnfold._names import display_names
 from onnx_lnfold._plan import CenteringPlan, LnDecision
 from onnx_lnfold._shapes import ShapeTable
@@ -25,7 +25,7 @@ def _carried(decision: LnDecision, leaves: set[Use], shapes: ShapeTable) -> list
     """The nodes between the LN and its centered producers, walked as the analysis proved it:
     backwards from the LN's inputs, along the inputs each op needs zero-mean, up to the uses that
     read a centered constant (or an explicitly centered tensor)."""
-    cand = decision._cand
+    cand = decision._rewrite.cand  # type: ignore[union-attr]
     seen: set[ir.Node] = set()
     order: list[ir.Node] = []
     stack = [(cand.node, req) for req in cand.terms]
@@ -38,7 +38,7 @@ def _carried(decision: LnDecision, leaves: set[Use], shapes: ShapeTable) -> list
         if producer is None or producer in seen:
             continue
         if producer.domain == "com.microsoft" and producer.op_type == "SkipLayerNormalization" and value.index() == 3:
-            reqs = skip_sum_terms(producer, shapes, req.axis)  # the residual sum, as the analysis reads it
+            reqs = sum_terms(producer, shapes, req.axis)  # the residual sum, as the analysis reads it
         else:
             reqs = _carry.backward(producer, value.index(), req.axis, shapes)
         if not isinstance(reqs, list):

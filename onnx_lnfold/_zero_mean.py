@@ -19,7 +19,8 @@ from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._sinks import absorbs_shift
+from onnx_lnfold._forms import SKIP_NORMALIZATIONS, sum_terms
+from onnx_lnfold._sinks import Sinks
 
 NORMALIZATIONS = {
     "LayerNormalization",
@@ -46,21 +47,6 @@ def weigh(weights: Weights, factor: np.ndarray, divide: bool = False) -> Weights
     if np.allclose(out, out[0], rtol=1e-9, atol=0):
         return None
     return tuple(float(v) for v in out)
-
-
-SKIP_NORMALIZATIONS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
-
-
-def skip_sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[_carry.Requirement] | None:
-    """What must be zero-mean for a Skip*Normalization's sum (output 3) to be: all its addends."""
-    bias_index = 4 if node.op_type == "SkipLayerNormalization" else 3
-    skip_rank = shapes.rank(node.inputs[1])
-    if skip_rank is None:
-        return None
-    terms = [_carry.Requirement(0, axis), _carry.Requirement(1, skip_rank - 1)]
-    if len(node.inputs) > bias_index and node.inputs[bias_index] is not None:
-        terms.append(_carry.Requirement(bias_index, 0))
-    return terms
 
 
 @dataclass(frozen=True)
@@ -98,7 +84,7 @@ class Tracer:
     def __init__(
         self,
         shapes: ShapeTable,
-        sinks: dict[tuple[ir.Node, int], int],
+        sinks: Sinks,
         aux_denied: set[ir.Value] | None,
         pattern_outputs: dict[ir.Value, str] | None = None,
         junctions: frozenset[ir.Value] = frozenset(),
@@ -157,7 +143,7 @@ class Tracer:
             return Blocked("constant-on-stream", f"tensor '{value.name}' is a constant on the stream itself", value.name)
         if node.op_type in SKIP_NORMALIZATIONS and node.domain == "com.microsoft" and value.index() == 3:
             # Output 3 is the residual sum input + skip (+ bias): a carry, not a normalization.
-            terms = skip_sum_terms(node, self.shapes, axis)
+            terms = sum_terms(node, self.shapes, axis)
             if terms is None:
                 return Blocked(
                     "unknown-shape", f"the rank of the skip input of {node_label(node)} is unknown", value.name, value
@@ -283,7 +269,7 @@ class Tracer:
         """A leaf at input `req.index` of `node`. The change it makes is a shift at the node's
         outputs once multiplied by `out_weights` (those asked of the output being proven)."""
         inp = node.inputs[req.index]
-        absorbed = absorbs_shift(node, req.index, req.axis, self.shapes, self.sinks) if req.axis is not None else None
+        absorbed = self.sinks.absorbs(node, req.index, req.axis, self.shapes) if req.axis is not None else None
         if isinstance(absorbed, dict):
             seeds: tuple[tuple[ir.Value, int, Weights], ...] = tuple(
                 (node.outputs[k], a, out_weights) for k, a in sorted(absorbed.items()) if node.outputs[k] is not None

@@ -1,0 +1,110 @@
+"""What every LayerNorm form shares: its kind, the candidate it recognizes, and the questions the
+analysis and the rewrite ask of a form (docs/DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import onnx_ir as ir
+
+from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._carry import Requirement
+from onnx_lnfold._ir import FLOAT_TYPES
+from onnx_lnfold._shapes import ShapeTable
+
+
+class LnKind(str, enum.Enum):
+    """The forms, by the name the plan reports (`LnDecision.op_type`)."""
+
+    LAYER_NORM = "LayerNormalization"
+    SKIP_LAYER_NORM = "com.microsoft::SkipLayerNormalization"
+    DECOMPOSED = "decomposed LayerNorm"
+    EMBED_LAYER_NORM = "com.microsoft::EmbedLayerNormalization"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(eq=False)  # identity semantics: one candidate per LN
+class LnCandidate:
+    """One LayerNorm in the graph, in any form, with the facts the analysis and rewrite share."""
+
+    form: LnForm
+    node: ir.Node  # anchor: the node whose `terms` inputs must be zero-mean
+    name: str  # display name, unique in the graph
+    out: ir.Value  # the normalized result (the LN output, after gamma and beta)
+    scale: ir.Value | None
+    bias: ir.Value | None  # beta
+    axis: int | None  # non-negative normalized axis; None if unknown
+    epsilon: float
+    terms: tuple[Requirement, ...] = ()
+    nodes: tuple[ir.Node, ...] = ()  # every node the rewrite replaces
+    # Why it cannot be folded whatever its upstream looks like; None if it may be.
+    form_problem: Blocked | None = None
+    # (node, input index) pairs through which this LN removes a shift of its input.
+    sink_uses: tuple[tuple[ir.Node, int], ...] = field(default=())
+    # Length and dtype of the normalized axis, for a decomposed LN written without gamma (the
+    # rewrite then needs a scale of ones).
+    ones_scale: tuple[int, ir.DataType] | None = None
+
+    @property
+    def kind(self) -> LnKind:
+        return self.form.kind
+
+    @property
+    def x(self) -> ir.Value:
+        return self.node.inputs[0]  # type: ignore[return-value]
+
+
+# An input slot, (node, input index): read when the rewrite runs, because an earlier rewrite may
+# have replaced the tensor in it (an LN reading another LN's output).
+Slot = tuple[ir.Node, int]
+
+
+@dataclass(frozen=True)
+class RewriteSite:
+    """Where a folded LN's RMS op goes and what it reads besides its scale."""
+
+    inputs: tuple[Slot, ...]  # x, or input and skip for SkipSimplifiedLayerNormalization
+    skip_bias: Slot | None  # the Skip op's bias input
+    old_sum: ir.Value | None  # a residual sum the Skip op takes over as its output 3
+    anchor: ir.Node  # the new nodes go right after this one
+
+
+class LnForm:
+    """One way a LayerNorm is written. Subclasses answer for their own nodes only."""
+
+    kind: ClassVar[LnKind]
+    # It normalizes `input + skip` itself: its fold is always SkipSimplifiedLayerNormalization.
+    has_skip: ClassVar[bool] = False
+    # Written as a pattern of ops: its output stops a proof as an LN op's output does.
+    is_pattern: ClassVar[bool] = False
+
+    def match(self, node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
+        """The candidate `node` anchors in this form, or None if it anchors none."""
+        raise NotImplementedError
+
+    def absorbs(
+        self, cand: LnCandidate, node: ir.Node, index: int, axis: int, shapes: ShapeTable
+    ) -> dict[int, int] | Blocked | None:
+        """What the LN does with a shift along `axis` arriving at input `index` of `node` (one of
+        its nodes): {} when it removes it, {output: axis} for outputs that still carry it, a
+        `Blocked` when it cannot remove it, None when this input is not the LN's to answer for."""
+        return None
+
+    def site(self, cand: LnCandidate) -> RewriteSite:
+        """Where the RMS op goes when it takes the LN's place as it is."""
+        return RewriteSite(((cand.node, 0),), None, None, cand.nodes[-1])
+
+
+def used(value: ir.Value | None) -> bool:
+    return value is not None and (bool(value.uses()) or value.is_graph_output())
+
+
+def check_float(cand: LnCandidate, shapes: ShapeTable) -> Blocked | None:
+    dtype = shapes.dtype(cand.x)
+    if dtype is not None and dtype not in FLOAT_TYPES:
+        return Blocked("not-float", f"its input is {dtype.name}, not a float type")
+    return None

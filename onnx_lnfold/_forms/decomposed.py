@@ -1,0 +1,196 @@
+"""The decomposed LayerNorm older exporters write (TorchScript before opset 17, Keras, hand-built):
+`ReduceMean -> Sub -> Pow|Mul -> ReduceMean -> Add(eps) -> Sqrt -> Div | Reciprocal+Mul ->
+[Mul(gamma)] -> [Add(beta)]`, anchored at its first ReduceMean. The rewrite replaces every node of
+the pattern; a shift of the input is removed by the first ReduceMean and the Sub together."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._carry import Requirement
+from onnx_lnfold._forms.base import LnCandidate, LnForm, LnKind, check_float
+from onnx_lnfold._ir import attr_or_input_ints, const_scalar, is_standard, node_label, normalize_axis
+from onnx_lnfold._shapes import ShapeTable
+
+
+class DecomposedForm(LnForm):
+    kind = LnKind.DECOMPOSED
+    is_pattern = True
+
+    def match(self, mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
+        """Match the decomposed pattern anchored at its first ReduceMean; None if it is not one.
+
+        Intermediates may have readers outside the pattern (or be graph outputs): the pattern is
+        still an LN, reported and kept, since folding removes the nodes that compute them."""
+        if not (is_standard(mean) and mean.op_type == "ReduceMean"):
+            return None
+        x = mean.inputs[0]
+        rank = shapes.rank(x)
+        axis = _reduce_axis(mean, rank)
+        if x is None or axis is None:
+            return None
+        use = _use(mean.outputs[0], lambda n, i: n.op_type == "Sub" and i == 1 and n.inputs[0] is x)
+        if use is None:
+            return None
+        sub = use[0]
+        d = sub.outputs[0]
+        square = _use(
+            d,
+            lambda n, i: (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0)
+            or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d),
+        )
+        if square is None:
+            return None
+        square = square[0]
+        chain = [mean, sub, square]
+        step = _use(
+            square.outputs[0], lambda n, i: n.op_type == "ReduceMean" and i == 0 and _reduce_axis(n, rank) == axis
+        )
+        if step is None:
+            return None
+        chain.append(step[0])
+        step = _use(
+            step[0].outputs[0], lambda n, i: n.op_type == "Add" and const_scalar(_other(n, n.inputs[i])) is not None
+        )
+        if step is None:
+            return None
+        epsilon = const_scalar(_other(step[0], step[0].inputs[step[1]]))
+        assert epsilon is not None
+        chain.append(step[0])
+        step = _use(step[0].outputs[0], lambda n, i: n.op_type == "Sqrt")
+        if step is None:
+            return None
+        chain.append(step[0])
+        root = step[0].outputs[0]
+        norm = _use(d, lambda n, i: n.op_type == "Div" and i == 0 and n.inputs[1] is root)
+        if norm is None:
+            recip = _use(root, lambda n, i: n.op_type == "Reciprocal")
+            if recip is None:
+                return None
+            r = recip[0].outputs[0]
+            norm = _use(d, lambda n, i: n.op_type == "Mul" and i == 0 and n.inputs[1] is r)
+            if norm is None:
+                return None
+            chain.append(recip[0])
+        norm = norm[0]
+        chain.append(norm)
+        out = norm.outputs[0]
+        scale = beta = None
+        step = _only_use(out)
+        if rank is None:  # recognized, and reported, but not folded: the axis is unknown
+            cand = LnCandidate(self, mean, name, out, None, None, None, epsilon)
+            cand.nodes = tuple(chain)
+            cand.form_problem = Blocked("unknown-shape", f"the rank of input '{x.name}' is unknown, so the normalized axis is unknown")
+            return cand
+        if step is not None and step[0].op_type == "Mul" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
+            scale = _other(step[0], out)
+            chain.append(step[0])
+            out = step[0].outputs[0]
+            step = _only_use(out)
+        if step is not None and step[0].op_type == "Add" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
+            beta = _other(step[0], out)
+            chain.append(step[0])
+            out = step[0].outputs[0]
+        cand = LnCandidate(self, mean, name, out, scale, beta, axis, epsilon)
+        cand.nodes = tuple(chain)
+        cand.terms = (Requirement(0, axis),)
+        shared = _shared_intermediate(chain)
+        if shared is not None:
+            node, what, how = shared
+            if node is mean:
+                # The mean moves with a shift of the input: this pattern does not remove one.
+                cand.form_problem = Blocked("intermediate-read", f"its mean '{mean.outputs[0].name}' {how}, and centering the input would change it")
+                return cand
+            cand.form_problem = Blocked(
+                "intermediate-read", f"its intermediate '{node.outputs[0].name}' ({what}) {how}; RMSNorm does not compute it"
+            )
+        # The pattern removes a shift of x whatever else reads its shift-free intermediates.
+        cand.sink_uses = ((mean, 0), (sub, 0))
+        if cand.form_problem is None:
+            cand.form_problem = check_float(cand, shapes)
+        if cand.form_problem is None and axis != rank - 1:
+            cand.form_problem = Blocked("not-last-axis", f"it normalizes over axis {axis}, not the last one; RMSNorm ops normalize trailing axes")
+        if cand.form_problem is None and scale is None:
+            dim, dtype = (shapes.shape(x) or (None,) * rank)[axis], shapes.dtype(x)
+            if not isinstance(dim, int) or dtype is None:
+                cand.form_problem = Blocked("unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown")
+            else:
+                cand.ones_scale = (dim, dtype)
+        return cand
+
+    def absorbs(self, cand, node, index, axis, shapes):
+        # The pattern removes a shift of x (read by its mean and its Sub) whatever else reads its
+        # shift-free intermediates; its other inputs are its own intermediates.
+        if cand.axis is None or (node, index) not in cand.sink_uses:
+            return None
+        if axis != cand.axis:
+            return Blocked("normalizes-other-axis", f"it feeds {node_label(node)}, a LayerNorm over another axis")
+        return {}
+
+
+def _only_use(value: ir.Value) -> tuple[ir.Node, int] | None:
+    uses = value.uses()
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0]
+
+
+def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def _use(value: ir.Value, match) -> tuple[ir.Node, int] | None:
+    """The first use (node, input index) of `value` that `match(node, index)` accepts."""
+    for node, index in value.uses():
+        if match(node, index):
+            return node, index
+    return None
+
+
+# What each intermediate of a decomposed LN holds, in pattern order (for reasons).
+_INTERMEDIATES = (
+    "the mean",
+    "the centered input",
+    "the squared deviations",
+    "the variance",
+    "the variance plus epsilon",
+    "the standard deviation",
+    "1/std",
+)
+
+
+def _shared_intermediate(chain: list[ir.Node]) -> tuple[ir.Node, str, str] | None:
+    """The first node of the pattern (all but its last) whose output is read outside the pattern
+    or is a graph output, what it holds and how it is read: folding removes these nodes, and
+    their readers need them."""
+    inside = set(chain)
+    for node, what in zip(chain[:-1], _INTERMEDIATES):
+        out = node.outputs[0]
+        if out.is_graph_output():
+            return node, what, "is a graph output"
+        if any(user not in inside for user, _ in out.uses()):
+            return node, what, "is read outside the pattern"
+    return None
+
+
+def _reduce_axis(node: ir.Node, rank: int | None) -> int | None:
+    """The single axis a keepdims ReduceMean reduces over (as written, if the rank is unknown),
+    else None."""
+    if node.attributes.get_int("keepdims", 1) == 0:
+        return None
+    axes = attr_or_input_ints(node, "axes", 1)
+    if axes is None or len(axes) != 1:
+        return None
+    return axes[0] if rank is None else normalize_axis(axes[0], rank)
+
+
+def _along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: ShapeTable) -> bool:
+    """A constant that varies only along `axis` (gamma / beta of a decomposed LN)."""
+    if value is None or value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
+        return False
+    shape = shapes.shape(value)
+    if shape is None:
+        return False
+    offset = rank - len(shape)
+    return all(d == 1 for i, d in enumerate(shape) if i + offset != axis)
