@@ -30,14 +30,14 @@ import onnx_ir as ir
 from onnx_lnfold import _carry
 from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
 from onnx_lnfold._blocked import Blocked
-from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._fusions import embed_layer_norm_costs
 from onnx_lnfold._names import display_names, fresh_name, taken_names
+from onnx_lnfold._options import FoldOptions, check_preconditions
 from onnx_lnfold._pipeline_order import order_advice
 from onnx_lnfold._plan import FOLDED, KEPT, AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import DECOMPOSED, LnCandidate, find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._targets import check_target, choose_rewrite
+from onnx_lnfold._targets import choose_rewrite
 
 logger = logging.getLogger(__name__)
 
@@ -434,18 +434,6 @@ def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
     return sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
 
 
-# What to do with an embedding table that other uses need unchanged (a tied LM head): "untie"
-# centers a copy of the table (no nodes; the file grows by the table, +31% for GPT-2 124M);
-# "center" centers the Gather's output, `x - ReduceMean(x)` (no copy; two nodes per run: the
-# normalization time saved fell from 23% to 21% on gpt2_small and from 22% to 14% on GPT-2 124M,
-# means over the configurations of benchmarks/results at e73fb10 (centered) and bc5f8fd
-# (untied)). "auto" unties when the other uses read the table only through a Transpose:
-# ONNX Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs
-# file bytes but no memory at run time (GPT-2 124M: 869 MB after session creation either way);
-# otherwise it centers.
-TIED_WEIGHTS = ("auto", "center", "untie")
-
-
 def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.Node, int]]) -> bool:
     centered = set(centered_uses)
     others = [u.node for u in value.uses() if (u.node, u.idx) not in centered]
@@ -707,19 +695,11 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value]):
         junctions = junctions - poor
 
 
-def analyze(
-    model: ir.Model,
-    shapes: ShapeTable | None = None,
-    *,
-    target: str = "ort",
-    auxiliary_centering: bool = True,
-    fuse_residual: str = "auto",
-    tied_weights: str = "auto",
-) -> CenteringPlan:
+def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> CenteringPlan:
     """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing."""
-    check_target(model, target, fuse_residual)
-    if tied_weights not in TIED_WEIGHTS:
-        raise LnFoldError(f"unknown tied_weights '{tied_weights}': choose one of {', '.join(TIED_WEIGHTS)}")
+    check_preconditions(model, options)
+    target, auxiliary_centering = options.target, options.auxiliary_centering
+    fuse_residual, tied_weights = options.fuse_residual, options.tied_weights
     graph = model.graph
     shapes = shapes or ShapeTable(model)
     names = display_names(graph)
