@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
-from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
+from onnx_lnfold._errors import NotVerified, VerificationFailed
 from onnx_lnfold._inputs import InputsUnavailable, check_inputs, verification_input_sets
 from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._plan import CenteringPlan
@@ -223,7 +223,6 @@ def fold_loaded(model: ir.Model, path: Path | None, options: FoldOptions, check:
 __all__ = [
     "FoldResult",
     "FoldRun",
-    "LnFoldError",
     "VerifyRequest",
     "check_equivalence",
     "fold_loaded",
