@@ -5,7 +5,8 @@
     print(result.report.format_text())
 
 `analyze(model)` returns the `CenteringPlan` alone; `LnFoldPass` runs the fold inside an
-`onnx_ir.passes.PassManager`.
+`onnx_ir.passes.PassManager`. All three take the options as keywords (`target=`, ...) or as one
+`options=FoldOptions(...)`.
 
 The names below are imported on first use: `import onnx_lnfold` (and so the command line's
 start-up, where a Ctrl-C must end in one line) loads neither numpy nor onnx_ir.
@@ -23,6 +24,7 @@ _EXPORTS = {
     "CenteringEdit": "onnx_lnfold._plan",
     "CenteringPlan": "onnx_lnfold._plan",
     "FoldReport": "onnx_lnfold._report",
+    "FoldOptions": "onnx_lnfold._options",
     "FoldResult": "onnx_lnfold._fold",
     "LnDecision": "onnx_lnfold._plan",
     "LnFoldError": "onnx_lnfold._errors",
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from onnx_lnfold._api import analyze, fold
     from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
     from onnx_lnfold._fold import FoldResult
+    from onnx_lnfold._options import FoldOptions
     from onnx_lnfold._pass import LnFoldPass
     from onnx_lnfold._plan import CenteringEdit, CenteringPlan, LnDecision
     from onnx_lnfold._report import FoldReport

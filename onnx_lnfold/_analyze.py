@@ -19,36 +19,26 @@ import logging
 
 import onnx_ir as ir
 
-from onnx_lnfold._edits import TIED_WEIGHTS, plan_edits
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._edits import plan_edits
 from onnx_lnfold._fold_set import fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold._fusions import embed_layer_norm_costs
 from onnx_lnfold._names import display_names, taken_names
+from onnx_lnfold._options import FoldOptions, check_preconditions
 from onnx_lnfold._pipeline_order import order_advice
 from onnx_lnfold._plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._sinks import Sinks
-from onnx_lnfold._targets import check_target, choose_rewrite
+from onnx_lnfold._targets import choose_rewrite
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TIED_WEIGHTS", "analyze"]
+__all__ = ["analyze"]
 
 
-def analyze(
-    model: ir.Model,
-    shapes: ShapeTable | None = None,
-    *,
-    target: str = "ort",
-    auxiliary_centering: bool = True,
-    fuse_residual: str = "auto",
-    tied_weights: str = "auto",
-) -> CenteringPlan:
+def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> CenteringPlan:
     """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing."""
-    check_target(model, target, fuse_residual)
-    if tied_weights not in TIED_WEIGHTS:
-        raise LnFoldError(f"unknown tied_weights '{tied_weights}': choose one of {', '.join(TIED_WEIGHTS)}")
+    check_preconditions(model, options)
     graph = model.graph
     shapes = shapes or ShapeTable(model)
     names = display_names(graph)
@@ -60,7 +50,7 @@ def analyze(
     foldable = [cand for cand in candidates if cand not in costly]
 
     active, blocked = fold_set(foldable, shapes, sinks, names, None)
-    if auxiliary_centering and blocked:
+    if options.auxiliary_centering and blocked:
         aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
@@ -73,7 +63,7 @@ def analyze(
         [(leaf, cand.name) for cand, ls in active.items() for leaf in sorted(ls, key=lambda l: leaf_order(l, names))],
         names,
         taken_names(graph),
-        tied_weights if auxiliary_centering else "untie",  # no centering nodes at all, as asked
+        options.tied_weights if options.auxiliary_centering else "untie",  # no centering nodes at all, as asked
     )
     claimed: set[ir.Node] = set()
     decisions = []
@@ -84,7 +74,7 @@ def analyze(
             reason = f"input is zero-mean once {n} constant(s) are centered"
             if aux:
                 reason += f" and {', '.join(repr(t) for t in aux)} explicitly centered"
-            rewrite = choose_rewrite(cand, target, shapes, claimed, fuse_residual)
+            rewrite = choose_rewrite(cand, options, shapes, claimed)
             decisions.append(
                 LnDecision(
                     node=cand.name,
@@ -111,4 +101,4 @@ def analyze(
                 )
             )
     advice = order_advice(graph, list(active), list(costly))
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=target, advice=advice)
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target, advice=advice)

@@ -1,52 +1,71 @@
 """The public entry points: `fold()` and `analyze()` take the same inputs (a path, an
-`onnx.ModelProto` or an `onnx_ir.Model`) and never change the caller's model."""
+`onnx.ModelProto` or an `onnx_ir.Model`) and never change the caller's model.
+
+Both take the fields of `FoldOptions` as keywords (`target=`, `auxiliary_centering=`,
+`fuse_residual=`, `tied_weights=`), or a whole `options=FoldOptions(...)`; keywords given beside
+`options` replace its fields.
+"""
 
 from __future__ import annotations
 
-import functools
 import time
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold import _analyze, _fold
 from onnx_lnfold._errors import VerificationFailed
 from onnx_lnfold._load import ModelSource, load_model
+from onnx_lnfold._options import FoldOptions, keywords_to_options, takes_option_keywords
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._shapes import ShapeTable
 
 
+@takes_option_keywords
 def analyze(
-    model: ModelSource,
-    shapes: ShapeTable | None = None,
-    *,
-    target: str = "ort",
-    auxiliary_centering: bool = True,
-    fuse_residual: str = "auto",
-    tied_weights: str = "auto",
+    model: ModelSource, shapes: ShapeTable | None = None, *, options: FoldOptions | None = None, **option_keywords
 ) -> CenteringPlan:
     """Decide, for every LayerNorm, whether it folds and how, and why not; change nothing.
 
     Takes what `fold()` takes. An `onnx_ir.Model` is read as it is (the analysis mutates nothing);
     a path or a ModelProto is loaded first, with the same one-line errors as `fold()`.
     """
+    options = keywords_to_options(options, option_keywords, "analyze")
     if not isinstance(model, ir.Model):
         model, _ = load_model(model)
-    return _analyze.analyze(
-        model,
-        shapes,
-        target=target,
-        auxiliary_centering=auxiliary_centering,
-        fuse_residual=fuse_residual,
-        tied_weights=tied_weights,
-    )
+    return _analyze.analyze(model, options, shapes)
 
 
-@functools.wraps(_fold.fold)
-def fold(model: ModelSource, **options) -> _fold.FoldResult:
+@takes_option_keywords
+def fold(
+    model: ModelSource,
+    *,
+    verify: bool = True,
+    rtol: float | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    inputs: dict[str, np.ndarray] | None = None,
+    options: FoldOptions | None = None,
+    **option_keywords,
+) -> _fold.FoldResult:
+    """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
+
+    Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
+    changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
+    model whose outputs differ beyond `rtol`, its subclass `NotVerified` when something was folded
+    but the check could not run (no onnxruntime, the original does not run on the inputs: pass
+    `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
+    `LnFoldError` for bad input.
+
+    The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`) are those of
+    `FoldOptions`, whose docstring says what each does.
+    """
+    options = keywords_to_options(options, option_keywords, "fold")
+    check = _fold.VerifyRequest(enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs)
     # The report carries the wall time, as the command line's does.
     started = time.monotonic()
     try:
-        result = _fold.fold(model, **options)
+        ir_model, path = load_model(model)
+        result = _fold.fold_loaded(ir_model, path, options, check)
     except VerificationFailed as e:
         report = getattr(e, "report", None)
         if report is not None:

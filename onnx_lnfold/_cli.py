@@ -15,17 +15,14 @@ import time
 from pathlib import Path
 
 from onnx_lnfold import __version__
-from onnx_lnfold._analyze import TIED_WEIGHTS, analyze
 from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._fold import check_equivalence, fold_loaded
+from onnx_lnfold._fold import VerifyRequest, run_pipeline
 from onnx_lnfold._inputs import load_inputs, parse_input_shape
 from onnx_lnfold._load import external_data_files, load_path
+from onnx_lnfold._options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 from onnx_lnfold._progress import Progress
-from onnx_lnfold._report import FoldReport, count_ops, model_bytes
-from onnx_lnfold._save import StagedModel, check_destination, default_output
-from onnx_lnfold._targets import FUSE_RESIDUAL, TARGETS
-from onnx_lnfold._trace import explain
-from onnx_lnfold._verify import Verification
+from onnx_lnfold._report import FoldReport, model_bytes
+from onnx_lnfold._save import check_destination, default_output
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -240,75 +237,46 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     _check_json_path(args, source, destination, input_data)
     size_before = model_bytes(source, input_data)
 
-    trace: list[str] = []
-    if args.dry_run or args.verbose:
-        ops = count_ops(model)
-        progress.phase("Analyzing")
-        plan = analyze(
-            model,
-            target=args.target,
-            auxiliary_centering=not args.no_aux_centering,
-            fuse_residual=args.fuse_residual,
-            tied_weights=args.tied_weights,
-        )
-        if args.verbose:  # from the model as it was: folding rewrites what the proof walks
-            trace = explain(model, plan)
-    if args.dry_run:
-        report = FoldReport(
-            plan=plan,
-            ops_before=ops,
-            ops_after=ops,
-            verification=Verification("skipped", "dry run: nothing was changed"),
-            source=str(source),
-            size_before=size_before,
-            dry_run=True,
-            trace=trace,
-        )
-        progress.close()
-        _emit(report, args, started)
-        return EXIT_OK
-
-    progress.phase("Folding")
-    result = fold_loaded(
-        model,
-        source,
-        verify=False,
-        inputs=inputs,
+    options = FoldOptions(
         target=args.target,
         auxiliary_centering=not args.no_aux_centering,
         fuse_residual=args.fuse_residual,
         tied_weights=args.tied_weights,
     )
-    report = result.report
-    report.size_before, report.trace = size_before, trace
-    # Written (to a temporary folder beside the destination) before verification: onnxruntime
-    # reads the staged file, so a model with external data is written once.
-    staged = StagedModel(result.model, destination, progress=progress, rebind=True)  # type: ignore[arg-type]
-    try:
-        if args.no_verify:
-            report.verification = Verification("skipped", "disabled by --no-verify")
-        elif not report.plan.folded:
-            report.verification = Verification("skipped", "nothing was folded: the model is unchanged")
-        else:
-            progress.phase("Verifying in onnxruntime")
-            report.verification = check_equivalence(
-                source, staged.path, result.model, rtol=args.rtol, input_shapes=shapes, inputs=inputs, plan=report.plan
-            )
+    check = VerifyRequest(
+        enabled=not args.no_verify,
+        disabled_because="disabled by --no-verify",
+        rtol=args.rtol,
+        input_shapes=shapes,
+        inputs=inputs,
+    )
+    run = run_pipeline(
+        model, source, options, check, dry_run=args.dry_run, proof=args.verbose, destination=destination, progress=progress
+    )
+    report = run.report
+    report.size_before = size_before
+    if args.dry_run:
         progress.close()
-        if report.verification.status in ("failed", "unverified"):  # only a passed check writes a fold
-            staged.discard()
+        _emit(report, args, started)
+        return EXIT_OK
+
+    staged = run.staged  # staged at the destination: this is no dry run
+    try:
+        progress.close()
+        if run.refused:  # only a passed (or skipped) check writes a fold
+            staged.discard()  # type: ignore[union-attr]
             why = "not equivalent" if report.verification.status == "failed" else "not verified"
             report.notes.append(f"Refused to write {destination}: the folded model is {why}.")
             _emit(report, args, started)
             print(f"onnx_lnfold: {report.verification.refusal('cli')}", file=sys.stderr)
             return EXIT_VERIFY
-        report.output = str(staged.commit())
+        report.output = str(staged.commit())  # type: ignore[union-attr]
         written = [destination.parent / staged.data_name] if staged.data_name else []  # type: ignore[union-attr]
         report.size_after = model_bytes(destination, written)  # type: ignore[arg-type]
     except BaseException:
-        staged.discard()
+        staged.discard()  # type: ignore[union-attr]
         raise
-    if args.in_place and staged.data_name is not None:
+    if args.in_place and staged.data_name is not None:  # type: ignore[union-attr]
         new_data = (source.parent / staged.data_name).resolve()
         for old in sorted(input_data - {new_data}):
             report.notes.append(f"The input's old external data file {old.name} is no longer used by {source.name}.")

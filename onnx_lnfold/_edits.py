@@ -13,7 +13,6 @@ from onnx_lnfold._plan import AuxCentering, CenteringEdit
 from onnx_lnfold._zero_mean import Leaf, Weights
 
 
-
 _ROLES = {
     ("MatMul", 1): "MatMul weight",
     ("Gemm", 1): "Gemm weight",
@@ -36,18 +35,6 @@ def _role(node: ir.Node, index: int) -> str:
 
 def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
     return sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
-
-
-# What to do with an embedding table that other uses need unchanged (a tied LM head): "untie"
-# centers a copy of the table (no nodes; the file grows by the table, +31% for GPT-2 124M);
-# "center" centers the Gather's output, `x - ReduceMean(x)` (no copy; two nodes per run: the
-# normalization time saved fell from 23% to 21% on gpt2_small and from 22% to 14% on GPT-2 124M,
-# means over the configurations of benchmarks/results at e73fb10 (centered) and bc5f8fd
-# (untied)). "auto" unties when the other uses read the table only through a Transpose:
-# ONNX Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs
-# file bytes but no memory at run time (GPT-2 124M: 869 MB after session creation either way);
-# otherwise it centers.
-TIED_WEIGHTS = ("auto", "center", "untie")
 
 
 def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.Node, int]]) -> bool:
@@ -96,7 +83,7 @@ def _aux_centering(
 
 
 def plan_edits(
-    leaves: list[tuple[Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "auto"
+    leaves: list[tuple[Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "auto"  # FoldOptions.tied_weights
 ) -> tuple[list[CenteringEdit], list[AuxCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
     for a tied embedding table, center the Gather outputs instead)."""

@@ -1,4 +1,10 @@
-"""The pipeline behind `fold()` and the CLI: load -> analyze -> apply -> verify."""
+"""The one pipeline behind `fold()`, `fold_loaded()` and the command line, on a loaded model:
+analyze -> [proof, for `-v`] -> apply -> [stage the output] -> verify.
+
+Loading and the final write stay with the callers: the command line checks its output paths
+between loading and folding, and writes (commits the staged model) only a fold that was not
+refused; `fold()` hands the model back to be saved by the caller. What is verified, what is
+skipped and why, and what is refused is decided here once."""
 
 from __future__ import annotations
 
@@ -14,12 +20,14 @@ import onnx_ir as ir
 
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
-from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
+from onnx_lnfold._errors import NotVerified, VerificationFailed
 from onnx_lnfold._inputs import InputsUnavailable, check_inputs, verification_input_sets
-from onnx_lnfold._load import ModelSource, load_model
+from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._plan import CenteringPlan
+from onnx_lnfold._progress import Progress
 from onnx_lnfold._report import FoldReport, count_ops
-from onnx_lnfold._save import release_mapped, save_with_external_data, uses_external_data, weight_bytes
+from onnx_lnfold._save import StagedModel, release_mapped, save_with_external_data, uses_external_data, weight_bytes
+from onnx_lnfold._trace import explain
 from onnx_lnfold._verify import ModelBytesOrPath, Verification, bfloat16_rounding, has_bfloat16, output_types, verify
 
 
@@ -43,8 +51,6 @@ class FoldResult:
         return ir.to_proto(self.model)
 
     def save(self, path: str | os.PathLike) -> None:
-        from onnx_lnfold._save import StagedModel
-
         StagedModel(self.model, Path(path), rebind=True).commit()
         self.report.output = str(path)
 
@@ -97,113 +103,129 @@ def check_equivalence(
     return verification
 
 
-def raise_unless_passed(report: FoldReport) -> None:
-    """A fold that was asked to be verified and was not shown equivalent is not returned."""
-    verification = report.verification
-    if verification.status in ("passed", "skipped"):
-        return
-    error_type = VerificationFailed if verification.status == "failed" else NotVerified
-    error = error_type(verification.refusal("api"))
-    error.report = report  # type: ignore[attr-defined]
-    raise error
+@dataclass(frozen=True)
+class VerifyRequest:
+    """Whether and how to check the fold in ONNX Runtime; `inputs`, when given, must match the
+    graph inputs even when the check is off (they were asked for, so a mismatch is an error)."""
+
+    enabled: bool = True
+    disabled_because: str = "disabled by the caller"  # the report's reason when not enabled
+    rtol: float | None = None
+    input_shapes: dict[str, tuple[int, ...]] | None = None
+    inputs: dict[str, np.ndarray] | None = None
 
 
-def fold(
-    model: ModelSource,
-    *,
-    verify: bool = True,
-    rtol: float | None = None,
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
-    inputs: dict[str, np.ndarray] | None = None,
-    target: str = "ort",
-    auxiliary_centering: bool = True,
-    fuse_residual: str = "auto",
-    tied_weights: str = "auto",
-) -> FoldResult:
-    """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
+@dataclass
+class FoldRun:
+    """What the pipeline did: the model (folded in place, unless a dry run), its report, and the
+    output staged for writing when a destination was given (the caller commits or discards it)."""
 
-    Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
-    changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
-    model whose outputs differ beyond `rtol`, its subclass `NotVerified` when something was folded
-    but the check could not run (no onnxruntime, the original does not run on the inputs: pass
-    `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
-    `LnFoldError` for bad input.
+    model: ir.Model
+    report: FoldReport
+    staged: StagedModel | None = None
 
-    `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
-    `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
-    ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
-    `tied_weights` ("auto", "center", "untie") says how an embedding table the LM head shares is
-    centered: as a copy ("untie": the file grows by the table; also what `auxiliary_centering=False`
-    does), by `x - ReduceMean(x)` after the Gather ("center"), or the copy where ONNX Runtime
-    would hold a transposed copy of its own anyway and the centering elsewhere ("auto").
-    """
-    ir_model, path = load_model(model)
-    return fold_loaded(
-        ir_model,
-        path,
-        verify=verify,
-        rtol=rtol,
-        input_shapes=input_shapes,
-        inputs=inputs,
-        target=target,
-        auxiliary_centering=auxiliary_centering,
-        fuse_residual=fuse_residual,
-        tied_weights=tied_weights,
-    )
+    @property
+    def refused(self) -> bool:
+        """A fold that was to be verified and was not shown equivalent is neither written nor
+        returned."""
+        return self.report.verification.status not in ("passed", "skipped")
 
 
-def fold_loaded(
-    ir_model: ir.Model,
+def run_pipeline(
+    model: ir.Model,
     path: Path | None,
+    options: FoldOptions,
+    check: VerifyRequest,
     *,
-    verify: bool = True,
-    rtol: float | None = None,
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
-    inputs: dict[str, np.ndarray] | None = None,
-    target: str = "ort",
-    auxiliary_centering: bool = True,
-    fuse_residual: str = "auto",
-    tied_weights: str = "auto",
-) -> FoldResult:
-    """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
-    it was read from, if any (onnxruntime then reads the original from there)."""
-    if inputs is not None:
-        check_inputs(ir_model, inputs)
-    ops_before = count_ops(ir_model)
-    original_src = _OrtSource(ir_model) if (verify and path is None) else None
+    dry_run: bool = False,
+    proof: bool = False,
+    destination: Path | None = None,
+    progress: Progress | None = None,
+) -> FoldRun:
+    """Fold `model` (owned: changed in place) once. `path` is the file it was read from, if any
+    (onnxruntime then reads the original from there). `proof` adds the per-LN proof to the report;
+    `dry_run` stops after the analysis; `destination` stages the folded model there before the
+    check, which then reads the staged file (a model with external data is written once)."""
+    progress = progress or Progress(enabled=False)
+    if check.inputs is not None and not dry_run:
+        check_inputs(model, check.inputs)
+    ops_before = count_ops(model)
+    source = str(path) if path else None
+    verifying = check.enabled and not dry_run
+    # onnxruntime reads the original from its file, else from a copy taken before the rewrite.
+    original_src = _OrtSource(model) if (verifying and path is None) else None
     try:
-        plan = analyze(
-            ir_model,
-            target=target,
-            auxiliary_centering=auxiliary_centering,
-            fuse_residual=fuse_residual,
-            tied_weights=tied_weights,
-        )
-        apply_plan(ir_model, plan)
-        release_mapped(ir_model)  # pages of the constants the analysis read (gammas, betas, scales)
-        report = FoldReport(
-            plan=plan,
-            ops_before=ops_before,
-            ops_after=count_ops(ir_model),
-            verification=Verification("skipped", "disabled by the caller"),
-            source=str(path) if path else None,
-        )
-        if verify and not plan.folded:
-            report.verification = Verification("skipped", "nothing was folded: the model is unchanged")
-        elif verify:
-            folded_src = _OrtSource(ir_model)
-            try:
-                original = str(path) if path else original_src.source  # type: ignore[union-attr]
-                report.verification = check_equivalence(
-                    original, folded_src.source, ir_model, rtol=rtol, input_shapes=input_shapes, inputs=inputs, plan=plan
-                )
-            finally:
-                folded_src.close()
+        progress.phase("Analyzing" if (dry_run or proof) else "Folding")
+        plan = analyze(model, options)
+        # From the model as it was: the rewrite removes IR objects the proof walks.
+        trace = explain(model, plan) if proof else []
+        if dry_run:
+            skipped = Verification("skipped", "dry run: nothing was changed")
+            report = FoldReport(plan, ops_before, ops_before, skipped, source=source, dry_run=True, trace=trace)
+            return FoldRun(model, report)
+        if proof:
+            progress.phase("Folding")
+        apply_plan(model, plan)
+        release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
+        skipped = Verification("skipped", check.disabled_because)
+        report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
+        staged = StagedModel(model, destination, progress=progress, rebind=True) if destination else None
+        try:
+            if check.enabled and not plan.folded:
+                report.verification = Verification("skipped", "nothing was folded: the model is unchanged")
+            elif check.enabled:
+                progress.phase("Verifying in onnxruntime")
+                original = path if path else original_src.source  # type: ignore[union-attr]
+                report.verification = _check_folded(model, original, staged, check, plan)
+        except BaseException:
+            if staged is not None:
+                staged.discard()
+            raise
+        return FoldRun(model, report, staged)
     finally:
         if original_src:
             original_src.close()
-    raise_unless_passed(report)
-    return FoldResult(ir_model, report)
 
 
-__all__ = ["FoldResult", "fold", "fold_loaded", "check_equivalence", "raise_unless_passed", "LnFoldError"]
+def _check_folded(
+    model: ir.Model, original: ModelBytesOrPath, staged: StagedModel | None, check: VerifyRequest, plan: CenteringPlan
+) -> Verification:
+    folded_src = None if staged is not None else _OrtSource(model)
+    try:
+        folded = staged.path if staged is not None else folded_src.source  # type: ignore[union-attr]
+        return check_equivalence(
+            original, folded, model, rtol=check.rtol, input_shapes=check.input_shapes, inputs=check.inputs, plan=plan
+        )
+    finally:
+        if folded_src is not None:
+            folded_src.close()
+
+
+def raise_unless_passed(run: FoldRun) -> None:
+    """The library's refusal: an exception carrying the report, instead of the model."""
+    if not run.refused:
+        return
+    verification = run.report.verification
+    error_type = VerificationFailed if verification.status == "failed" else NotVerified
+    error = error_type(verification.refusal("api"))
+    error.report = run.report  # type: ignore[attr-defined]
+    raise error
+
+
+def fold_loaded(model: ir.Model, path: Path | None, options: FoldOptions, check: VerifyRequest) -> FoldResult:
+    """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
+    it was read from, if any."""
+    run = run_pipeline(model, path, options, check)
+    raise_unless_passed(run)
+    return FoldResult(run.model, run.report)
+
+
+__all__ = [
+    "FoldResult",
+    "FoldRun",
+    "VerifyRequest",
+    "check_equivalence",
+    "fold_loaded",
+    "raise_unless_passed",
+    "run_pipeline",
+]

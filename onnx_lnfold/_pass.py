@@ -8,6 +8,8 @@ import onnx_ir as ir
 
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
+from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._options import FoldOptions, check_preconditions, keywords_to_options, takes_option_keywords
 from onnx_lnfold._plan import CenteringPlan
 
 logger = logging.getLogger(__name__)
@@ -16,28 +18,26 @@ logger = logging.getLogger(__name__)
 class LnFoldPass(ir.passes.InPlacePass):
     """Replace every exactly-foldable LayerNormalization with SimplifiedLayerNormalization.
 
-    In place, no verification (run `onnx_lnfold.fold` for that). The plan of the last call is kept
-    on `self.plan` so a pipeline can report why LNs were kept.
+    In place, no verification (run `onnx_lnfold.fold` for that). Takes what `fold()` takes as
+    options: `FoldOptions`' fields as keywords, or `options=FoldOptions(...)`. A model the options
+    do not fit (`target="onnx"` below opset 23) fails `requires()` with a `PreconditionError`. The
+    plan of the last call is kept on `self.plan` so a pipeline can report why LNs were kept.
     """
 
-    def __init__(
-        self, target: str = "ort", auxiliary_centering: bool = True, fuse_residual: str = "auto", tied_weights: str = "auto"
-    ) -> None:
+    @takes_option_keywords
+    def __init__(self, *, options: FoldOptions | None = None, **option_keywords) -> None:
         super().__init__()
-        self.target = target
-        self.auxiliary_centering = auxiliary_centering
-        self.fuse_residual = fuse_residual
-        self.tied_weights = tied_weights
+        self.options = keywords_to_options(options, option_keywords, "LnFoldPass")
         self.plan: CenteringPlan | None = None
 
+    def requires(self, model: ir.Model) -> None:
+        try:
+            check_preconditions(model, self.options)
+        except LnFoldError as e:
+            raise ir.passes.PreconditionError(str(e)) from e
+
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.plan = analyze(
-            model,
-            target=self.target,
-            auxiliary_centering=self.auxiliary_centering,
-            fuse_residual=self.fuse_residual,
-            tied_weights=self.tied_weights,
-        )
+        self.plan = analyze(model, self.options)
         apply_plan(model, self.plan)
         for decision in self.plan.kept:
             logger.info("kept %s: %s", decision.node, decision.reason)

@@ -17,30 +17,14 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._ir import constant_of, is_standard
 from onnx_lnfold._forms import LnCandidate, RewriteSite
+from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._shapes import ShapeTable, dims_equal
 
 RMS_OP = "SimplifiedLayerNormalization"
 SKIP_RMS_OP = "com.microsoft::SkipSimplifiedLayerNormalization"
 ONNX_RMS_OP = "RMSNormalization"
-TARGETS = ("ort", "onnx")
-ONNX_RMS_OPSET = 23
-
-
-def check_target(model: ir.Model, target: str, fuse_residual: str = "auto") -> None:
-    if fuse_residual not in FUSE_RESIDUAL:
-        raise LnFoldError(f"unknown fuse_residual '{fuse_residual}': choose one of {', '.join(FUSE_RESIDUAL)}")
-    if target not in TARGETS:
-        raise LnFoldError(f"unknown target '{target}': choose one of {', '.join(TARGETS)}")
-    if target == "onnx":
-        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
-        if opset < ONNX_RMS_OPSET:
-            raise LnFoldError(
-                f"--target onnx emits RMSNormalization (opset {ONNX_RMS_OPSET}); this model's default opset is "
-                f"{opset}: convert it first (onnx.version_converter) or use the default target 'ort'"
-            )
 
 
 @dataclass(frozen=True)
@@ -57,18 +41,6 @@ class Rewrite:
     beta: str  # "none", "add" or "consumers"
     beta_consumers: tuple[ir.Node, ...]  # the linear layers whose bias absorbs beta
     out_type: tuple  # inferred (shape, dtype) of the LN output, for tensors the model declares none of
-
-
-# Which residual Adds become SkipSimplifiedLayerNormalization (`fuse_residual`):
-# - "auto": those ONNX Runtime itself fuses with a LayerNormalization at session start (an Add
-#   whose only consumer is the LN, on 3-D tensors), so the folded model keeps every fusion the
-#   original had, and no more: on CPU (ORT 1.32, d=768, 512 rows) Add + SimplifiedLayerNormalization
-#   runs x1.19 faster than Add + LayerNormalization while SkipSimplifiedLayerNormalization runs
-#   x0.93-1.01 (python -m benchmarks.norm_kernels);
-# - "always": every residual Add of two same-shaped tensors (the sum kept as output 3 when read
-#   elsewhere), for providers whose fused kernel pays;
-# - "never": none.
-FUSE_RESIDUAL = ("auto", "always", "never")
 
 
 def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], mode: str) -> ir.Node | None:
@@ -222,9 +194,8 @@ def _residual_site(add: ir.Node, bias_add: ir.Node | None) -> RewriteSite:
     return RewriteSite(tuple(inputs), bias, add.outputs[0], add)
 
 
-def choose_rewrite(
-    cand: LnCandidate, target: str, shapes: ShapeTable, claimed: set[ir.Node], fuse_residual: str = "auto"
-) -> Rewrite:
+def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, claimed: set[ir.Node]) -> Rewrite:
+    """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in."""
     beta, consumers = beta_placement(cand, shapes)
     out_type = (shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out))
 
@@ -233,9 +204,9 @@ def choose_rewrite(
 
     if cand.form.has_skip:
         return rewrite(SKIP_RMS_OP, cand.form.site(cand))
-    if target == "onnx":
+    if options.target == "onnx":
         return rewrite(ONNX_RMS_OP, cand.form.site(cand))
-    add = _residual_add(cand, shapes, claimed, fuse_residual)
+    add = _residual_add(cand, shapes, claimed, options.fuse_residual)
     if add is None:
         return rewrite(RMS_OP, cand.form.site(cand))
     claimed.add(add)

@@ -35,11 +35,13 @@ from olive.package_config import OlivePackageConfig
 from olive.passes import Pass
 from olive.passes.pass_config import BasePassConfig, PassConfigParam
 
-from onnx_lnfold._fold import fold
+from onnx_lnfold._api import fold
+from onnx_lnfold._options import FoldOptions
 
 logger = logging.getLogger(__name__)
 
 PASS_TYPE = "OnnxLnFold"
+_DEFAULTS = FoldOptions()
 
 
 class OnnxLnFold(Pass):
@@ -49,16 +51,16 @@ class OnnxLnFold(Pass):
     def _default_config(cls, accelerator_spec: AcceleratorSpec) -> dict[str, PassConfigParam]:
         return {
             "target": PassConfigParam(
-                type_=str, default_value="ort", description="'ort': SimplifiedLayerNormalization; 'onnx': RMSNormalization (opset >= 23)"
+                type_=str, default_value=_DEFAULTS.target, description="'ort': SimplifiedLayerNormalization; 'onnx': RMSNormalization (opset >= 23)"
             ),
             "fuse_residual": PassConfigParam(
-                type_=str, default_value="auto", description="which residual Adds become SkipSimplifiedLayerNormalization: auto, always, never"
+                type_=str, default_value=_DEFAULTS.fuse_residual, description="which residual Adds become SkipSimplifiedLayerNormalization: auto, always, never"
             ),
             "tied_weights": PassConfigParam(
-                type_=str, default_value="auto", description="a tied embedding table: auto, center (x - ReduceMean(x)), untie (a centered copy)"
+                type_=str, default_value=_DEFAULTS.tied_weights, description="a tied embedding table: auto, center (x - ReduceMean(x)), untie (a centered copy)"
             ),
             "auxiliary_centering": PassConfigParam(
-                type_=bool, default_value=True, description="allow an explicit x - ReduceMean(x) where no weight edit centers a stream"
+                type_=bool, default_value=_DEFAULTS.auxiliary_centering, description="allow an explicit x - ReduceMean(x) where no weight edit centers a stream"
             ),
             "verify": PassConfigParam(
                 type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
@@ -69,14 +71,13 @@ class OnnxLnFold(Pass):
         self, model: ONNXModelHandler, config: type[BasePassConfig], output_model_path: str
     ) -> ONNXModelHandler:
         output_model_path = resolve_onnx_path(output_model_path, Path(model.model_path).name)
-        result = fold(
-            model.model_path,
-            verify=config.verify,
+        options = FoldOptions(
             target=config.target,
+            auxiliary_centering=config.auxiliary_centering,
             fuse_residual=config.fuse_residual,
             tied_weights=config.tied_weights,
-            auxiliary_centering=config.auxiliary_centering,
         )
+        result = fold(model.model_path, verify=config.verify, options=options)
         for line in result.report.format_text().splitlines():
             logger.info(line)
         result.save(output_model_path)

@@ -1,0 +1,203 @@
+"""FoldOptions, the target's precondition, and the one pipeline driver (issue 12, item 6)."""
+
+import dataclasses
+import inspect
+import re
+import shutil
+
+import onnx_ir as ir
+import pytest
+
+import onnx_lnfold
+from conftest import MODELS
+from graphs import Graph
+from onnx_lnfold import _fold
+from onnx_lnfold._cli import EXIT_OK, EXIT_USAGE, main
+from onnx_lnfold._options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
+
+OPTION_SETS = [
+    {},
+    {"auxiliary_centering": False},
+    {"fuse_residual": "always"},
+    {"fuse_residual": "never"},
+    {"tied_weights": "center"},
+    {"tied_weights": "untie"},
+]
+
+
+# --------------------------------------------------------------------------- FoldOptions
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("target", "cuda", "unknown target 'cuda': choose one of ort, onnx"),
+        ("fuse_residual", "sometimes", "unknown fuse_residual 'sometimes': choose one of auto, always, never"),
+        ("tied_weights", "share", "unknown tied_weights 'share': choose one of auto, center, untie"),
+    ],
+)
+def test_a_bad_option_is_one_line_naming_the_choices(field, value, message):
+    with pytest.raises(onnx_lnfold.LnFoldError) as raised:
+        FoldOptions(**{field: value})
+    assert str(raised.value) == message
+    # The public keywords and the pass raise the same, before any model is read.
+    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(message)}$"):
+        onnx_lnfold.fold("no-such-file.onnx", **{field: value})
+    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(message)}$"):
+        onnx_lnfold.LnFoldPass(**{field: value})
+
+
+def test_options_are_frozen_with_the_documented_defaults_and_choices():
+    options = FoldOptions()
+    assert dataclasses.astuple(options) == ("ort", True, "auto", "auto")
+    assert (TARGETS, FUSE_RESIDUAL, TIED_WEIGHTS) == (("ort", "onnx"), ("auto", "always", "never"), ("auto", "center", "untie"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.target = "onnx"  # type: ignore[misc]
+    assert onnx_lnfold.FoldOptions is FoldOptions and "FoldOptions" in onnx_lnfold.__all__
+
+
+def test_public_signatures_list_every_option_as_a_keyword():
+    fields = {f.name: f.default for f in dataclasses.fields(FoldOptions)}
+    for entry in (onnx_lnfold.fold, onnx_lnfold.analyze, onnx_lnfold.LnFoldPass):
+        params = inspect.signature(entry).parameters
+        assert {name: params[name].default for name in fields} == fields, entry
+        assert params["options"].default is None
+        assert all(params[name].kind is inspect.Parameter.KEYWORD_ONLY for name in [*fields, "options"])
+
+
+def test_an_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match="fold\\(\\) got an unexpected keyword argument 'taget'"):
+        onnx_lnfold.fold(MODELS / "gpt2.onnx", taget="onnx")
+    with pytest.raises(TypeError, match="analyze\\(\\) got an unexpected keyword argument 'fuse'"):
+        onnx_lnfold.analyze(MODELS / "gpt2.onnx", fuse="always")
+
+
+@pytest.mark.parametrize("keywords", OPTION_SETS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
+def test_keywords_and_options_give_the_same_plan(keywords):
+    model = ir.load(str(MODELS / "gpt2.onnx"))
+    by_keywords = onnx_lnfold.analyze(model, **keywords).to_dict()
+    by_options = onnx_lnfold.analyze(model, options=FoldOptions(**keywords)).to_dict()
+    assert by_keywords == by_options
+    pass_ = onnx_lnfold.LnFoldPass(options=FoldOptions(**keywords))
+    pass_(model.clone())
+    assert pass_.plan.to_dict() == by_keywords  # type: ignore[union-attr]
+
+
+def test_fold_keywords_and_options_give_the_same_plan_and_model():
+    by_keywords = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False, tied_weights="center", fuse_residual="never")
+    by_options = onnx_lnfold.fold(
+        MODELS / "gpt2.onnx", verify=False, options=FoldOptions(tied_weights="center", fuse_residual="never")
+    )
+    assert by_keywords.plan.to_dict() == by_options.plan.to_dict()
+    assert by_keywords.plan.centerings  # the options took effect: the tied table is centered, not copied
+    assert by_keywords.model_proto.SerializeToString(deterministic=True) == by_options.model_proto.SerializeToString(
+        deterministic=True
+    )
+
+
+def test_keywords_beside_options_replace_its_fields():
+    model = ir.load(str(MODELS / "gpt2.onnx"))
+    mixed = onnx_lnfold.analyze(model, options=FoldOptions(tied_weights="center"), tied_weights="untie")
+    assert mixed.to_dict() == onnx_lnfold.analyze(model, tied_weights="untie").to_dict()
+    assert not mixed.centerings and any(edit.untie for edit in mixed.edits)
+
+
+# --------------------------------------------------------------------------- the precondition
+def _opset18_model():
+    g = Graph()
+    g.output(g.ln(g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj"), 16, "ln"))
+    return g.model(opset=18)
+
+
+OPSET_MESSAGE = (
+    "--target onnx emits RMSNormalization (opset 23); this model's default opset is 18: "
+    "convert it first (onnx.version_converter) or use the default target 'ort'"
+)
+
+
+def test_pass_requires_opset_23_for_the_onnx_target_inside_a_pass_manager():
+    model = ir.serde.deserialize_model(_opset18_model())
+    fold_pass = onnx_lnfold.LnFoldPass(target="onnx")
+    manager = ir.passes.PassManager([fold_pass])
+    with pytest.raises(ir.passes.PassError) as raised:  # the manager wraps what a pass raises
+        manager(model)
+    precondition = raised.value
+    while not isinstance(precondition, ir.passes.PreconditionError) and precondition.__cause__ is not None:
+        precondition = precondition.__cause__  # Sequential, then PassManager, each wrap it once
+    assert isinstance(precondition, ir.passes.PreconditionError) and str(precondition) == OPSET_MESSAGE
+    with pytest.raises(ir.passes.PreconditionError, match=re.escape(OPSET_MESSAGE)):
+        fold_pass(model)  # a pass called alone runs requires() too
+    assert fold_pass.plan is None  # stopped before the analysis
+    assert [n.op_type for n in model.graph].count("LayerNormalization") == 1  # and changed nothing
+    # The same model passes with the default target.
+    assert onnx_lnfold.LnFoldPass()(model).modified
+
+
+def test_fold_analyze_and_the_cli_give_the_same_one_line_error(tmp_path, capsys):
+    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(OPSET_MESSAGE)}$"):
+        onnx_lnfold.fold(_opset18_model(), target="onnx")
+    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(OPSET_MESSAGE)}$"):
+        onnx_lnfold.analyze(_opset18_model(), options=FoldOptions(target="onnx"))
+    path = tmp_path / "m.onnx"
+    ir.save(ir.serde.deserialize_model(_opset18_model()), str(path))
+    assert main([str(path), "--target", "onnx"]) == EXIT_USAGE
+    assert capsys.readouterr().err == f"onnx_lnfold: error: {OPSET_MESSAGE}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # nothing written
+
+
+# --------------------------------------------------------------------------- one driver
+@pytest.fixture
+def count_analyses(monkeypatch):
+    calls = []
+    analyze = _fold.analyze
+
+    def counted(model, options, shapes=None):
+        calls.append(options)
+        return analyze(model, options, shapes)
+
+    monkeypatch.setattr(_fold, "analyze", counted)
+    return calls
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"], ["--no-verify"]])
+def test_verbose_cli_analyzes_once(tmp_path, capsys, count_analyses, extra):
+    model = tmp_path / "gpt2.onnx"
+    shutil.copy(MODELS / "gpt2.onnx", model)
+    assert main([str(model), "-v", "--fuse-residual", "never", *extra]) == EXIT_OK
+    assert count_analyses == [FoldOptions(fuse_residual="never")]
+    out = capsys.readouterr().out
+    assert "Proof per LayerNorm (--verbose):" in out
+    assert "node_layer_norm_4 (LayerNormalization, axis 2): folded -> SimplifiedLayerNormalization" in out
+    assert "LayerNorm nodes: 5 folded, 0 kept (of 5)" in out
+    assert (tmp_path / "gpt2.lnfold.onnx").exists() == ("--dry-run" not in extra)
+
+
+def test_fold_analyzes_once(count_analyses):
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", tied_weights="untie")
+    assert count_analyses == [FoldOptions(tied_weights="untie")]
+    assert result.report.verification.status == "passed"
+
+
+def test_the_proof_is_the_same_as_from_a_separate_analysis(tmp_path, capsys):
+    """The -v proof comes from the plan the fold applies, on the model before the rewrite."""
+    from onnx_lnfold._trace import explain
+
+    model = tmp_path / "gpt2.onnx"
+    shutil.copy(MODELS / "gpt2.onnx", model)
+    loaded = ir.load(str(model))
+    expected = explain(loaded, onnx_lnfold.analyze(loaded))
+    run = _fold.run_pipeline(ir.load(str(model)), model, FoldOptions(), _fold.VerifyRequest(enabled=False), proof=True)
+    assert run.report.trace == expected and expected
+    assert run.report.verification.reason == "disabled by the caller" and not run.refused and run.staged is None
+
+
+def test_the_skip_reasons_are_decided_in_one_place():
+    nothing = Graph()
+    nothing.output(nothing.linear(nothing.input("x", ["b", "s", 8]), 8, 16, "proj"))
+    plain = ir.serde.deserialize_model(nothing.model())
+    options = FoldOptions()
+    run = _fold.run_pipeline(plain, None, options, _fold.VerifyRequest())
+    assert run.report.verification.reason == "nothing was folded: the model is unchanged"
+    run = _fold.run_pipeline(plain, None, options, _fold.VerifyRequest(enabled=False, disabled_because="disabled by --no-verify"))
+    assert run.report.verification.reason == "disabled by --no-verify"
+    dry = _fold.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, options, _fold.VerifyRequest(), dry_run=True)
+    assert dry.report.verification.reason == "dry run: nothing was changed" and dry.report.dry_run
+    assert dry.report.ops_after == dry.report.ops_before and len(dry.report.plan.folded) == 1
