@@ -411,12 +411,7 @@ def _side_effects(leaves: list[_Leaf], shapes: ShapeTable, sinks: set[tuple[ir.N
 
 
 _ROLES = {
-    ("MatMul", 1): "MatMul weight",
-    ("Gemm", 1): "Gemm weight",
-    ("Gemm", 2): "Gemm bias",
-    ("Conv", 1): "Conv weight",
-    ("Conv", 2): "Conv bias",
-    ("Gather", 0): "embedding table",
+    **{(op, index): role for op, rule in _carry.RULES.items() for index, role in rule.roles.items()},
     ("SkipLayerNormalization", 4): "SkipLayerNormalization bias",
 }
 

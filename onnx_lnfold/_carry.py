@@ -24,7 +24,7 @@ from onnx_lnfold._carry_rules import RULES, In, Out, axis_vector, fed
 from onnx_lnfold._ir import is_standard, node_label, normalize_axis
 from onnx_lnfold._shapes import ShapeTable
 
-__all__ = ["JOINTLY_LINEAR", "Requirement", "absorbs", "axis_vector", "backward", "forward"]
+__all__ = ["JOINTLY_LINEAR", "RULES", "Requirement", "absorbs", "axis_vector", "backward", "forward"]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
@@ -86,6 +87,8 @@ class Rule:
 
     # Several inputs may change at once: the op adds up its changed inputs linearly.
     jointly_linear = False
+    # What the plan calls a constant centered at an input: {input index: role}.
+    roles: ClassVar[dict[int, str]] = {}
 
     def links(self, node: ir.Node, shapes: ShapeTable, end: End) -> list[Link] | Blocked:
         """Every link through `end` (an empty list: none, the end is not on the stream)."""
@@ -182,13 +185,17 @@ class _Broadcast(Rule):
             in_rank = shapes.rank(node.inputs[end.index])
             if out_rank is None or in_rank is None:
                 return Blocked("unknown-shape", f"{fed(node)}, whose shapes are unknown")
-            return self.combine_from_input(node, shapes, _broadcast_link(node, shapes, end.index, in_rank, out_rank, end.axis + out_rank - in_rank))
+            link = _broadcast_link(node, shapes, end.index, in_rank, out_rank, end.axis + out_rank - in_rank)
+            return self.combine_from_input(node, shapes, link)
         in_shapes = [shapes.shape(v) for v in node.inputs]
         if out_rank is None or any(s is None for s in in_shapes):
             return Blocked("unknown-shape", f"the shapes around {node_label(node)} are unknown")
         if end.index != 0:
             return []
-        links = [_broadcast_link(node, shapes, i, len(s), out_rank, end.axis) for i, s in enumerate(in_shapes)]  # type: ignore[arg-type]
+        links = [
+            _broadcast_link(node, shapes, i, len(s), out_rank, end.axis)  # type: ignore[arg-type]
+            for i, s in enumerate(in_shapes)
+        ]
         return self.combine_into_output(node, shapes, links, out_rank)
 
     def combine_into_output(self, node, shapes, links: list[Link], out_rank: int) -> list[Link] | Blocked:
@@ -210,7 +217,10 @@ class _Mul(_Broadcast):
         if first.broadcast != second.broadcast:
             return [second if first.broadcast else first]
         if first.broadcast:
-            return Blocked("constant-along-axis", f"{node_label(node)} multiplies two tensors that are constant along the normalized axis")
+            return Blocked(
+                "constant-along-axis",
+                f"{node_label(node)} multiplies two tensors that are constant along the normalized axis",
+            )
         for scale in (1, 0):
             if axis_vector(node, scale, out_rank, first.out_axis, shapes) is not None:
                 return [dataclasses.replace(links[1 - scale], factor=scale)]
@@ -238,7 +248,9 @@ class _Div(_Mul):
     def combine_into_output(self, node, shapes, links, out_rank):
         dividend, divisor = links
         if not divisor.broadcast:
-            return Blocked("varying-factor", f"{node_label(node)} divides by a tensor that varies along the normalized axis")
+            return Blocked(
+                "varying-factor", f"{node_label(node)} divides by a tensor that varies along the normalized axis"
+            )
         return [dividend]
 
     def combine_from_input(self, node, shapes, link):
@@ -293,6 +305,7 @@ class _MatMul(_Producer):
     """MatMul(X, W): the last output axis is W's columns."""
 
     jointly_linear = False  # X and W changing at once change the product bilinearly
+    roles: ClassVar[dict[int, str]] = {1: "MatMul weight"}
 
     def produced_axis(self, node, shapes):
         out_rank, w_rank = shapes.rank(node.outputs[0]), shapes.rank(node.inputs[1])
@@ -301,7 +314,9 @@ class _MatMul(_Producer):
         return out_rank - 1 if w_rank >= 2 else None
 
     def wrong_axis(self, node):
-        return Blocked("wrong-axis", f"{node_label(node)} does not produce the normalized axis from its weight's columns")
+        return Blocked(
+            "wrong-axis", f"{node_label(node)} does not produce the normalized axis from its weight's columns"
+        )
 
     def weights(self, node, shapes, axis, end):
         return [Link(1, shapes.rank(node.inputs[1]) - 1, 0, axis)]  # type: ignore[operator]
@@ -309,6 +324,8 @@ class _MatMul(_Producer):
 
 class _Gemm(_Producer):
     """Gemm(A, B, C): output columns (axis 1) are B's columns (its rows with transB), plus C."""
+
+    roles: ClassVar[dict[int, str]] = {1: "Gemm weight", 2: "Gemm bias"}
 
     def produced_axis(self, node, shapes):
         return 1
@@ -329,6 +346,8 @@ class _Gemm(_Producer):
 
 class _Conv(_Producer):
     """Conv(X, W, B) with group 1: output channels (axis 1) are W's and B's axis 0."""
+
+    roles: ClassVar[dict[int, str]] = {1: "Conv weight", 2: "Conv bias"}
 
     def check(self, node):
         group = node.attributes.get_int("group", 1)
@@ -397,10 +416,15 @@ class _Layout(Rule):
         return [Link(0, other, end.index, end.axis, self.broadcast(node, shapes, other))]
 
 
+def _unknown_around(node: ir.Node) -> Blocked:
+    reason = f"the shape around {node_label(node)} is unknown, so the axis cannot be followed"
+    return Blocked("unknown-shape", reason)
+
+
 def _shapes_around(node: ir.Node, shapes: ShapeTable) -> tuple[Shape, Shape] | Blocked:
     in_shape, out_shape = shapes.shape(node.inputs[0]), shapes.shape(node.outputs[0])
     if in_shape is None or out_shape is None:
-        return Blocked("unknown-shape", f"the shape around {node_label(node)} is unknown, so the axis cannot be followed")
+        return _unknown_around(node)
     return in_shape, out_shape
 
 
@@ -515,11 +539,12 @@ class _Gather(_Layout):
     indices' axes; axis g itself is replaced by the indices."""
 
     non_data = "as indices"
+    roles: ClassVar[dict[int, str]] = {0: "embedding table"}
 
     def axis_map(self, node, shapes):
         data_shape, indices_rank = shapes.shape(node.inputs[0]), shapes.rank(node.inputs[1])
         if data_shape is None or indices_rank is None:
-            return Blocked("unknown-shape", f"the shape around {node_label(node)} is unknown, so the axis cannot be followed")
+            return _unknown_around(node)
         g = normalize_axis(node.attributes.get_int("axis", 0), len(data_shape))
         return {a: a if a < g else a + indices_rank - 1 for a in range(len(data_shape)) if a != g}
 

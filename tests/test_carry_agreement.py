@@ -54,7 +54,8 @@ class _Node:
     def build(self, op: str, inputs: list[str], n_out: int = 1, **attrs) -> tuple[ir.Node, ShapeTable]:
         outs = [f"out{k}" for k in range(n_out)]
         node = helper.make_node(op, inputs, outs, name="n", **attrs)
-        graph = helper.make_graph([node], "g", self.inputs, [helper.make_tensor_value_info(o, F, None) for o in outs], self.inits)
+        declared = [helper.make_tensor_value_info(o, F, None) for o in outs]
+        graph = helper.make_graph([node], "g", self.inputs, declared, self.inits)
         proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         proto.ir_version = 9
         model = ir.serde.deserialize_model(proto)
@@ -144,6 +145,11 @@ def _reshape(rng):
     target = [*shape[:cut], int(np.prod(shape[cut : cut + 2]))] + shape[cut + 2 :]  # merge two dims
     if rng.random() < 0.5:
         shape, target = target, shape  # or split one
+    if rng.random() < 0.5 and cut > 0:
+        # Named leading dims copied by 0s and the rest flattened by -1: the output's last dim is
+        # unknown, so the axis is followed through the target (`_reshape._structural_axis`).
+        shape = [f"d{i}" for i in range(len(shape))]
+        target = [0] * cut + [-1]
     return b.build("Reshape", [b.data(shape), b.ints(target)])
 
 
