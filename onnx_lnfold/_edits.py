@@ -7,19 +7,17 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnx_lnfold import _carry
 from onnx_lnfold._ir import constant_of
 from onnx_lnfold._names import fresh_name
 from onnx_lnfold._plan import AuxCentering, CenteringEdit
 from onnx_lnfold._zero_mean import Leaf, Weights
 
 
+# A producer's role names live with its carry rule; a Skip LN's bias is the one constant the LN
+# itself reads.
 _ROLES = {
-    ("MatMul", 1): "MatMul weight",
-    ("Gemm", 1): "Gemm weight",
-    ("Gemm", 2): "Gemm bias",
-    ("Conv", 1): "Conv weight",
-    ("Conv", 2): "Conv bias",
-    ("Gather", 0): "embedding table",
+    **{(op, index): role for op, rule in _carry.RULES.items() for index, role in rule.roles.items()},
     ("SkipLayerNormalization", 4): "SkipLayerNormalization bias",
 }
 
