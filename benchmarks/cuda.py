@@ -42,7 +42,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import shlex
 import shutil
 import subprocess

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import CACHE, ensure_exported, session_options
+from benchmarks.common import ensure_exported, session_options
 from benchmarks.latency import feeds_for, norm_groups
 
 

@@ -42,9 +42,9 @@ class Requirement:
     factor: int | None = None
 
 
-# Ops whose changed inputs add up linearly: several of them may change at once.
-# (SkipLayerNormalization normalizes input + skip + bias.)
-JOINTLY_LINEAR = {op for op, rule in RULES.items() if rule.jointly_linear} | {"SkipLayerNormalization"}
+# Ops whose changed inputs add up linearly: several of them may change at once. (An LN form whose
+# inputs add up, SkipLayerNormalization, says so itself: `Sinks.adds_inputs`.)
+JOINTLY_LINEAR = {op for op, rule in RULES.items() if rule.jointly_linear}
 
 
 def backward(node: ir.Node, output_index: int, axis: int, shapes: ShapeTable) -> list[Requirement] | Blocked:

@@ -8,17 +8,17 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold import _carry
+from onnx_lnfold._forms import FORMS
 from onnx_lnfold._ir import constant_of
 from onnx_lnfold._names import fresh_name
 from onnx_lnfold._plan import AuxCentering, CenteringEdit
 from onnx_lnfold._zero_mean import Leaf, Weights
 
 
-# A producer's role names live with its carry rule; a Skip LN's bias is the one constant the LN
-# itself reads.
+# Role names live with the producer's carry rule, or with the LN form that reads the constant.
 _ROLES = {
     **{(op, index): role for op, rule in _carry.RULES.items() for index, role in rule.roles.items()},
-    ("SkipLayerNormalization", 4): "SkipLayerNormalization bias",
+    **{(form.op_type, index): role for form in FORMS for index, role in form.roles.items()},
 }
 
 

@@ -1,7 +1,7 @@
 """Read an ONNX model file without reading its weights.
 
-`onnx.load` reads the whole file and then parses it: two copies of every weight at the peak (a
-500 MB GPT-2 took 1 GB just to load). Here the file is memory-mapped and its protobuf wire format
+`onnx.load` reads the whole file and then parses it: two copies of every weight at the peak
+(figures: benchmarks/results/large_model.json). Here the file is memory-mapped and its protobuf wire format
 walked: the main graph's large initializers are parsed without their `raw_data`, whose byte range
 in the file is noted instead, and everything else is parsed as usual. Those initializers become
 `FileRegionTensor`s, read when (and only as far as) they are used: copied in the kernel when

@@ -1,8 +1,8 @@
 """Write a model with its weights inside the .onnx file, one tensor at a time.
 
 `ir.save` (like `onnx.save`) builds the whole ModelProto and then its serialized bytes: two more
-copies of every weight beside the model being saved (a 500 MB GPT-2 peaked at 2.5 GB). Here
-everything but the large initializers' data is serialized as usual (a few MB), and each large
+copies of every weight beside the model being saved (figures: benchmarks/results/large_model.json).
+Here everything but the large initializers' data is serialized as usual, and each large
 initializer is then written as its header followed by its bytes, streamed from the tensor
 (a centered weight computes them block by block). Protobuf reads a message's fields in any
 order, so a field written last parses as if written in its usual place; repeated fields keep

@@ -96,7 +96,8 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[V
                     mark(node.outputs[k], out_axis, mask, out_weights)
 
     for node, uses in touched.items():
-        if len(uses) > 1 and node.op_type not in _carry.JOINTLY_LINEAR and node not in broken:
+        jointly_linear = node.op_type in _carry.JOINTLY_LINEAR or sinks.adds_inputs(node)
+        if len(uses) > 1 and not jointly_linear and node not in broken:
             if all((node, i) in sinks.uses for i in uses):
                 continue
             mask = 0

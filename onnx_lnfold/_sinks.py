@@ -22,6 +22,11 @@ class Sinks:
         # (node, input index) through which an LN of known axis removes a shift of its input.
         self.uses = frozenset(use for cand in candidates if cand.axis is not None for use in cand.sink_uses)
 
+    def adds_inputs(self, node: ir.Node) -> bool:
+        """An LN whose changed inputs add up (SkipLayerNormalization: input + skip + bias)."""
+        cand = self._owner.get(node)
+        return cand is not None and cand.form.has_skip
+
     def absorbs(self, node: ir.Node, index: int, axis: int, shapes: ShapeTable) -> dict[int, int] | Blocked | None:
         """What `node` does with a shift along `axis` arriving at input `index`: {outputs still
         carrying it} ({} when removed; SkipLayerNorm's sum carries it on), why it cannot remove

@@ -20,9 +20,9 @@ import onnx_ir as ir
 from onnx_lnfold._errors import LnFoldError
 
 # About this many bytes a block: enough that a read call's overhead vanishes, few enough that the
-# block, its float64 copy and the output stay in cache from read to write. Measured on the 2.4 GB
-# benchmark model (2 cores): 1 MB blocks write the centered weights 3x faster than 4 MB blocks,
-# whose output has left the cache before the kernel copies it into the page cache.
+# block, its float64 copy and the output stay in cache from read to write (larger blocks' output
+# has left the cache before the kernel copies it into the page cache; python -m
+# benchmarks.large_model measures the write).
 BLOCK_BYTES = 1 << 20
 
 # Which rows a block holds: a slice of axis 0, or `...` for a scalar (its one block is all of it).

@@ -12,7 +12,7 @@ from collections import Counter
 import onnx_ir as ir
 
 from onnx_lnfold import _carry
-from onnx_lnfold._forms import sum_terms
+from onnx_lnfold._forms import is_residual_sum, sum_terms
 from onnx_lnfold._names import display_names
 from onnx_lnfold._plan import CenteringPlan, LnDecision
 from onnx_lnfold._shapes import ShapeTable
@@ -37,7 +37,7 @@ def _carried(decision: LnDecision, leaves: set[Use], shapes: ShapeTable) -> list
         producer = value.producer()
         if producer is None or producer in seen:
             continue
-        if producer.domain == "com.microsoft" and producer.op_type == "SkipLayerNormalization" and value.index() == 3:
+        if is_residual_sum(value):
             reqs = sum_terms(producer, shapes, req.axis)  # the residual sum, as the analysis reads it
         else:
             reqs = _carry.backward(producer, value.index(), req.axis, shapes)

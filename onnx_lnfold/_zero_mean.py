@@ -19,7 +19,7 @@ from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._forms import SKIP_NORMALIZATIONS, sum_terms
+from onnx_lnfold._forms import is_residual_sum, sum_terms
 from onnx_lnfold._sinks import Sinks
 
 NORMALIZATIONS = {
@@ -141,8 +141,7 @@ class Tracer:
         node = value.producer()
         if node is None:
             return Blocked("constant-on-stream", f"tensor '{value.name}' is a constant on the stream itself", value.name)
-        if node.op_type in SKIP_NORMALIZATIONS and node.domain == "com.microsoft" and value.index() == 3:
-            # Output 3 is the residual sum input + skip (+ bias): a carry, not a normalization.
+        if is_residual_sum(value):  # a carry, not a normalization's output
             terms = sum_terms(node, self.shapes, axis)
             if terms is None:
                 return Blocked(
@@ -173,9 +172,9 @@ class Tracer:
     def _widened(self, cast: ir.Node) -> str | None:
         """Why a Cast of an fp16/bf16 constant to a wider float stops a proof, or None. The
         constant would be centered in its narrow type, and the mean its rounding leaves is far
-        above the wide type's noise: fp16 weights computed in fp32 came out 3e-4 to 5e-4 off (relative)
-        where an fp32 fold is 1e-6 off. (A computed fp16 stream widened for an fp32 LN, as the
-        fp16 converter leaves LNs, carries fp16 noise of its own: not refused here.)"""
+        above the wide type's noise (test_fp16_weights_cast_to_fp32_are_kept_with_a_reason). A
+        computed fp16 stream widened for an fp32 LN, as the fp16 converter leaves LNs, carries
+        fp16 noise of its own: not refused here."""
         src = self.shapes.dtype(cast.inputs[0])
         dst = self.shapes.dtype(cast.outputs[0])
         if src in NARROW_FLOAT_TYPES and dst is not None and dst not in NARROW_FLOAT_TYPES and constant_of(cast.inputs[0]) is not None:

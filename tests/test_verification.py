@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 import onnx_lnfold
 from conftest import MODELS
-from graphs import Graph, assert_equivalent, ops
+from graphs import Graph, ops
 from helpers import make_large_model, run_cli
 from onnx_lnfold._inputs import DimExpr, synthesize_inputs, verification_input_sets
 from onnx_lnfold._verify import float32_shadow, run_model

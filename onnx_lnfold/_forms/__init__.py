@@ -10,8 +10,8 @@ from onnx_lnfold._forms.base import LnCandidate, LnForm, LnKind, RewriteSite
 from onnx_lnfold._forms.decomposed import DecomposedForm
 from onnx_lnfold._forms.embed_layer_norm import EmbedLayerNormForm
 from onnx_lnfold._forms.layer_norm import LayerNormForm
-from onnx_lnfold._forms.skip_layer_norm import SKIP_NORMALIZATIONS, SkipLayerNormForm, sum_terms
+from onnx_lnfold._forms.skip_layer_norm import SkipLayerNormForm, is_residual_sum, sum_terms
 
 FORMS = (LayerNormForm(), SkipLayerNormForm(), EmbedLayerNormForm(), DecomposedForm())
 
-__all__ = ["FORMS", "SKIP_NORMALIZATIONS", "LnCandidate", "LnForm", "LnKind", "RewriteSite", "sum_terms"]
+__all__ = ["FORMS", "LnCandidate", "LnForm", "LnKind", "RewriteSite", "is_residual_sum", "sum_terms"]

@@ -77,8 +77,12 @@ class LnForm:
     """One way a LayerNorm is written. Subclasses answer for their own nodes only."""
 
     kind: ClassVar[LnKind]
-    # It normalizes `input + skip` itself: its fold is always SkipSimplifiedLayerNormalization.
+    op_type: ClassVar[str | None] = None  # the op it is, if it is one op
+    # It normalizes `input + skip` itself: its fold is always SkipSimplifiedLayerNormalization,
+    # and shifts of its several inputs add up (the side-effect rule lets them change together).
     has_skip: ClassVar[bool] = False
+    # What the plan calls a constant input of the LN op that an edit centers (by input index).
+    roles: ClassVar[dict[int, str]] = {}
     # Written as a pattern of ops: its output stops a proof as an LN op's output does.
     is_pattern: ClassVar[bool] = False
 

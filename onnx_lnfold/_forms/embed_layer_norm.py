@@ -14,6 +14,7 @@ from onnx_lnfold._shapes import ShapeTable
 
 class EmbedLayerNormForm(LnForm):
     kind = LnKind.EMBED_LAYER_NORM
+    op_type = "EmbedLayerNormalization"
 
     def match(self, node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
         if not (node.domain == MS_DOMAIN and node.op_type == "EmbedLayerNormalization"):

@@ -17,6 +17,7 @@ LN_DEFAULT_EPSILON = 1e-5
 
 class LayerNormForm(LnForm):
     kind = LnKind.LAYER_NORM
+    op_type = "LayerNormalization"
 
     def match(self, node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
         if not (is_standard(node) and node.op_type == "LayerNormalization"):

@@ -20,6 +20,12 @@ SKIP_LN_DEFAULT_EPSILON = 1e-12
 SKIP_NORMALIZATIONS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
 
 
+def is_residual_sum(value: ir.Value) -> bool:
+    """Output 3 of a Skip*Normalization: the residual sum input + skip (+ bias), a carry."""
+    node = value.producer()
+    return node is not None and node.domain == MS_DOMAIN and node.op_type in SKIP_NORMALIZATIONS and value.index() == 3
+
+
 def sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[Requirement] | None:
     """What must be zero-mean for a Skip*Normalization's sum (output 3) to be: all its addends."""
     bias_index = 4 if node.op_type == "SkipLayerNormalization" else 3
@@ -34,7 +40,9 @@ def sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[Requirement]
 
 class SkipLayerNormForm(LnForm):
     kind = LnKind.SKIP_LAYER_NORM
+    op_type = "SkipLayerNormalization"
     has_skip = True
+    roles = {4: "SkipLayerNormalization bias"}
 
     def match(self, node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
         if not (node.domain == MS_DOMAIN and node.op_type == "SkipLayerNormalization"):
