@@ -90,7 +90,7 @@ class Tracer:
         junctions: frozenset[ir.Value] = frozenset(),
     ):
         self.shapes = shapes
-        self.junctions = junctions  # stream sums to center explicitly rather than prove (see _junction_roots)
+        self.junctions = junctions  # stream sums to center explicitly rather than prove (see `_fold_set._junction_roots`)
         self.sinks = sinks
         self.aux_denied = aux_denied  # None: auxiliary centering off
         # Outputs of LNs written as a pattern of ops, with their labels: they stop a proof as an
@@ -261,7 +261,7 @@ class Tracer:
     def _aux_allowed(self, value: ir.Value) -> bool:
         if self.aux_denied is None or value in self.aux_denied:
             return False
-        # fp16/bf16 roots only for LNs of their own precision (`_mixed_precision_roots`).
+        # fp16/bf16 roots only for LNs of their own precision (`_fold_set._mixed_precision_roots`).
         return self.shapes.dtype(value) in FLOAT_TYPES
 
     def _leaf(self, node, req, out, out_weights: Weights, weights: Weights, aux: bool = False):
