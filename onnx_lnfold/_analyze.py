@@ -97,7 +97,7 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
                     status=KEPT,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
-                    blocked=blocked[cand] if cand in blocked else costly[cand],
+                    blocked=blocked[cand] if cand in blocked else costly[cand].at_stage("cost"),
                 )
             )
     advice = order_advice(graph, list(active), list(costly))

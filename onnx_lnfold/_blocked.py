@@ -3,12 +3,16 @@
 Every step that can refuse (recognizing an LN form, following a mean through an op, the
 side-effect check, the fusion-cost rule) returns a `Blocked` instead of raising or returning a
 string: a stable `code` that programs and tests match on, the `reason` sentence people read, and
-the tensor or node that reason names (`source`). A kept `LnDecision` carries the one that decided
-it. Wording may improve from release to release; codes do not change meaning.
+the tensor or node that reason names (`source`). The step that decides an LN with it sets its
+`stage`: one carry rule answers both directions, so "not-carried" may mean the LN's input comes
+through a Relu (stage "proof") or that a centered tensor feeds one (stage "side-effect"). A kept
+`LnDecision` carries the one that decided it. Wording may improve from release to release; codes
+and stages do not change meaning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +65,15 @@ CODES: dict[str, str] = {
 }
 
 
+# The step that refused, with what it means for the LN.
+STAGES: dict[str, str] = {
+    "form": "the LN's own form rules it out, whatever its upstream",
+    "proof": "its input cannot be proven zero-mean by centering constants",
+    "side-effect": "centering what it needs would change a tensor read where the change matters",
+    "cost": "folding it would cost more than it saves",
+}
+
+
 @dataclass(frozen=True)
 class Blocked:
     """Why something cannot fold: a stable `code` (a key of `CODES`), the `reason` sentence, and
@@ -71,14 +84,21 @@ class Blocked:
     source: str | None = None
     # Where a proof broke, for the analysis only (an explicit centering may be inserted there).
     at: ir.Value | None = field(default=None, repr=False, compare=False)
+    stage: str | None = None  # a key of STAGES, set by the step that decides an LN with it
 
     def __post_init__(self) -> None:
         if self.code not in CODES:
             raise ValueError(f"unknown Blocked code {self.code!r}: add it to onnx_lnfold._blocked.CODES")
+        if self.stage is not None and self.stage not in STAGES:
+            raise ValueError(f"unknown Blocked stage {self.stage!r}: one of {', '.join(STAGES)}")
 
     def reworded(self, reason: str, source: str | None = None, at: ir.Value | None = None) -> Blocked:
         """The same refusal told from further out: same code, a sentence that wraps this one."""
-        return Blocked(self.code, reason, source if source is not None else self.source, at)
+        return Blocked(self.code, reason, source if source is not None else self.source, at, self.stage)
+
+    def at_stage(self, stage: str) -> Blocked:
+        """This refusal, as the step `stage` decides an LN with it."""
+        return dataclasses.replace(self, stage=stage)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "reason": self.reason, "source": self.source}
+        return {"stage": self.stage, "code": self.code, "reason": self.reason, "source": self.source}

@@ -48,11 +48,11 @@ def fold_set(
     active: dict[LnCandidate, frozenset[Leaf]] = {}
     for cand in candidates:
         if cand.form_problem:
-            blocked[cand] = cand.form_problem
+            blocked[cand] = cand.form_problem.at_stage("form")
             continue
         traced = tracer.prove(cand.node, cand.terms)
         if isinstance(traced, Blocked):
-            blocked[cand] = traced
+            blocked[cand] = traced.at_stage("proof")
         else:
             active[cand] = traced
     while active:
@@ -68,7 +68,7 @@ def fold_set(
             hit = [v for v in violations if v.sources & mask]
             if hit:
                 first = min(hit, key=lambda v: (v.blocked.source, v.blocked.reason)).blocked
-                blocked[cand] = first
+                blocked[cand] = first.at_stage("side-effect")
                 del active[cand]
                 logger.debug("%s blocked: %s", cand.name, first.reason)
     return active, blocked

@@ -115,6 +115,11 @@ class LnDecision:
         return self.blocked.reason if self.blocked is not None else self.proof or ""
 
     @property
+    def stage(self) -> str | None:
+        """The step that kept it (a key of `onnx_lnfold._blocked.STAGES`); None if folded."""
+        return self.blocked.stage if self.blocked is not None else None
+
+    @property
     def code(self) -> str | None:
         """The stable code of what kept it (a key of `onnx_lnfold._blocked.CODES`); None if folded."""
         return self.blocked.code if self.blocked is not None else None
@@ -129,6 +134,7 @@ class LnDecision:
             "node": self.node,
             "op_type": self.op_type,
             "status": self.status,
+            "stage": self.stage,
             "code": self.code,
             "reason": self.reason,
             "axis": self.axis,

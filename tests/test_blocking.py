@@ -21,7 +21,7 @@ def test_stream_tensor_that_is_a_graph_output_blocks_every_ln_that_needs_it():
     for d in result.plan.kept:
         assert d.reason == "tensor 'embed/bias_out' would change, and it is a graph output"
         assert d.blocking_tensor == "embed/bias_out"
-        assert d.code == "graph-output"
+        assert (d.stage, d.code) == ("side-effect", "graph-output")
 
 
 def _tied_model(head: str = "transpose") -> onnx.ModelProto:
@@ -109,7 +109,7 @@ def test_nonlinearity_breaks_the_chain():
     g.output(g.ln(h, 16, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "Relu 'relu_3' does not carry a zero mean" in result.plan.kept[0].reason
-    assert result.plan.kept[0].code == "not-carried"
+    assert (result.plan.kept[0].stage, result.plan.kept[0].code) == ("proof", "not-carried")
 
 
 def test_post_ln_stream_feeding_a_matmul_blocks_the_edit():
@@ -122,7 +122,7 @@ def test_post_ln_stream_feeding_a_matmul_blocks_the_edit():
     assert result.plan.kept[0].reason == (
         "tensor 'embed/bias_out' would change, and it feeds MatMul 'q/matmul', which mixes the shift into every output"
     )
-    assert result.plan.kept[0].code == "mixes-shift"
+    assert (result.plan.kept[0].stage, result.plan.kept[0].code) == ("side-effect", "mixes-shift")
 
 
 def test_ln_with_used_mean_output_is_kept():
@@ -133,7 +133,7 @@ def test_ln_with_used_mean_output_is_kept():
     g.output(mean)
     result = fold_checked(g.model(), folded=0, kept=1)
     assert result.plan.kept[0].reason == "its Mean output 'ln_out1' is used, and RMSNorm has no such output"
-    assert result.plan.kept[0].code == "stats-output-used"
+    assert (result.plan.kept[0].stage, result.plan.kept[0].code) == ("form", "stats-output-used")
 
 
 def test_downstream_ln_exposing_its_mean_does_not_absorb_the_shift():
@@ -145,7 +145,7 @@ def test_downstream_ln_exposing_its_mean_does_not_absorb_the_shift():
     g.output(mean)
     result = fold_checked(g.model(), folded=0, kept=2)
     assert "exposes its Mean/InvStdDev outputs" in result.plan.decision("ln1").reason
-    assert result.plan.decision("ln1").code == "stats-output-used"
+    assert (result.plan.decision("ln1").stage, result.plan.decision("ln1").code) == ("side-effect", "stats-output-used")
 
 
 def test_simplified_layer_norm_consumer_does_not_absorb_the_shift():
@@ -155,7 +155,7 @@ def test_simplified_layer_norm_consumer_does_not_absorb_the_shift():
     g.output(g.node("SimplifiedLayerNormalization", [h, g.const("s", (16,))], axis=-1, epsilon=1e-5, name="rms"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "SimplifiedLayerNormalization 'rms'" in result.plan.kept[0].reason
-    assert result.plan.kept[0].code == "not-carried"
+    assert (result.plan.kept[0].stage, result.plan.kept[0].code) == ("side-effect", "not-carried")
 
 
 def test_blocked_ln_does_not_block_an_independent_one():
@@ -210,7 +210,7 @@ def test_every_code_in_a_report_is_a_documented_one():
     docs/DESIGN.md; an unknown one cannot even be made."""
     from pathlib import Path
 
-    from onnx_lnfold._blocked import CODES, Blocked
+    from onnx_lnfold._blocked import CODES, STAGES, Blocked
 
     design = Path(__file__).resolve().parents[1].joinpath("docs", "DESIGN.md").read_text()
     missing = [code for code in CODES if f"`{code}`" not in design]
@@ -223,3 +223,22 @@ def test_every_code_in_a_report_is_a_documented_one():
     g.output(g.ln(h, 16, "ln"))
     decision = onnx_lnfold.analyze(g.model()).to_dict()["decisions"][0]
     assert decision["code"] == "not-carried" and decision["code"] in CODES
+    assert decision["stage"] == "proof" and decision["stage"] in STAGES
+    stages_doc = [stage for stage in STAGES if f"`{stage}`" not in design]
+    assert not stages_doc, f"stages not in docs/DESIGN.md: {stages_doc}"
+
+
+def test_the_same_code_from_either_direction_is_told_apart_by_its_stage():
+    """One carry rule answers both directions: a Relu below the LN's producer (the centered tensor
+    feeds it) and a Relu above the LN (its input comes through it) share the code 'not-carried'."""
+    g = Graph()
+    x = g.input("x", ["b", "s", 8])
+    h = g.linear(x, 8, 16, "proj")
+    g.output(g.ln(h, 16, "ln_below"))
+    g.output(g.node("Relu", [h], name="side_relu"))
+    g.output(g.ln(g.node("Relu", [g.linear(x, 8, 16, "other")], name="above_relu"), 16, "ln_above"))
+    result = fold_checked(g.model(), folded=0, kept=2)
+    below, above = result.plan.decision("ln_below"), result.plan.decision("ln_above")
+    assert (below.stage, below.code) == ("side-effect", "not-carried")
+    assert (above.stage, above.code) == ("proof", "not-carried")
+    assert "would change, and it feeds Relu 'side_relu'" in below.reason

@@ -9,6 +9,8 @@ import pytest
 import onnx_lnfold
 from conftest import MODELS
 from onnx_lnfold._load import load_path
+from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._plan import LnDecision
 from onnx_lnfold._report import FoldReport, _explain, count_ops
 from onnx_lnfold._trace import explain
 from onnx_lnfold._verify import OutputDiff, Verification
@@ -75,11 +77,28 @@ def test_identical_reasons_are_grouped_under_plain_words_in_graph_order():
     assert text.count("post-LN") == 1
 
 
+def _kept(reason: str, stage: str, code: str) -> LnDecision:
+    return LnDecision("ln", "LayerNormalization", "kept", 2, 1e-5, blocked=Blocked(code, reason, stage=stage))
+
+
 def test_unknown_reasons_group_by_their_text_without_names():
-    a = _explain("Cast 'c1' narrows to FLOAT16, whose rounding does not commute with centering")
-    b = _explain("Cast 'c2' narrows to FLOAT16, whose rounding does not commute with centering")
+    why = "Cast '{}' narrows to FLOAT16, whose rounding does not commute with centering"
+    a = _explain(_kept(why.format("c1"), "proof", "narrowing-cast"))
+    b = _explain(_kept(why.format("c2"), "proof", "narrowing-cast"))
     assert a[0] == b[0] == "Cast '...' narrows to FLOAT16, whose rounding does not commute with centering"
     assert a[1].startswith("Cast 'c1'")
+
+
+def test_headlines_are_chosen_by_stage_and_code_not_by_wording_alone():
+    """A side effect and a broken proof can share a code (one carry rule answers both directions):
+    the stage tells them apart, and a sentence shaped like another step's does not borrow its
+    headline."""
+    side = _explain(_kept("tensor 'h' would change, and it feeds Relu 'r', which does not pass a mean shift through", "side-effect", "not-carried"))
+    proof = _explain(_kept("tensor 'h' comes from a node that breaks the chain: Relu 'r' does not carry a zero mean", "proof", "not-carried"))
+    assert side[0] == "centering would change a tensor read where the change matters"
+    assert proof[0] == "the input comes from an op through which no weight edit can make it zero-mean"
+    misfiled = _explain(_kept("tensor 'h' would change, and it is a graph output", "proof", "graph-output"))
+    assert misfiled[0] != "centering would change a graph output (a residual stream exposed as hidden states, say)"
 
 
 def test_long_lines_wrap_at_100_columns():
