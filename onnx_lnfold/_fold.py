@@ -9,8 +9,6 @@ skipped and why, and what is refused is decided here once."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,18 +19,14 @@ import onnx_ir as ir
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
 from onnx_lnfold._errors import NotVerified, VerificationFailed
-from onnx_lnfold._inputs import InputsUnavailable, check_inputs, verification_input_sets
+from onnx_lnfold._inputs import check_inputs
 from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._progress import Progress
 from onnx_lnfold._report import FoldReport, count_ops
-from onnx_lnfold._save import StagedModel, release_mapped, save_with_external_data, uses_external_data, weight_bytes
+from onnx_lnfold._save import StagedModel, release_mapped
 from onnx_lnfold._trace import explain
-from onnx_lnfold._verify import ModelBytesOrPath, Verification, bfloat16_rounding, has_bfloat16, output_types, verify
-
-
-# Above this many weight bytes, onnxruntime reads a model for verification from a temporary file.
-_IN_MEMORY_LIMIT = 64 << 20
+from onnx_lnfold._verify import ModelBytesOrPath, OrtSource, Verification, check_equivalence
 
 
 @dataclass
@@ -53,54 +47,6 @@ class FoldResult:
     def save(self, path: str | os.PathLike) -> None:
         StagedModel(self.model, Path(path), rebind=True).commit()
         self.report.output = str(path)
-
-
-class _OrtSource:
-    """A model as ONNX Runtime can read it: bytes for small models, else a temporary file with
-    external data. Serializing to bytes holds the weights twice more (the proto and its bytes);
-    the file is written tensor by tensor, untouched external tensors copied by the kernel
-    (`copy_file_range`), never read into memory."""
-
-    def __init__(self, model: ir.Model):
-        self._dir: str | None = None
-        if uses_external_data(model) or weight_bytes(model) > _IN_MEMORY_LIMIT:
-            self._dir = tempfile.mkdtemp(prefix="lnfold-verify-")
-            path = os.path.join(self._dir, "model.onnx")
-            try:
-                save_with_external_data(model, path, "model.onnx.data")
-            except BaseException:
-                self.close()
-                raise
-            self.source: ModelBytesOrPath = path
-        else:
-            self.source = ir.to_proto(model).SerializeToString()
-
-    def close(self) -> None:
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def check_equivalence(
-    original: ModelBytesOrPath,
-    folded: ModelBytesOrPath,
-    spec_model: ir.Model,
-    *,
-    rtol: float | None = None,
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
-    inputs: dict[str, np.ndarray] | None = None,
-    plan: CenteringPlan | None = None,
-) -> Verification:
-    """Run both models on the verification inputs; never raises for a check that cannot run
-    (the status is then "unverified", with the reason and the way out)."""
-    try:
-        input_sets = verification_input_sets(spec_model, input_shapes, inputs)
-    except InputsUnavailable as e:
-        return Verification("unverified", f"cannot synthesize verification inputs: {e}", rtol, way_out="inputs")
-    shadow = has_bfloat16(spec_model)
-    verification = verify(original, folded, input_sets, rtol, output_types(spec_model), shadow=shadow)
-    if shadow and plan is not None and verification.status == "passed":
-        verification.notes.extend(bfloat16_rounding(spec_model, plan))
-    return verification
 
 
 @dataclass(frozen=True)
@@ -153,7 +99,7 @@ def run_pipeline(
     source = str(path) if path else None
     verifying = check.enabled and not dry_run
     # onnxruntime reads the original from its file, else from a copy taken before the rewrite.
-    original_src = _OrtSource(model) if (verifying and path is None) else None
+    original_src = OrtSource(model) if (verifying and path is None) else None
     try:
         progress.phase("Analyzing" if (dry_run or proof) else "Folding")
         plan = analyze(model, options)
@@ -190,7 +136,7 @@ def run_pipeline(
 def _check_folded(
     model: ir.Model, original: ModelBytesOrPath, staged: StagedModel | None, check: VerifyRequest, plan: CenteringPlan
 ) -> Verification:
-    folded_src = None if staged is not None else _OrtSource(model)
+    folded_src = None if staged is not None else OrtSource(model)
     try:
         folded = staged.path if staged is not None else folded_src.source  # type: ignore[union-attr]
         return check_equivalence(

@@ -8,17 +8,19 @@ A fold is written only when this check *passed*. When it cannot run (no onnxrunt
 does not run on the inputs, no inputs can be made), the status is "unverified" and the fold is
 refused like a failed one, with the way out named (`refusal`).
 
-bfloat16: ONNX Runtime's CPU provider lacks most bf16 kernels, so both models are compared as
-float32 *shadows* (every bf16 tensor, type and Cast widened): that checks the graph transformation
-exactly, with the folded model's centered weights as they were rounded to bf16. How far that
-rounding leaves each centered weight from a zero mean is reported beside it.
+bfloat16 models are compared through float32 shadows (`_shadow`). `check_equivalence` is the
+step as the pipeline runs it: inputs synthesized from the graph (`_inputs`), both models handed to
+ONNX Runtime as bytes or, when large, as files (`OrtSource`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
@@ -27,7 +29,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnx_lnfold._inputs import InputsUnavailable, verification_input_sets
 from onnx_lnfold._plan import CenteringPlan
+from onnx_lnfold._save import save_with_external_data, uses_external_data, weight_bytes
+from onnx_lnfold._shadow import bfloat16_rounding, float32_shadow, has_bfloat16, widen_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -214,70 +219,6 @@ def _first_line(e: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# --------------------------------------------------------------------------- float32 shadows
-_BF16 = onnx.TensorProto.BFLOAT16
-_FLOAT = onnx.TensorProto.FLOAT
-_DTYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
-
-
-def _widen_tensor(tensor: onnx.TensorProto) -> None:
-    if tensor.data_type != _BF16:
-        return
-    values = onnx.numpy_helper.to_array(tensor).astype(np.float32)
-    tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
-
-
-def _widen_type(type_proto: onnx.TypeProto) -> None:
-    kind = type_proto.WhichOneof("value")
-    if kind in ("tensor_type", "sparse_tensor_type"):
-        inner = getattr(type_proto, kind)
-        if inner.elem_type == _BF16:
-            inner.elem_type = _FLOAT
-    elif kind in ("sequence_type", "optional_type"):
-        _widen_type(getattr(type_proto, kind).elem_type)
-    elif kind == "map_type":
-        _widen_type(type_proto.map_type.value_type)
-
-
-def _widen_graph(graph: onnx.GraphProto) -> None:
-    for tensor in graph.initializer:
-        _widen_tensor(tensor)
-    for info in (*graph.input, *graph.output, *graph.value_info):
-        _widen_type(info.type)
-    _widen_nodes(graph.node)
-
-
-def _widen_nodes(nodes) -> None:
-    """Cast targets, constant tensors and subgraphs of `nodes` (a graph's or a function's)."""
-    for node in nodes:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.INT and attr.name in _DTYPE_ATTRIBUTES and attr.i == _BF16:
-                attr.i = _FLOAT
-            elif attr.type == onnx.AttributeProto.TENSOR:
-                _widen_tensor(attr.t)
-            elif attr.type == onnx.AttributeProto.TENSORS:
-                for t in attr.tensors:
-                    _widen_tensor(t)
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                _widen_graph(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    _widen_graph(g)
-
-
-def float32_shadow(model: ModelBytesOrPath) -> bytes:
-    """The model with every bfloat16 tensor, value type and Cast target widened to float32."""
-    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
-    _widen_graph(proto.graph)
-    for function in proto.functions:
-        _widen_nodes(function.node)
-    return proto.SerializeToString()
-
-
-def _widen_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in feeds.items()}
-
-
 # --------------------------------------------------------------------------- what the model holds
 def output_types(model: ir.Model) -> dict[str, int]:
     """The element type each graph output is computed in: its tolerance follows it. An fp32 output
@@ -312,57 +253,6 @@ def _elem_type(value: ir.Value, depth: int = 0) -> int | None:
         if inp is not None and (found := _elem_type(inp, depth + 1)) is not None:
             return found
     return None
-
-
-def has_bfloat16(model: ir.Model) -> bool:
-    """Whether any tensor of the model, subgraphs included, is bfloat16 (or a Cast makes one)."""
-    bf16 = ir.DataType.BFLOAT16
-    graphs = [model.graph, *(g for node in ir.traversal.RecursiveGraphIterator(model.graph) for g in _subgraphs(node))]
-    for graph in graphs:
-        if any(v.dtype == bf16 for v in (*graph.inputs, *graph.outputs, *graph.initializers.values())):
-            return True
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        if any(v is not None and v.dtype == bf16 for v in node.outputs):
-            return True
-        if node.op_type == "Cast" and "to" in node.attributes and node.attributes["to"].as_int() == bf16:
-            return True
-    return False
-
-
-def _subgraphs(node: ir.Node):
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
-
-
-def bfloat16_rounding(model: ir.Model, plan: CenteringPlan) -> list[str]:
-    """How far rounding to bf16 left each centered weight from a zero mean along its axis:
-    the float32 shadow checks the transformation, this is what the narrow type adds to it."""
-    initializers = dict(model.graph.initializers)
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        for graph in _subgraphs(node):
-            initializers.update(graph.initializers)
-    worst: tuple[float, str] | None = None
-    for edit in plan.edits:
-        value = initializers.get(edit.new_name if edit.untie else edit.tensor)
-        if value is None or value.const_value is None or value.dtype != ir.DataType.BFLOAT16 or edit.weights:
-            continue
-        array = value.const_value.numpy().astype(np.float64)
-        scale = float(np.abs(array).max()) if array.size else 0.0
-        if scale == 0.0:
-            continue
-        leftover = np.abs(array) if edit.axis is None else np.abs(array.mean(axis=edit.axis))
-        relative = float(leftover.max()) / scale
-        if worst is None or relative > worst[0]:
-            worst = (relative, value.name or "")
-    if worst is None:
-        return []
-    return [
-        f"bfloat16 rounding of the centered weights: mean left along the centered axis up to {worst[0]:.3g} "
-        f"of the weight's max |w| ('{worst[1]}'); the float32 shadows above include it"
-    ]
 
 
 # --------------------------------------------------------------------------- the check
@@ -415,7 +305,7 @@ def verify(
         where = f"input set {number} of {len(input_sets)} ({input_set.label})"
         error: Exception | None = None
         for candidate_feeds in (input_set.feeds, *input_set.alternatives):
-            feeds = _widen_feeds(candidate_feeds) if shadow else candidate_feeds
+            feeds = widen_feeds(candidate_feeds) if shadow else candidate_feeds
             try:
                 reference = _run(reference_session, feeds)
             except Exception as e:  # noqa: BLE001 - another reading of the shapes may run
@@ -447,3 +337,56 @@ def verify(
         reason = f"output '{o.name}' differs: max|diff| {o.max_abs_diff:.3g}, relative {o.rel_diff:.3g} > rtol {o.rtol:g}"
         return result("failed", reason, outputs)
     return result("passed", "", outputs)
+
+
+# --------------------------------------------------------------------------- the models to compare
+# Above this many weight bytes, onnxruntime reads a model for verification from a temporary file.
+_IN_MEMORY_LIMIT = 64 << 20
+
+
+class OrtSource:
+    """A model as ONNX Runtime can read it: bytes for small models, else a temporary file with
+    external data. Serializing to bytes holds the weights twice more (the proto and its bytes);
+    the file is written tensor by tensor, untouched external tensors copied by the kernel
+    (`copy_file_range`), never read into memory."""
+
+    def __init__(self, model: ir.Model):
+        self._dir: str | None = None
+        if uses_external_data(model) or weight_bytes(model) > _IN_MEMORY_LIMIT:
+            self._dir = tempfile.mkdtemp(prefix="lnfold-verify-")
+            path = os.path.join(self._dir, "model.onnx")
+            try:
+                save_with_external_data(model, path, "model.onnx.data")
+            except BaseException:
+                self.close()
+                raise
+            self.source: ModelBytesOrPath = path
+        else:
+            self.source = ir.to_proto(model).SerializeToString()
+
+    def close(self) -> None:
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def check_equivalence(
+    original: ModelBytesOrPath,
+    folded: ModelBytesOrPath,
+    spec_model: ir.Model,
+    *,
+    rtol: float | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    inputs: dict[str, np.ndarray] | None = None,
+    plan: CenteringPlan | None = None,
+) -> Verification:
+    """Run both models on the verification inputs; never raises for a check that cannot run
+    (the status is then "unverified", with the reason and the way out)."""
+    try:
+        input_sets = verification_input_sets(spec_model, input_shapes, inputs)
+    except InputsUnavailable as e:
+        return Verification("unverified", f"cannot synthesize verification inputs: {e}", rtol, way_out="inputs")
+    shadow = has_bfloat16(spec_model)
+    verification = verify(original, folded, input_sets, rtol, output_types(spec_model), shadow=shadow)
+    if shadow and plan is not None and verification.status == "passed":
+        verification.notes.extend(bfloat16_rounding(spec_model, plan))
+    return verification
