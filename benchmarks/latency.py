@@ -46,8 +46,16 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import (SPECS, CpuMonitor, exporter, log, providers_for, ratio_of_medians,
-                               session_options, wait_for_quiet)
+from benchmarks.common import (
+    SPECS,
+    CpuMonitor,
+    exporter,
+    log,
+    providers_for,
+    ratio_of_medians,
+    session_options,
+    wait_for_quiet,
+)
 
 NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
             "SkipSimplifiedLayerNormalization"}

@@ -16,8 +16,17 @@ from pathlib import Path
 
 from benchmarks import fold_cost as fc
 from benchmarks import latency
-from benchmarks.common import (BASE_MODELS, ROOT, SMALL_MODELS, SPECS, cuda_available, ensure_exported, log,
-                               machine_info, wait_for_quiet)
+from benchmarks.common import (
+    BASE_MODELS,
+    ROOT,
+    SMALL_MODELS,
+    SPECS,
+    cuda_available,
+    ensure_exported,
+    log,
+    machine_info,
+    wait_for_quiet,
+)
 
 CANT = "can't tell"
 NORM_TARGET = 1.3          # normalization-group kernel time at least 1.3x lower after the fold

@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE.parent))  # this checkout's onnx_lnfold, over any in
 
 import onnx_lnfold  # noqa: E402
 from onnx_lnfold._inputs import synthesize_inputs  # noqa: E402
+
 HEADS, HIDDEN = 4, 64
 
 

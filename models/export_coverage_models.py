@@ -58,9 +58,24 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export_models as em  # noqa: E402
 from export_models import (  # noqa: E402
-    ALT_BATCH, ALT_SEQ, HEADS, HIDDEN, REF_BATCH, count_op, describe_graph,
-    finalize_onnx, make_inputs, make_wrapper, max_diff, perturb, run_ort, seed_for, shape_of,
-    tied_info, torch_run)
+    ALT_BATCH,
+    ALT_SEQ,
+    HEADS,
+    HIDDEN,
+    REF_BATCH,
+    count_op,
+    describe_graph,
+    finalize_onnx,
+    make_inputs,
+    make_wrapper,
+    max_diff,
+    perturb,
+    run_ort,
+    seed_for,
+    shape_of,
+    tied_info,
+    torch_run,
+)
 
 OPSET_DYNAMO = em.OPSET_DYNAMO  # 18
 TOL = 1e-3

@@ -14,7 +14,6 @@ from onnx_lnfold._names import fresh_name
 from onnx_lnfold._plan import AuxCentering, CenteringEdit
 from onnx_lnfold._zero_mean import Leaf, Weights
 
-
 # Role names live with the producer's carry rule, or with the LN form that reads the constant.
 _ROLES = {
     **{(op, index): role for op, rule in _carry.RULES.items() for index, role in rule.roles.items()},
@@ -81,10 +80,11 @@ def _aux_centering(
 
 
 def plan_edits(
-    leaves: list[tuple[Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "auto"  # FoldOptions.tied_weights
+    leaves: list[tuple[Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "auto"
 ) -> tuple[list[CenteringEdit], list[AuxCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
-    for a tied embedding table, center the Gather outputs instead)."""
+    for a tied embedding table, center the Gather outputs instead, as `tied_weights` says: one of
+    `_options.TIED_WEIGHTS`)."""
     groups: dict[tuple[ir.Value, int | None, bool, Weights], list[tuple[Leaf, str]]] = {}
     for leaf, ln in leaves:
         groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights), []).append((leaf, ln))

@@ -15,8 +15,8 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
-from onnx_lnfold._ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold._forms import LnCandidate
+from onnx_lnfold._ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._side_effects import side_effects
 from onnx_lnfold._sinks import Sinks

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnx_lnfold._forms import LnCandidate, LnKind
 from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._forms import LnCandidate, LnKind
 from onnx_lnfold._ir import constant_of, is_standard
 
 # com.microsoft ops only the transformers optimizer writes: a graph holding one has been

@@ -1,8 +1,8 @@
 """The plan: what the analysis decided, as plain data.
 
-`--dry-run` prints it, the report serializes it, tests assert on it. The private `_node`/`_value`
-fields bind the plan to the IR objects of the model it was computed on; `apply_plan` uses them
-and nothing else reads them.
+`--dry-run` prints it, the report serializes it, tests assert on it. The private fields (an edit's
+`_value`/`_uses`, a folded decision's `_rewrite`) bind the plan to the IR objects of the model it
+was computed on; `apply_plan` uses them and nothing else reads them.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from onnx_lnfold._sinks import Sinks
 from onnx_lnfold._zero_mean import Leaf, Weights, weigh
 
 
-
 @dataclass
 class Violation:
     blocked: Blocked  # its source is the tensor that would change

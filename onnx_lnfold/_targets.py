@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnx_lnfold._ir import constant_of, is_standard
 from onnx_lnfold._forms import LnCandidate, RewriteSite
+from onnx_lnfold._ir import constant_of, is_standard
 from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._shapes import ShapeTable, dims_equal
 

@@ -13,10 +13,10 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._forms import is_residual_sum, sum_terms
+from onnx_lnfold._ir import constant_of
 from onnx_lnfold._names import display_names
 from onnx_lnfold._plan import CenteringPlan, LnDecision
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._ir import constant_of
 
 Use = tuple[ir.Node, int]
 

@@ -17,9 +17,9 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._forms import is_residual_sum, sum_terms
 from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
 from onnx_lnfold._shapes import ShapeTable
-from onnx_lnfold._forms import is_residual_sum, sum_terms
 from onnx_lnfold._sinks import Sinks
 
 NORMALIZATIONS = {

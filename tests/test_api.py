@@ -10,6 +10,7 @@ import onnx_ir.passes.common as common_passes
 import pytest
 
 import onnx_lnfold
+
 from conftest import MODELS, ROOT
 from graphs import Graph, assert_equivalent, fold_checked, ops
 

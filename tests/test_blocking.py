@@ -6,6 +6,7 @@ import pytest
 from onnx import helper
 
 import onnx_lnfold
+
 from graphs import Graph, fold_checked, ops
 
 

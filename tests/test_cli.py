@@ -11,10 +11,11 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import MODELS, ROOT
-from helpers import run_cli as _cli
 import onnx_lnfold
 from onnx_lnfold._cli import main, program_name
+
+from conftest import MODELS, ROOT
+from helpers import run_cli as _cli
 
 
 @pytest.fixture

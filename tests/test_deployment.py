@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 import onnx_lnfold
+
 from conftest import MODELS
 from graphs import Graph
 

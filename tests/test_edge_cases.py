@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lnfold
+
 from graphs import Graph, decomposed_ln, fold_checked
 from helpers import run_cli
 

@@ -6,6 +6,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
+
 from graphs import Graph, decomposed_ln, fold_checked, ops
 
 
@@ -258,3 +259,60 @@ def test_skip_layer_norm_sum_that_is_a_graph_output_blocks_its_bias_edit():
     model.graph.node[-1].output[1] = model.graph.node[-1].output[2] = ""
     result = fold_checked(model, folded=0, kept=1)
     assert result.plan.kept[0].reason == "tensor 'sln_out3' would change, and it is a graph output"
+
+
+def test_a_new_form_is_one_class_in_forms(monkeypatch):
+    """docs/DESIGN.md section 8: a new LN form is one `LnForm` in `_forms.FORMS`; recognition, the
+    proof, the sinks and the rewrite all ask it. Here a made-up `com.example::MyLayerNorm` (a
+    LayerNormalization under another name), registered for this test only, folds end to end."""
+    from onnx_lnfold import _recognize
+    from onnx_lnfold._blocked import Blocked
+    from onnx_lnfold._carry import Requirement
+    from onnx_lnfold._forms import FORMS, LnCandidate, LnForm, LnKind
+    from onnx_lnfold._verify import compare, run_model
+
+    class MyLayerNormForm(LnForm):
+        kind = LnKind.LAYER_NORM
+        op_type = "MyLayerNorm"
+
+        def match(self, node, name, shapes):
+            if (node.domain, node.op_type) != ("com.example", "MyLayerNorm"):
+                return None
+            axis = shapes.rank(node.inputs[0]) - 1
+            epsilon = node.attributes.get_float("epsilon", 1e-5)
+            cand = LnCandidate(self, node, name, node.outputs[0], node.inputs[1], node.inputs[2], axis, epsilon)
+            cand.nodes, cand.terms, cand.sink_uses = (node,), (Requirement(0, axis),), ((node, 0),)
+            return cand
+
+        def absorbs(self, cand, node, index, axis, shapes):
+            if node is not cand.node:
+                return None
+            return {} if index == 0 and axis == cand.axis else Blocked("normalization-parameter", "gamma or beta")
+
+    monkeypatch.setattr(_recognize, "FORMS", (*FORMS, MyLayerNormForm()))
+
+    def model(op: str, domain: str) -> onnx.ModelProto:
+        g = Graph()
+        x = g.input("x", ["b", "s", 8])
+        h0 = g.linear(x, 8, 16, "embed")
+        n1 = g.node(op, [h0, g.const("g1", (16,)), g.const("b1", (16,))], name="ln1", domain=domain, epsilon=1e-5)
+        h1 = g.node("Add", [h0, g.linear(n1, 16, 16, "mlp")], name="residual")
+        g.output(g.node(op, [h1, g.const("g2", (16,)), g.const("b2", (16,))], name="ln2", domain=domain, epsilon=1e-5))
+        proto = g.model()
+        proto.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
+        # ONNX shape inference does not know the made-up op: its output's shape is declared.
+        proto.graph.value_info.append(onnx.helper.make_tensor_value_info(n1, onnx.TensorProto.FLOAT, ["b", "s", 16]))
+        return proto
+
+    result = onnx_lnfold.fold(model("MyLayerNorm", "com.example"), verify=False)
+    assert [(d.node, d.folded) for d in result.plan.decisions] == [("ln1", True), ("ln2", True)]
+    folded = result.model_proto
+    counts = ops(folded)  # ln2 reads the residual Add: it takes it in, as a LayerNormalization would
+    assert "MyLayerNorm" not in counts
+    assert counts["SimplifiedLayerNormalization"] == counts["SkipSimplifiedLayerNormalization"] == 1
+    # ONNX Runtime cannot run the made-up op, so the reference is the same graph written with
+    # LayerNormalization (same seed, same constants).
+    reference = model("LayerNormalization", "")
+    feeds = {"x": np.random.default_rng(1).normal(size=(2, 5, 8)).astype(np.float32)}
+    (diff,) = compare(run_model(reference.SerializeToString(), feeds), run_model(folded.SerializeToString(), feeds))
+    assert diff.rel_diff < 1e-5

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, event, given, reject, settings
 from onnx import TensorProto
 
 import onnx_lnfold
+
 from fuzz_graphs import Built, derived_dims, feeds, models
 from graphs import Graph, assert_equivalent, decomposed_ln, fold_checked
 

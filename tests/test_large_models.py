@@ -14,11 +14,12 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from helpers import make_large_model, relocate_external_data
-from helpers import run_cli as _cli
 from onnx_lnfold import _save
 from onnx_lnfold._progress import Progress
 from onnx_lnfold._verify import run_model
+
+from helpers import make_large_model, relocate_external_data
+from helpers import run_cli as _cli
 
 SMALL = dict(hidden=64, layers=3, vocab=256, positions=64)  # ~1.3 MB of weights
 

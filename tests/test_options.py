@@ -9,11 +9,12 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from conftest import MODELS
-from graphs import Graph
 from onnx_lnfold import _fold
 from onnx_lnfold._cli import EXIT_OK, EXIT_USAGE, main
 from onnx_lnfold._options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
+
+from conftest import MODELS
+from graphs import Graph
 
 OPTION_SETS = [
     {},

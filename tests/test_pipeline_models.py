@@ -8,9 +8,10 @@ import onnx
 import pytest
 
 import onnx_lnfold
+from onnx_lnfold._verify import compare, run_model
+
 from conftest import MODELS
 from graphs import ops
-from onnx_lnfold._verify import compare, run_model
 
 # name: (folded, total, fragment of the reason every kept LN gives)
 EXPECTED = {

@@ -8,14 +8,15 @@ import pytest
 from onnx import helper, numpy_helper
 
 import onnx_lnfold
-from graphs import Graph
-from helpers import run_cli
 from onnx_lnfold._errors import LnFoldError
 from onnx_lnfold._load import load_path
 from onnx_lnfold._proto_read import IN_FILE_MIN_BYTES, read_model
 from onnx_lnfold._proto_write import STREAM_MIN_BYTES, write_model
 from onnx_lnfold._tensor_io import FileRegionTensor
 from onnx_lnfold._verify import run_model
+
+from graphs import Graph
+from helpers import run_cli
 
 D = 256  # a 256 x 256 float32 weight is 256 KB: large enough to stay in the file
 

@@ -8,9 +8,10 @@ import onnx
 import pytest
 
 import onnx_lnfold
+from onnx_lnfold._verify import run_model
+
 from conftest import MODELS
 from graphs import assert_equivalent, ops
-from onnx_lnfold._verify import run_model
 
 # name: (folded, total, fragment of the reason every kept LN gives)
 EXPECTED = {

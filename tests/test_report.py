@@ -7,13 +7,14 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from conftest import MODELS
-from onnx_lnfold._load import load_path
 from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._load import load_path
 from onnx_lnfold._plan import LnDecision
 from onnx_lnfold._report import FoldReport, _explain, count_ops
 from onnx_lnfold._trace import explain
 from onnx_lnfold._verify import OutputDiff, Verification
+
+from conftest import MODELS
 
 
 def _report(name: str, **fields) -> FoldReport:

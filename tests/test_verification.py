@@ -12,12 +12,13 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnx_lnfold
-from conftest import MODELS
-from graphs import Graph, ops
-from helpers import make_large_model, run_cli
 from onnx_lnfold._inputs import DimExpr, synthesize_inputs, verification_input_sets
 from onnx_lnfold._shadow import float32_shadow
 from onnx_lnfold._verify import run_model
+
+from conftest import MODELS
+from graphs import Graph, ops
+from helpers import make_large_model, run_cli
 
 # name: (LNs folded, LNs in the model)
 DECODERS = {"gpt2_kv_cache": (5, 5), "gpt2_merged_decoder": (10, 10)}
