@@ -26,6 +26,7 @@ from onnx_lnfold._ir import (
     FLOAT_TYPES,
     NARROW_FLOAT_TYPES,
     attr_or_input_ints,
+    const_scalar,
     node_label,
     normalize_axis,
 )
@@ -126,8 +127,8 @@ def _unary_check(node: ir.Node, shapes: ShapeTable) -> Blocked | None:
             # the difference is no longer a shift the LN removes.
             return Blocked("narrowing-cast", f"{node_label(node)} narrows to {to.name}, whose rounding does not commute with centering")
     if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
-        mode = ir.convenience.get_const_tensor(node.inputs[2])
-        if mode is None or bool(np.asarray(mode.numpy()).reshape(-1)[0]):
+        mode = const_scalar(node.inputs[2])  # training_mode: only a constant False is inference
+        if mode is None or mode:
             return Blocked("training-dropout", f"{node_label(node)} may run in training mode")
     return None
 
@@ -441,8 +442,7 @@ class _Transpose(_Layout):
         around = _shapes_around(node, shapes)
         if isinstance(around, Blocked):
             return around
-        perm_attr = node.attributes.get("perm")
-        perm = list(perm_attr.as_ints()) if perm_attr else list(reversed(range(len(around[0]))))
+        perm = list(node.attributes.get_ints("perm", reversed(range(len(around[0])))))
         return {src: dst for dst, src in enumerate(perm)}
 
 

@@ -275,7 +275,7 @@ def _conv_dims(value: ir.Value, model: ir.Model, sequence_length: int) -> dict[i
     dims: dict[int, int] = {}
     weight = conv.inputs[1]
     if rank == spatial + 2 and weight is not None and weight.shape is not None and isinstance(weight.shape[1], int):
-        group = conv.attributes["group"].as_int() if "group" in conv.attributes else 1
+        group = conv.attributes.get_int("group", 1)
         dims[1] = weight.shape[1] * group
     side = _position_grid(conv, model) if spatial == 2 else None
     first_spatial = rank - spatial  # the trailing axes: [N, C, H, W], or [N, samples] unsqueezed

@@ -88,7 +88,7 @@ def has_bfloat16(model: ir.Model) -> bool:
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         if any(v is not None and v.dtype == bf16 for v in node.outputs):
             return True
-        if node.op_type == "Cast" and "to" in node.attributes and node.attributes["to"].as_int() == bf16:
+        if node.op_type == "Cast" and node.attributes.get_int("to", 0) == bf16:
             return True
     return False
 

@@ -248,7 +248,7 @@ def _elem_type(value: ir.Value, depth: int = 0) -> int | None:
     if node is None or depth > 16:
         return None
     if node.op_type == "Cast" and "to" in node.attributes:
-        return node.attributes["to"].as_int()
+        return node.attributes.get_int("to")
     for inp in node.inputs:
         if inp is not None and (found := _elem_type(inp, depth + 1)) is not None:
             return found
