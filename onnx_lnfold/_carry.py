@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._carry_rules import RULES, In, Out, axis_vector, fed
-from onnx_lnfold._ir import is_standard, node_label
+from onnx_lnfold._ir import is_standard, node_label, reads_only_shape
 from onnx_lnfold._shapes import ShapeTable
 
 __all__ = ["JOINTLY_LINEAR", "RULES", "Requirement", "axis_vector", "backward", "forward"]
@@ -103,7 +103,7 @@ def _only_shape_read(node: ir.Node, input_index: int) -> bool:
             continue
         if out.is_graph_output():
             return False
-        if any(use.node.op_type not in ("Shape", "Size") or not is_standard(use.node) for use in out.uses()):
+        if not all(reads_only_shape(use.node) for use in out.uses()):
             return False
     return True
 

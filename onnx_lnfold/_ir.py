@@ -22,6 +22,11 @@ def is_standard(node: ir.Node) -> bool:
     return node.domain in STANDARD_DOMAINS
 
 
+def reads_only_shape(node: ir.Node) -> bool:
+    """Shape or Size: reads its input's shape, never its values."""
+    return is_standard(node) and node.op_type in ("Shape", "Size")
+
+
 def node_label(node: ir.Node) -> str:
     return f"{node.op_type} '{node.name}'" if node.name else node.op_type
 

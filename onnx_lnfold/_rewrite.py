@@ -72,8 +72,7 @@ def _skip_rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: se
     inputs = [*_read(site.inputs), _scale(graph, rewrite, taken)]
     if site.skip_bias is not None:
         inputs += _read((site.skip_bias,))
-    replaced = set(cand.nodes) | set(rewrite.taken_in)
-    old_sum = site.old_sum
+    old_sum, replaced = site.old_sum, rewrite.replaced
     keep_sum = old_sum is not None and (old_sum.is_graph_output() or any(n not in replaced for n, _ in old_sum.uses()))
     y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
     outputs = [y]
@@ -169,7 +168,7 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, taken: set[str]) -
     if old_sum is not None and len(rms.outputs) > 3:
         sum_name = old_sum.name
         old_sum.replace_all_uses_with(rms.outputs[3], replace_graph_outputs=True)
-    owner.remove(set(cand.nodes) | set(rewrite.taken_in), safe=True)  # type: ignore[union-attr]
+    owner.remove(rewrite.replaced, safe=True)  # type: ignore[union-attr]
     for param in (cand.scale, cand.bias):  # gamma/beta the rewrite no longer reads
         if param is not None and param.is_initializer() and not param.uses() and not param.is_graph_output():
             if not param.is_graph_input():

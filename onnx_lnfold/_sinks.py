@@ -7,7 +7,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._forms import LnCandidate
-from onnx_lnfold._ir import is_standard
+from onnx_lnfold._ir import reads_only_shape
 from onnx_lnfold._shapes import ShapeTable
 
 
@@ -31,7 +31,7 @@ class Sinks:
         """What `node` does with a shift along `axis` arriving at input `index`: {outputs still
         carrying it} ({} when removed; SkipLayerNorm's sum carries it on), why it cannot remove
         it, or None when `node` is no sink (the carry rules answer then)."""
-        if is_standard(node) and node.op_type in ("Shape", "Size"):
+        if reads_only_shape(node):
             return {}  # reads only the shape, which a shift leaves alone
         cand = self._owner.get(node)
         return None if cand is None else cand.form.absorbs(cand, node, index, axis, shapes)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_lnfold._forms import LnCandidate, RewriteSite
-from onnx_lnfold._ir import constant_of, is_standard
+from onnx_lnfold._ir import constant_of, is_standard, reads_only_shape
 from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._shapes import ShapeTable, dims_equal
 
@@ -41,6 +41,11 @@ class Rewrite:
     beta: str  # "none", "add" or "consumers"
     beta_consumers: tuple[ir.Node, ...]  # the linear layers whose bias absorbs beta
     out_type: tuple  # inferred (shape, dtype) of the LN output, for tensors the model declares none of
+
+    @property
+    def replaced(self) -> set[ir.Node]:
+        """Every node the emitted op takes the place of."""
+        return set(self.cand.nodes) | set(self.taken_in)
 
 
 def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], mode: str) -> ir.Node | None:
@@ -98,7 +103,7 @@ def _linear_consumers(value: ir.Value, shapes: ShapeTable, depth: int = 0) -> li
     (GPT-2's `Reshape -> Gemm`); None if anything else reads it."""
     found = []
     for node, index in value.uses():
-        if node.op_type in ("Shape", "Size"):
+        if reads_only_shape(node):
             continue  # reads only the shape, which beta does not change
         if node.op_type in ("Reshape", "Flatten") and index == 0 and depth < 2:
             src, dst = shapes.shape(value), shapes.shape(node.outputs[0])
