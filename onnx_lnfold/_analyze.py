@@ -22,6 +22,7 @@ import onnx_ir as ir
 from onnx_lnfold._edits import plan_edits
 from onnx_lnfold._fold_set import fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold._fusions import embed_layer_norm_costs
+from onnx_lnfold._ir import weight_bytes
 from onnx_lnfold._names import display_names, taken_names
 from onnx_lnfold._options import FoldOptions, check_preconditions
 from onnx_lnfold._pipeline_order import order_advice
@@ -64,6 +65,7 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
         names,
         taken_names(graph),
         options.tied_weights if options.auxiliary_centering else "untie",  # no centering nodes at all, as asked
+        weight_bytes(model),
     )
     claimed: set[ir.Node] = set()
     decisions = []

@@ -11,6 +11,7 @@ from onnx_lnfold import _carry
 from onnx_lnfold._forms import FORMS
 from onnx_lnfold._ir import constant_of
 from onnx_lnfold._names import fresh_name
+from onnx_lnfold._options import UNTIE_BUDGET
 from onnx_lnfold._plan import AuxCentering, CenteringEdit
 from onnx_lnfold._zero_mean import Leaf, Weights
 
@@ -80,11 +81,15 @@ def _aux_centering(
 
 
 def plan_edits(
-    leaves: list[tuple[Leaf, str]], names: dict[ir.Node, str], taken: set[str], tied_weights: str = "auto"
+    leaves: list[tuple[Leaf, str]],
+    names: dict[ir.Node, str],
+    taken: set[str],
+    tied_weights: str = "auto",
+    model_bytes: int = 0,
 ) -> tuple[list[CenteringEdit], list[AuxCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
     for a tied embedding table, center the Gather outputs instead, as `tied_weights` says: one of
-    `_options.TIED_WEIGHTS`)."""
+    `_options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights)."""
     groups: dict[tuple[ir.Value, int | None, bool, Weights], list[tuple[Leaf, str]]] = {}
     for leaf, ln in leaves:
         groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights), []).append((leaf, ln))
@@ -106,7 +111,8 @@ def plan_edits(
         gathered, note = None, None
         if untie and tied_weights != "untie":
             gathered = _gather_outputs(members)
-            if gathered and tied_weights == "auto" and _read_only_through_transpose(value, uses):
+            small = nbytes <= UNTIE_BUDGET * model_bytes
+            if gathered and tied_weights == "auto" and small and _read_only_through_transpose(value, uses):
                 gathered = None
                 note = (
                     "its other uses read it through a Transpose, which ONNX Runtime folds into a copy of its "

@@ -75,5 +75,11 @@ def attr_or_input_ints(node: ir.Node, attr_name: str, input_index: int) -> list[
     return []
 
 
+def weight_bytes(model: ir.Model) -> int:
+    """Bytes of every initializer, those of If/Loop/Scan bodies included (read from the tensors'
+    headers: external data is not loaded)."""
+    return sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None)
+
+
 def normalize_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis

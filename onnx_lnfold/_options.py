@@ -35,11 +35,16 @@ FUSE_RESIDUAL = ("auto", "always", "never")
 
 # What to do with an embedding table that other uses need unchanged (a tied LM head): "untie"
 # centers a copy of the table (no nodes; the file grows by the table); "center" centers the
-# Gather's output, `x - ReduceMean(x)` (no copy; two nodes per run, which cost part of the time
-# the fold saves). "auto" unties when the other uses read the table only through a Transpose:
-# ONNX Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs file
-# bytes but no memory at run time; otherwise it centers. Measured in benchmarks/results.
+# Gather's output, `x - ReduceMean(x)` (no copy; two small nodes per run over the embeddings, not
+# over the logits). "auto" unties only where the copy is small, at most `UNTIE_BUDGET` of the
+# model's weight bytes, and where the other uses read the table only through a Transpose (ONNX
+# Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs file bytes
+# but no memory at run time); otherwise it centers. A deployment that ships the file should not
+# find it grown by a vocabulary-sized table it did not ask for (a Whisper decoder's tied head is
+# two thirds of the file). The run-time cost of "center" is in benchmarks/results.
 TIED_WEIGHTS = ("auto", "center", "untie")
+# The most an untied copy may add to the file under "auto", as a fraction of the weights.
+UNTIE_BUDGET = 0.01
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -56,8 +61,9 @@ class FoldOptions:
     ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
     `tied_weights` ("auto", "center", "untie") says how an embedding table the LM head shares is
     centered: as a copy ("untie": the file grows by the table; also what `auxiliary_centering=False`
-    does), by `x - ReduceMean(x)` after the Gather ("center"), or the copy where ONNX Runtime
-    would hold a transposed copy of its own anyway and the centering elsewhere ("auto").
+    does), by `x - ReduceMean(x)` after the Gather ("center"), or ("auto") the copy where it adds at
+    most 1% to the weights and ONNX Runtime would hold a transposed copy of its own anyway, the
+    centering elsewhere.
     """
 
     target: str = "ort"
@@ -115,6 +121,7 @@ __all__ = [
     "ONNX_RMS_OPSET",
     "TARGETS",
     "TIED_WEIGHTS",
+    "UNTIE_BUDGET",
     "FoldOptions",
     "check_preconditions",
     "keywords_to_options",

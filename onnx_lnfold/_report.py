@@ -292,8 +292,11 @@ class FoldReport:
     def format_text(self) -> str:
         lines = [self.summary()]
         changed = [k for k in sorted(set(self.ops_before) | set(self.ops_after)) if self.ops_before.get(k, 0) != self.ops_after.get(k, 0)]
-        counts = "".join(f"; {k} {self.ops_before.get(k, 0)} -> {self.ops_after.get(k, 0)}" for k in changed)
-        lines += _wrap(f"Nodes: {self.nodes_before} -> {self.nodes_after}{counts}", "  ")
+        # Each "op a -> b" stays whole on a line (a no-break space while wrapping: textwrap splits
+        # on ASCII whitespace only).
+        counts = "".join(f"; {k}\u00a0{self.ops_before.get(k, 0)}\u00a0->\u00a0{self.ops_after.get(k, 0)}" for k in changed)
+        nodes = _wrap(f"Nodes: {self.nodes_before} -> {self.nodes_after}{counts}", "  ")
+        lines += [line.replace("\u00a0", " ") for line in nodes]
         lines += self._layer_norm_lines()
         lines += self._edit_lines()
         for advice in self.plan.advice:  # pipeline order (see _pipeline_order)

@@ -15,6 +15,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._ir import weight_bytes
 from onnx_lnfold._progress import Progress
 from onnx_lnfold._proto_write import read_from, write_model
 
@@ -30,14 +31,6 @@ def _initializers(model: ir.Model):
     """Initializers of the main graph and of every If/Loop/Scan body."""
     for graph in model.graphs():
         yield from graph.initializers.values()
-
-
-def weight_bytes(model: ir.Model) -> int:
-    total = 0
-    for value in _initializers(model):
-        if value.const_value is not None:
-            total += value.const_value.nbytes
-    return total
 
 
 def uses_external_data(model: ir.Model) -> bool:

@@ -83,18 +83,20 @@ def test_folded_model_matches_torch(folded):
         np.testing.assert_allclose(got[key], ref, rtol=0, atol=2e-5 * np.abs(ref).max())
 
 
-def test_gpt2_tied_embedding_is_centered_after_its_gather_on_request():
-    plan = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False, tied_weights="center").plan
+@pytest.mark.parametrize("tied_weights", ["center", "auto"])
+def test_gpt2_tied_embedding_is_centered_after_its_gather(tied_weights):
+    """On request, and by default: an untied copy of the table would grow the file by 15%."""
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False, tied_weights=tied_weights)
+    plan = result.plan
     assert plan.untied_bytes == 0 and not [e for e in plan.edits if e.untie]
     (centering,) = plan.centerings
     assert centering.instead_of_untie == "model.lm_head.weight" and centering.saved_bytes == 512 * 64 * 4
     assert centering.axis == 2 and len(centering.required_by) == 5  # the residual stream starts there
+    assert ops(result.model_proto).get("ReduceMean", 0) == ops(onnx.load(MODELS / "gpt2.onnx")).get("ReduceMean", 0) + 1
 
 
-def test_gpt2_tied_lm_head_is_untied_by_default():
-    """Its LM head reads the table through a Transpose, which ONNX Runtime folds into a copy of
-    its own: an untied centered copy costs file bytes, no memory at run time."""
-    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
+def test_gpt2_tied_lm_head_is_untied_on_request():
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False, tied_weights="untie")
     assert not result.plan.centerings
     untied = [e for e in result.plan.edits if e.untie]
     assert len(untied) == 1

@@ -17,10 +17,10 @@ from onnx_lnfold._verify import OutputDiff, Verification
 from conftest import MODELS
 
 
-def _report(name: str, **fields) -> FoldReport:
+def _report(name: str, tied_weights: str = "auto", **fields) -> FoldReport:
     model = load_path(MODELS / name)
     ops = count_ops(model)
-    plan = onnx_lnfold.analyze(model)
+    plan = onnx_lnfold.analyze(model, tied_weights=tied_weights)
     verification = fields.pop("verification", Verification("skipped", "dry run: nothing was changed"))
     return FoldReport(plan, ops, ops, verification, source=name, **fields)
 
@@ -43,7 +43,7 @@ def test_summary_line_of_a_failed_and_of_a_dry_run():
     failed = Verification("failed", "output 'logits' differs", 1e-15, {}, [OutputDiff("logits", (2,), 3e-7, 1.0)])
     line = _report("gpt2.onnx", verification=failed, size_before=860_897).summary()
     assert "(nothing written)" in line and "verification FAILED (worst relative diff 3e-07 > rtol 1e-15)" in line
-    dry = _report("gpt2.onnx", dry_run=True, size_before=860_897).summary()
+    dry = _report("gpt2.onnx", "untie", dry_run=True, size_before=860_897).summary()
     assert dry == (
         "onnx_lnfold: gpt2.onnx (dry run, nothing written), 5/5 LayerNorms folded, "
         "0.86 MB (+0.13 MB of untied copies once written), not verified"
@@ -110,7 +110,7 @@ def test_long_lines_wrap_at_100_columns():
 
 @pytest.mark.parametrize("name,phrase", [("gpt2.onnx", "(1 untied copy,"), ("bert.onnx", "(0 untied copies,")])
 def test_untied_copy_count_is_singular_or_plural(name, phrase):
-    assert phrase in _report(name).format_text()
+    assert phrase in _report(name, "untie").format_text()
 
 
 def test_json_carries_versions_absolute_paths_and_elapsed(monkeypatch):
