@@ -103,8 +103,9 @@ class SweepConfig:
 FULL = SweepConfig(
     kernel_hidden=[768, 2048, 4096, 8192], kernel_rows=[512, 4096, 32768], kernel_dtypes=["float16", "float32"],
     repeat=10,
-    gpt2_shapes=[Gpt2Shape(hidden=768, layers=12), Gpt2Shape(hidden=2048, layers=12)],
-    batches=[1, 8], seqs=[128, 512, 2048], max_tokens={2048: 8192},
+    # GPT-2 small and medium (d=1024, 24 layers, 16 heads): the medium one last, where a time cap cuts first
+    gpt2_shapes=[Gpt2Shape(hidden=768, layers=12), Gpt2Shape(hidden=1024, layers=24)],
+    batches=[1, 8], seqs=[128, 512, 2048], max_tokens={1024: 8192},
     trained_batches=[1, 8], trained_seqs=[64],
 )
 # --smoke: every code path of FULL, at sizes two shared CPU cores run in about a minute
@@ -125,19 +126,36 @@ class EquivalenceFailed(Exception):
 
 
 class Deadline:
-    """The sweep's time cap: a configuration that would start after it is skipped, by name."""
+    """The sweep's time cap, counted from the command's start: a part whose estimated time would
+    end after it does not start, and is listed as skipped, by name."""
 
-    def __init__(self, max_seconds: float):
-        self.t0, self.max_seconds = time.perf_counter(), max_seconds
+    def __init__(self, max_seconds: float, t0: float | None = None):
+        self.t0, self.max_seconds = (time.perf_counter() if t0 is None else t0), max_seconds
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    def passed(self, what: str, skipped: list[str]) -> bool:
-        if self.elapsed() < self.max_seconds:
+    def passed(self, what: str, skipped: list[str], reserve_s: float = 0.0) -> bool:
+        if self.elapsed() + reserve_s <= self.max_seconds:
             return False
-        skipped.append(f"{what} (time cap: {self.max_seconds:.0f} s reached)")
+        skipped.append(f"{what} (time cap: {self.elapsed():.0f} s + about {reserve_s:.0f} s needed > "
+                       f"{self.max_seconds:.0f} s)")
         return True
+
+
+def kernel_reserve_s(cfg: SweepConfig) -> float:
+    """What one (dtype, hidden) kernel group needs at most, roughly: per rows, the wall-clock
+    rounds and budget plus the profiled rounds (a kineto window each)."""
+    wall = cfg.min_rounds * len(KERNEL_KINDS) * cfg.sample_ms / 1e3 + cfg.kernel_budget_s
+    return 2.0 + len(cfg.kernel_rows) * (wall + cfg.profile_rounds * 0.5 + 0.5)
+
+
+def e2e_reserve_s(cfg: SweepConfig, params: float, configs: int) -> float:
+    """One end-to-end model, roughly: its preparation on the host (about 15 s of one core per 100 M
+    parameters: build, optimizer, fp16, re-save; the folds run beside it), five sessions, and per
+    configuration the equivalence runs, the profiled rounds and the wall-clock rounds."""
+    wall = cfg.min_rounds * len(FUSE_CHOICES + ["original", "resaved"]) * cfg.sample_ms / 1e3 + cfg.e2e_budget_s
+    return 10.0 + 15.0 * params / 1e8 + configs * (wall + cfg.profile_rounds * 0.5 + 1.0)
 
 
 def spread(values) -> list[float]:
@@ -263,8 +281,7 @@ def kernel_group(device: Device, cfg: SweepConfig, dtype: str, hidden: int, rows
         for k in names:
             phase.run(k, timed[k], max(1, cfg.warmup))
         for r in range(cfg.profile_rounds):
-            for k in rotated(names, r):
-                phase.run(k, timed[k], cfg.profile_runs, tag=rows)
+            phase.round(rows, [(k, timed[k]) for k in rotated(names, r)], cfg.profile_runs)
         del timed
     kernel, source, shape_nodes = end_profiles(device, sessions, phase, label)
 
@@ -306,7 +323,7 @@ def run_kernels(device: Device, cfg: SweepConfig, info: dict, deadline: Deadline
     try:
         for dtype in cfg.kernel_dtypes:
             for hidden in cfg.kernel_hidden:
-                if deadline.passed(f"kernels {dtype} d{hidden}", skipped):
+                if deadline.passed(f"kernels {dtype} d{hidden}", skipped, kernel_reserve_s(cfg)):
                     continue
                 results += kernel_group(device, cfg, dtype, hidden, cfg.kernel_rows, info, profile_dir)
     finally:
@@ -388,8 +405,7 @@ def measure_model(device: Device, prep: Prepared, configs: list[tuple[int, int]]
         for k in names:
             phase.run(k, timed[k], max(1, cfg.warmup))
         for r in range(cfg.profile_rounds):
-            for k in rotated(names, r):
-                phase.run(k, timed[k], cfg.profile_runs, tag=(batch, seq))
+            phase.round((batch, seq), [(k, timed[k]) for k in rotated(names, r)], cfg.profile_runs)
         del timed
     kernel, source, shape_nodes = end_profiles(device, sessions, phase, prep.name)
 
@@ -439,7 +455,11 @@ def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bo
     try:
         for kind, what in jobs:
             label = what.stem if kind == "trained" else what.label
-            if deadline.passed(f"{label} (end to end)", skipped):
+            if kind == "trained":
+                reserve = e2e_reserve_s(cfg, what.stat().st_size / 4, len(cfg.trained_batches) * len(cfg.trained_seqs))
+            else:
+                reserve = e2e_reserve_s(cfg, what.parameters(), len(cfg.batches) * len(cfg.seqs))
+            if deadline.passed(f"{label} (end to end)", skipped, reserve):
                 continue
             work = root / label
             work.mkdir(parents=True)
@@ -651,12 +671,15 @@ def plot(res: dict, path: Path) -> str | None:
 
 # --------------------------------------------------------------------------- #
 def sweep(cfg: SweepConfig, device: Device, out: Path, command: str, *, skip_kernels=False, skip_e2e=False,
-          skip_gpt2=False, trained: list[Path] | None = None, workdir: Path | None = None) -> dict:
-    deadline = Deadline(cfg.max_seconds)
+          skip_gpt2=False, trained: list[Path] | None = None, workdir: Path | None = None,
+          t0: float | None = None) -> dict:
+    deadline = Deadline(cfg.max_seconds, t0)
     dev_info = device.check(_kernel_model("ln", 64, "float32", 1))
     res: dict = {"mode": device.kind, "command": command, "machine": machine_info(), "device": dev_info,
                  "config": dataclasses.asdict(cfg), "kernels": [], "e2e": [], "models": [], "fuse_residual": {},
                  "skipped": [], "seconds": 0.0, "failed": None}
+    if device.kind == "cuda":
+        dev_info["kernel_time_probe"] = kernel_time_probe(device)
     sources = set()
     if skip_kernels:
         res["skipped"].append("kernels (--skip-kernels)")
@@ -683,6 +706,23 @@ def sweep(cfg: SweepConfig, device: Device, out: Path, command: str, *, skip_ker
     return res
 
 
+def kernel_time_probe(device: Device) -> dict:
+    """Whether torch.profiler sees onnxruntime's kernels here, told once before anything is timed."""
+    from benchmarks.cuda_timing import kineto_round
+
+    try:
+        sess = device.session(_kernel_model("ln", 64, "float32", 4), "kernel-time probe", optimize=False)
+        t = Timed(device, sess, {"x": device.to_device(np.ones((1, 256, 64), np.float32))})
+        t.run_sync()
+        with tempfile.TemporaryDirectory() as tmp:
+            us = kineto_round([t.run_sync], 2, Path(tmp))[0]
+    except Exception as e:  # noqa: BLE001 - recorded: the sweep still has its wall clock
+        return {"kernel_us": None, "note": f"torch.profiler failed: {str(e).splitlines()[0][:200]}"}
+    if us is None:
+        log("kernel time: torch.profiler saw no kernel of onnxruntime's; kernel figures will be n/m")
+    return {"kernel_us": us, "note": "4 LayerNormalization nodes, 256 x 64 fp32, per run"}
+
+
 def _preload_cuda_libraries() -> str:
     """The GPU host's CUDA 13 libraries come with torch: importing it first loads them into the
     process, where onnxruntime's CUDA provider then finds them (and torch.profiler, CUPTI, is there
@@ -706,6 +746,7 @@ def _preload_cuda_libraries() -> str:
 
 
 def main(argv=None) -> int:
+    t0 = time.perf_counter()  # the time cap counts from here: the imports of torch and CUDA's start are in it
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", nargs="?", const="standard", choices=["standard", "min"],
                     help="run the same code on the CPU EP at small sizes (min: fewer sizes, for the test suite)")
@@ -742,7 +783,8 @@ def main(argv=None) -> int:
     try:
         device = Device(kind)
         res = sweep(cfg, device, out, command.strip(), skip_kernels=args.skip_kernels, skip_e2e=args.skip_e2e,
-                    skip_gpt2=args.skip_gpt2, trained=trained, workdir=Path(args.workdir) if args.workdir else None)
+                    skip_gpt2=args.skip_gpt2, trained=trained, workdir=Path(args.workdir) if args.workdir else None,
+                    t0=t0)
     except SweepRefused as e:
         print(f"error: not run on CUDA: {e}", file=sys.stderr)
         return 2

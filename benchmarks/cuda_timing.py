@@ -157,16 +157,26 @@ class ProfiledPhase:
         self.kineto_us: dict[int, float | None] = {}             # visit index -> kineto's figure
         self._tmp = Path(tempfile.mkdtemp(prefix="lnfold-kineto-")) if kineto else None
 
-    def run(self, name: str, t: Timed, runs: int, tag: object = None) -> None:
-        start = self.count.get(name, 0)
-        if tag is not None and self.kineto:
-            self.kineto_us[len(self.visits)] = kineto_window(t.run_sync, runs, self._tmp)
+    def run(self, name: str, t: Timed, runs: int) -> None:
+        """Runs that are no visit (equivalence, warm-up), counted."""
+        for _ in range(runs):
+            t.run_sync()
+        self.count[name] = self.count.get(name, 0) + runs
+
+    def round(self, tag: object, visits: list[tuple[str, Timed]], runs: int) -> None:
+        """One kernel-time round: every session in `visits`, in that order, `runs` runs each (with
+        kineto, one profiler window for the round, split between visits by markers)."""
+        first = len(self.visits)
+        for name, _ in visits:
+            self.visits.append((tag, name, self.count.get(name, 0), runs))
+            self.count[name] = self.count.get(name, 0) + runs
+        if self.kineto:
+            values = kineto_round([t.run_sync for _, t in visits], runs, self._tmp)
+            self.kineto_us.update({first + i: v for i, v in enumerate(values)})
         else:
-            for _ in range(runs):
-                t.run_sync()
-        self.count[name] = start + runs
-        if tag is not None:
-            self.visits.append((tag, name, start, runs))
+            for _, t in visits:
+                for _ in range(runs):
+                    t.run_sync()
 
     def finish(self, profiles: dict[str, list[dict]]) -> tuple[dict, str]:
         kinds = {name: ort_kernel_events(events, self.expected) for name, events in profiles.items()}
@@ -191,23 +201,37 @@ class ProfiledPhase:
         return out, source
 
 
-def kineto_window(run, runs: int, tmpdir: Path, activity: str = "CUDA", category: str = "kernel") -> float | None:
-    """`runs` calls of `run` inside one torch.profiler window; the duration of the trace's
-    `category` events per run (µs), None when it has none. On the GPU host: CUDA kernels; the tests
-    rehearse the same code with the CPU activity and torch's own `cpu_op` events."""
+def kineto_round(visits: list, runs: int, tmpdir: Path, activity: str = "CUDA", category: str = "kernel",
+                 marker=None, marker_name: str = "spin_kernel") -> list[float | None]:
+    """The kernel time of each visit (µs per run; None when it has no event, never 0), in one
+    torch.profiler window: each visit is `runs` calls of its function, then a marker (on the GPU
+    host a torch spin kernel, launched once the visit's last run has synchronized, and waited for,
+    so every kernel of a visit lies between two markers on the device's clock). The tests rehearse
+    the same code with the CPU activity: torch ops as visits and markers, `cpu_op` events."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if marker is None:
+        def marker():
+            torch.cuda._sleep(1000)
+            torch.cuda.synchronize()
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if activity == "CUDA" else [])
     with profile(activities=activities) as prof:
-        for _ in range(runs):
-            run()
-        if activity == "CUDA":
-            torch.cuda.synchronize()
+        marker()
+        for run in visits:
+            for _ in range(runs):
+                run()
+            marker()
     path = Path(tempfile.mkstemp(suffix=".json", dir=tmpdir)[1])
     try:
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text()).get("traceEvents", [])
     finally:
         path.unlink(missing_ok=True)
-    return kernel_us_per_run(events, [(float("-inf"), float("inf"))], {category}, runs)
+    events = sorted((e for e in events if e.get("cat") == category), key=lambda e: float(e.get("ts", 0)))
+    marks = [float(e["ts"]) for e in events if marker_name in str(e.get("name", ""))]
+    if len(marks) != len(visits) + 1:
+        return [None] * len(visits)  # markers not seen: nothing can be attributed
+    return [kernel_us_per_run([e for e in events if marker_name not in str(e.get("name", ""))],
+                              [(marks[i], marks[i + 1])], {category}, runs) for i in range(len(visits))]

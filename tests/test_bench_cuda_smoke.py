@@ -222,8 +222,7 @@ def test_kernel_time_comes_from_the_profile_per_visit(tmp_path):
     for name, t in (("small", small), ("big", big)):
         phase.run(name, t, 1)  # warm-up: counted, not a visit
     for r in range(2):
-        for name, t in (("small", small), ("big", big))[r:] + (("small", small), ("big", big))[:r]:
-            phase.run(name, t, 3, tag="cfg")
+        phase.round("cfg", [("small", small), ("big", big)][r:] + [("small", small), ("big", big)][:r], 3)
     profiles = {n: json.loads(Path(s.end_profiling()).read_text()) for n, s in (("small", small_s), ("big", big_s))}
     values, source = phase.finish(profiles)
     assert source == "onnxruntime profiler Node events (CPU EP kernels)"
@@ -234,21 +233,25 @@ def test_kernel_time_comes_from_the_profile_per_visit(tmp_path):
     phase2 = ProfiledPhase("CPUExecutionProvider")
     s3, t3 = _kernel_timed(device, "sln", 64, 16, 2, str(tmp_path / "c"))
     t3.run_sync()
-    phase2.run("x", t3, 2, tag="cfg")
+    phase2.round("cfg", [("x", t3)], 2)
     with pytest.raises(RuntimeError, match="cannot be attributed"):
         phase2.finish({"x": json.loads(Path(s3.end_profiling()).read_text())})
 
 
-def test_kineto_window_plumbing_on_the_cpu(tmp_path):
-    """The GPU path's torch.profiler window (trace export, JSON, per-run sum), rehearsed with the
-    CPU activity and torch's own ops; a category that is absent gives None, never 0."""
+def test_kineto_round_plumbing_on_the_cpu(tmp_path):
+    """The GPU path's torch.profiler window (one per round, split between visits by markers; trace
+    export, JSON, per-run sums), rehearsed with the CPU activity: torch ops as visits, `aten::zeros`
+    as the marker. A category that is absent gives None, never 0."""
     torch = pytest.importorskip("torch")
-    from benchmarks.cuda_timing import kineto_window
+    from benchmarks.cuda_timing import kineto_round
 
-    a = torch.ones(256, 256)
-    per_run = kineto_window(lambda: torch.mm(a, a), 3, tmp_path, activity="CPU", category="cpu_op")
-    assert per_run is not None and per_run > 0
-    assert kineto_window(lambda: torch.mm(a, a), 2, tmp_path, activity="CPU", category="kernel") is None
+    small, big = torch.ones(8, 8), torch.ones(384, 384)
+    visits = [lambda: torch.mm(small, small), lambda: torch.mm(big, big), lambda: torch.mm(small, small)]
+    marker = dict(activity="CPU", marker=lambda: torch.zeros(1), marker_name="aten::zeros")
+    values = kineto_round(visits, 3, tmp_path, category="cpu_op", **marker)
+    assert len(values) == 3 and all(v is not None and v > 0 for v in values)
+    assert values[1] > values[0] and values[1] > values[2]
+    assert kineto_round(visits, 2, tmp_path, category="kernel", **marker) == [None] * 3
 
 
 # --------------------------------------------------------------------------- #
@@ -312,3 +315,16 @@ def test_gpt2_without_fused_attention_is_refused(tmp_path):
     check_gpt2_fusions(shape, fused["torchscript"])
     with pytest.raises(ModelPrepError, match=r"fused 0 Attention \(expected 2\)"):
         check_gpt2_fusions(shape, fused["dynamo"])
+
+
+def test_time_cap_skips_what_would_end_after_it():
+    import time
+
+    from benchmarks.cuda import FULL, Deadline, e2e_reserve_s, kernel_reserve_s
+
+    deadline = Deadline(450.0, t0=time.perf_counter() - 400.0)
+    skipped: list[str] = []
+    assert not deadline.passed("kernels float16 d768", skipped, reserve_s=kernel_reserve_s(FULL))
+    medium = e2e_reserve_s(FULL, 355e6, 6)
+    assert medium > 50 and deadline.passed("gpt2_d1024_L24 (end to end)", skipped, reserve_s=medium)
+    assert len(skipped) == 1 and skipped[0].startswith("gpt2_d1024_L24 (end to end) (time cap: 400 s + about ")
