@@ -12,7 +12,7 @@ What the figures can be trusted for, and the line that makes each failure imposs
   report the provider asked for first; kernel graphs and the probe run with CPU fallback disabled
   (`session.disable_cpu_ep_fallback` = "1"); models, whose shape arithmetic onnxruntime keeps on the
   CPU on purpose, are checked node by node from their profile: a node off the device that touches a
-  float tensor stops the sweep (`PlacementError`, one line, exit 2);
+  float tensor fails the sweep (`PlacementError`: one line, exit 2; nothing of that part is reported);
 - one `calls` count per configuration for every variant (benchmarks/cuda_timing.py, calibrate_calls);
 - kernel time beside the wall clock (cuda_timing.ProfiledPhase): CUPTI's kernel records, through
   onnxruntime's profiler where the build has them, else torch.profiler; on the CPU EP the profiler's
@@ -22,7 +22,8 @@ What the figures can be trusted for, and the line that makes each failure imposs
   device) and gives a share of the nominal DRAM bandwidth only for tensors several times the L2;
 - equivalence of every variant with the original on every configuration and every output, with
   onnx_lnfold's own tolerances (`_verify.output_types`, `rtol_for`); a mismatch fails the sweep (exit 3)
-  after the results are written, marked FAILED;
+  after the results are written, marked FAILED (a placement failure, exit 2, likewise: the part it hit is
+  not reported, the rest of the sweep runs, so one model cannot cost the others' figures);
 - end-to-end models as deployed (benchmarks/cuda_models.py): optimizer (Attention fused), fp16, fold;
 - every variant measured at least twice, in rotated positions, every figure with its spread; a time
   cap (`--max-seconds`) skips, by name, whatever would start after it.
@@ -121,8 +122,13 @@ SMOKE_MIN = dataclasses.replace(SMOKE, kernel_hidden=[64], batches=[1], seqs=[16
                                 min_rounds=3, max_rounds=3, sample_ms=1.0)
 
 
-class EquivalenceFailed(Exception):
-    """A variant's outputs differ from the original's beyond onnx_lnfold's tolerance."""
+class SweepFailed(Exception):
+    """The sweep ran to its end, but a part failed (placement, equivalence, preparation, an error):
+    the results are written, marked FAILED, and the command exits with `code`."""
+
+    def __init__(self, line: str, code: int):
+        super().__init__(line)
+        self.code = code
 
 
 class Deadline:
@@ -317,7 +323,7 @@ def kernel_group(device: Device, cfg: SweepConfig, dtype: str, hidden: int, rows
 
 
 def run_kernels(device: Device, cfg: SweepConfig, info: dict, deadline: Deadline, skipped: list[str],
-                workdir: Path | None) -> list[dict]:
+                failures: list[dict], workdir: Path | None) -> list[dict]:
     results = []
     profile_dir = Path(tempfile.mkdtemp(prefix="lnfold-cuda-prof-", dir=workdir))
     try:
@@ -325,7 +331,10 @@ def run_kernels(device: Device, cfg: SweepConfig, info: dict, deadline: Deadline
             for hidden in cfg.kernel_hidden:
                 if deadline.passed(f"kernels {dtype} d{hidden}", skipped, kernel_reserve_s(cfg)):
                     continue
-                results += kernel_group(device, cfg, dtype, hidden, cfg.kernel_rows, info, profile_dir)
+                try:
+                    results += kernel_group(device, cfg, dtype, hidden, cfg.kernel_rows, info, profile_dir)
+                except PlacementError as e:  # nothing of this group is reported; the sweep fails at its end
+                    record_failure(failures, "placement", str(e), f"kernels {dtype} d{hidden}", skipped)
     finally:
         shutil.rmtree(profile_dir, ignore_errors=True)
     return results
@@ -447,7 +456,7 @@ def measure_model(device: Device, prep: Prepared, configs: list[tuple[int, int]]
 
 
 def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bool, deadline: Deadline,
-            skipped: list[str], workdir: Path | None) -> tuple[list[dict], list[dict]]:
+            skipped: list[str], failures: list[dict], workdir: Path | None) -> tuple[list[dict], list[dict]]:
     """Real trained models first, then the GPT-2-style models (the largest last: a time cap cuts it first)."""
     results, models = [], []
     jobs = [("trained", p) for p in trained] + ([] if skip_gpt2 else [("gpt2", s) for s in cfg.gpt2_shapes])
@@ -467,9 +476,7 @@ def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bo
                 try:
                     prep = prepare_trained(what, work) if kind == "trained" else prepare_gpt2(what, work)
                 except ModelPrepError as e:
-                    if kind == "gpt2":
-                        raise
-                    skipped.append(f"{label}: {e}")
+                    record_failure(failures, "preparation", str(e), label, skipped)
                     continue
                 if kind == "gpt2":
                     prep.info["shape"] = what
@@ -481,12 +488,37 @@ def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bo
                                "folds": prep.folds, "prepare_s": prep.prepare_s, "graph_digest": prep.graph_digest,
                                **{k: v for k, v in prep.info.items() if k != "shape"}})
                 configs = e2e_configs(prep, kind, cfg, skipped)
-                results += measure_model(device, prep, configs, cfg, work)
+                try:
+                    results += measure_model(device, prep, configs, cfg, work)
+                except PlacementError as e:  # nothing of this model is reported; the sweep fails at its end
+                    record_failure(failures, "placement", str(e), label, skipped)
+                except Exception as e:  # noqa: BLE001 - one model's error must not lose the others' figures
+                    record_failure(failures, "error", f"{label}: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}",
+                                   label, skipped)
             finally:
                 clean(work)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return results, models
+
+
+# exit codes by failure kind, in the order the first one of them is reported
+EXIT_CODES = {"placement": 2, "equivalence": 3, "preparation": 4, "error": 5}
+
+
+def record_failure(failures: list[dict], kind: str, message: str, part: str, skipped: list[str]) -> None:
+    log(f"FAILED ({kind}): {message}")
+    failures.append({"kind": kind, "message": message})
+    skipped.append(f"{part} (failed: {kind}, see `failures`)")
+
+
+def first_failure(failures: list[dict]) -> dict | None:
+    """The failure the sweep exits with: placement first, then equivalence, preparation, other errors."""
+    if not failures:
+        return None
+    first = min(failures, key=lambda f: list(EXIT_CODES).index(f["kind"]))
+    more = len(failures) - 1
+    return {**first, "line": f"{first['kind']}: {first['message']}" + (f" (+{more} more failures)" if more else "")}
 
 
 def equivalence_failure(e2e: list[dict]) -> str | None:
@@ -546,6 +578,7 @@ def render_markdown(res: dict) -> str:
     lines = [title, ""]
     if res.get("failed"):
         lines += [f"**FAILED: {res['failed']}**", ""]
+        lines += [f"- {f['kind']}: {f['message']}" for f in res.get("failures", [])] + [""]
     lines.append(f"Command: `{res['command']}`  ")
     if not smoke:
         lines.append(f"GPU: {dev.get('gpu', '?')} ({dev.get('gpu_memory', '?')}, compute capability "
@@ -677,7 +710,7 @@ def sweep(cfg: SweepConfig, device: Device, out: Path, command: str, *, skip_ker
     dev_info = device.check(_kernel_model("ln", 64, "float32", 1))
     res: dict = {"mode": device.kind, "command": command, "machine": machine_info(), "device": dev_info,
                  "config": dataclasses.asdict(cfg), "kernels": [], "e2e": [], "models": [], "fuse_residual": {},
-                 "skipped": [], "seconds": 0.0, "failed": None}
+                 "skipped": [], "seconds": 0.0, "failures": [], "failed": None}
     if device.kind == "cuda":
         dev_info["kernel_time_probe"] = kernel_time_probe(device)
     sources = set()
@@ -685,7 +718,7 @@ def sweep(cfg: SweepConfig, device: Device, out: Path, command: str, *, skip_ker
         res["skipped"].append("kernels (--skip-kernels)")
     else:
         log(f"kernels on {dev_info['execution_provider']}")
-        res["kernels"] = run_kernels(device, cfg, dev_info, deadline, res["skipped"], workdir)
+        res["kernels"] = run_kernels(device, cfg, dev_info, deadline, res["skipped"], res["failures"], workdir)
         sources |= {k["kernel_source"] for k in res["kernels"]}
         res["kernel_source"] = "; ".join(sorted(sources))
         res["seconds"] = deadline.elapsed()
@@ -694,15 +727,20 @@ def sweep(cfg: SweepConfig, device: Device, out: Path, command: str, *, skip_ker
         res["skipped"].append("end to end (--skip-e2e)")
     else:
         log("end to end")
-        res["e2e"], res["models"] = run_e2e(device, cfg, trained or [], skip_gpt2, deadline, res["skipped"], workdir)
+        res["e2e"], res["models"] = run_e2e(device, cfg, trained or [], skip_gpt2, deadline, res["skipped"],
+                                            res["failures"], workdir)
         res["fuse_residual"] = fuse_summary(res["e2e"])
         sources |= {e["kernel_source"] for e in res["e2e"]}
     res["kernel_source"] = "; ".join(sorted(sources)) or "n/a"
-    res["failed"] = equivalence_failure(res["e2e"])
+    mismatch = equivalence_failure(res["e2e"])
+    if mismatch:
+        res["failures"].append({"kind": "equivalence", "message": mismatch})
+    first = first_failure(res["failures"])
+    res["failed"] = first["line"] if first else None
     res["seconds"] = deadline.elapsed()
     write_report(res, out)
-    if res["failed"]:
-        raise EquivalenceFailed(res["failed"])
+    if first:
+        raise SweepFailed(first["line"], EXIT_CODES[first["kind"]])
     return res
 
 
@@ -788,12 +826,12 @@ def main(argv=None) -> int:
     except SweepRefused as e:
         print(f"error: not run on CUDA: {e}", file=sys.stderr)
         return 2
-    except PlacementError as e:
+    except PlacementError as e:  # the probe's own session: nothing was measured
         print(f"error: placement: {e}", file=sys.stderr)
         return 2
-    except EquivalenceFailed as e:
+    except SweepFailed as e:
         print(f"error: {e} (results written to {out}, marked FAILED)", file=sys.stderr)
-        return 3
+        return e.code
     res["device"]["cuda_libraries_loaded_by"] = preload
     (out / "results.json").write_text(json.dumps(res, indent=1))
     (out / "RESULTS.md").write_text(render_markdown(res))

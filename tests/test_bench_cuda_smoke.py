@@ -328,3 +328,35 @@ def test_time_cap_skips_what_would_end_after_it():
     medium = e2e_reserve_s(FULL, 355e6, 6)
     assert medium > 50 and deadline.passed("gpt2_d1024_L24 (end to end)", skipped, reserve_s=medium)
     assert len(skipped) == 1 and skipped[0].startswith("gpt2_d1024_L24 (end to end) (time cap: 400 s + about ")
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="needs an onnxruntime without the CUDA provider")
+def test_a_placement_failure_fails_the_sweep_but_not_the_other_parts(tmp_path, monkeypatch):
+    """A model whose session lands on the CPU is not reported, the next model still runs, and the
+    sweep's failure (exit 2) names the first one."""
+    from benchmarks import cuda
+    from benchmarks.cuda_device import Device
+    from benchmarks.cuda_models import E2E_VARIANTS, Prepared
+    from benchmarks.gpt2_onnx import Gpt2Shape, build_gpt2, make_inputs
+
+    shape = Gpt2Shape(hidden=64, layers=1, vocab=128, positions=64)
+    model = build_gpt2(shape, "float32", tmp_path / "g.onnx")
+
+    def prepared(path, work):
+        return Prepared(name=path.stem, source=str(path), paths=dict.fromkeys(E2E_VARIANTS, model),
+                        optimizer={"fused": {}}, folds={"auto": {"folded": 0, "layer_norms": 0}}, prepare_s=0.0,
+                        graph_digest={}, feeds=lambda b, s: make_inputs(shape, b, s), info={})
+
+    monkeypatch.setattr(cuda, "prepare_trained", prepared)
+    failures, skipped = [], []
+    for name in ("m1", "m2"):
+        (tmp_path / f"{name}.onnx").write_bytes(model.read_bytes())
+    results, models = cuda.run_e2e(Device("cuda"), cuda.SMOKE_MIN, [tmp_path / "m1.onnx", tmp_path / "m2.onnx"],
+                                   True, cuda.Deadline(600.0), skipped, failures, tmp_path)
+    assert results == [] and [m["model"] for m in models] == ["m1", "m2"]
+    assert [f["kind"] for f in failures] == ["placement", "placement"]
+    assert failures[0]["message"].startswith("m1 original: the session runs on CPUExecutionProvider")
+    assert skipped == ["m1 (failed: placement, see `failures`)", "m2 (failed: placement, see `failures`)"]
+    first = cuda.first_failure(failures + [{"kind": "equivalence", "message": "x"}])
+    assert first["line"].startswith("placement: m1 original: ") and first["line"].endswith("(+2 more failures)")
+    assert cuda.EXIT_CODES[first["kind"]] == 2
