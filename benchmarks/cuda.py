@@ -286,7 +286,7 @@ def kernel_group(device: Device, cfg: SweepConfig, dtype: str, hidden: int, rows
         timed = feeds(rows)
         for k in names:
             phase.run(k, timed[k], max(1, cfg.warmup))
-        for r in range(cfg.profile_rounds):
+        for r in range(max(2, cfg.profile_rounds)):  # every variant in two positions at least
             phase.round(rows, [(k, timed[k]) for k in rotated(names, r)], cfg.profile_runs)
         del timed
     kernel, source, shape_nodes = end_profiles(device, sessions, phase, label)
@@ -300,7 +300,7 @@ def kernel_group(device: Device, cfg: SweepConfig, dtype: str, hidden: int, rows
         wall_node = {k: v / cfg.repeat for k, v in wall.items()}
         kern_node = {k: [None if v is None else v / cfg.repeat for v in kernel[rows][k]] for k in names}
         res = {"dtype": dtype, "hidden": hidden, "rows": rows, "repeat": cfg.repeat, "calls": cal["calls"],
-               "calibration": cal, "rounds": int(len(wall["ln"])), "kernel_rounds": cfg.profile_rounds,
+               "calibration": cal, "rounds": int(len(wall["ln"])), "kernel_rounds": max(2, cfg.profile_rounds),
                "kernel_source": source,
                "wall_us": {k: float(np.median(v) * 1e6) for k, v in wall_node.items()},
                "wall_spread_us": {k: [x * 1e6 for x in spread(v)] for k, v in wall_node.items()},
@@ -413,7 +413,7 @@ def measure_model(device: Device, prep: Prepared, configs: list[tuple[int, int]]
         del outs
         for k in names:
             phase.run(k, timed[k], max(1, cfg.warmup))
-        for r in range(cfg.profile_rounds):
+        for r in range(max(2, cfg.profile_rounds)):  # every variant in two positions at least
             phase.round((batch, seq), [(k, timed[k]) for k in rotated(names, r)], cfg.profile_runs)
         del timed
     kernel, source, shape_nodes = end_profiles(device, sessions, phase, prep.name)
@@ -427,7 +427,7 @@ def measure_model(device: Device, prep: Prepared, configs: list[tuple[int, int]]
         eq = equivalence[(batch, seq)]
         res = {"model": prep.name, "source": prep.source, **{k: v for k, v in prep.info.items() if k != "shape"},
                "batch": batch, "seq": seq, "input_shapes": shapes[(batch, seq)],
-               "rounds": int(len(wall["original"])), "kernel_rounds": cfg.profile_rounds, "calls": cal["calls"],
+               "rounds": int(len(wall["original"])), "kernel_rounds": max(2, cfg.profile_rounds), "calls": cal["calls"],
                "calibration": cal, "kernel_source": source,
                "wall_ms": {k: float(np.median(v) * 1e3) for k, v in wall.items()},
                "wall_spread_ms": {k: [x * 1e3 for x in spread(v)] for k, v in wall.items()},
@@ -478,6 +478,9 @@ def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bo
                 except ModelPrepError as e:
                     record_failure(failures, "preparation", str(e), label, skipped)
                     continue
+                except Exception as e:  # noqa: BLE001 - the optimizer, the fp16 conversion or the fold broke
+                    record_failure(failures, "preparation", f"{label}: {_one_line(e)}", label, skipped)
+                    continue
                 if kind == "gpt2":
                     prep.info["shape"] = what
                 fold = prep.folds["auto"]
@@ -493,8 +496,7 @@ def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bo
                 except PlacementError as e:  # nothing of this model is reported; the sweep fails at its end
                     record_failure(failures, "placement", str(e), label, skipped)
                 except Exception as e:  # noqa: BLE001 - one model's error must not lose the others' figures
-                    record_failure(failures, "error", f"{label}: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}",
-                                   label, skipped)
+                    record_failure(failures, "error", f"{label}: {_one_line(e)}", label, skipped)
             finally:
                 clean(work)
     finally:
@@ -504,6 +506,11 @@ def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bo
 
 # exit codes by failure kind, in the order the first one of them is reported
 EXIT_CODES = {"placement": 2, "equivalence": 3, "preparation": 4, "error": 5}
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
 def record_failure(failures: list[dict], kind: str, message: str, part: str, skipped: list[str]) -> None:

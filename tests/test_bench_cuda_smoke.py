@@ -360,3 +360,27 @@ def test_a_placement_failure_fails_the_sweep_but_not_the_other_parts(tmp_path, m
     first = cuda.first_failure(failures + [{"kind": "equivalence", "message": "x"}])
     assert first["line"].startswith("placement: m1 original: ") and first["line"].endswith("(+2 more failures)")
     assert cuda.EXIT_CODES[first["kind"]] == 2
+
+
+def test_onnxruntime_kernel_events_are_preferred_when_the_build_has_them(tmp_path):
+    """In builds with --enable_cuda_profiling, onnxruntime's profile carries CUPTI's records as
+    {"cat": "Kernel", "dur": µs, "args": {"op_name": ...}}, each placed right after its node's event
+    (GPUProfilerBase::MergeEvents sets ts = node ts + 1, 2, ...). A real CPU profile with such
+    records added is read from them, not from the Node events."""
+    from benchmarks.cuda_device import Device
+    from benchmarks.cuda_timing import ProfiledPhase
+
+    sess, t = _kernel_timed(Device("cpu"), "sln", 64, 16, 3, str(tmp_path / "k"))
+    phase = ProfiledPhase("CUDAExecutionProvider")
+    phase.run("x", t, 1)
+    phase.round("cfg", [("x", t)], 2)
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    kernels = [{"cat": "Kernel", "name": "SimplifiedLayerNormKernel", "ts": e["ts"] + 1, "dur": 7,
+                "args": {"op_name": e["args"]["op_name"], "stream": "13"}} for e in nodes]
+    assert len(nodes) == 3 * 3  # three runs of three nodes
+    values, source = phase.finish({"x": events + kernels})
+    assert source == "onnxruntime profiler Kernel events (CUPTI)"
+    assert values == {"cfg": {"x": [7.0 * 3]}}  # 3 kernels of 7 µs per run, the warm-up run left out
+    # without them, a CUDA session's Node events (launch times) are no kernel time
+    assert phase.finish({"x": events}) == ({"cfg": {"x": [None]}}, "not measured")
