@@ -98,7 +98,7 @@ class SweepConfig:
     sample_ms: float = 20.0
     profile_rounds: int = 2          # kernel-time rounds, order rotated: every variant in two positions
     profile_runs: int = 3            # synchronized runs per kernel-time visit
-    max_seconds: float = 450.0       # nothing starts later than this after the sweep began
+    max_seconds: float = 450.0       # time cap from the command's start: a part whose estimate ends later is skipped
 
 
 FULL = SweepConfig(

@@ -74,7 +74,10 @@ class Device:
 
         self.kind, self.ort = kind, ort
         self.expected = provider or EXPECTED_PROVIDER[kind]
-        options = dict(provider_options or ({"device_id": 0} if self.expected == "CUDAExecutionProvider" else {}))
+        # kSameAsRequested: seven kernel sessions of up to 1 GiB tensors each hold their own arena; the
+        # default (next power of two) could double that. Allocation happens in warm-up, never timed.
+        cuda_defaults = {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}
+        options = dict(provider_options or (cuda_defaults if self.expected == "CUDAExecutionProvider" else {}))
         self.providers = [(self.expected, options)] if options else [self.expected]
         self.ort_device = "cuda" if kind == "cuda" else "cpu"
 
