@@ -1,50 +1,52 @@
-"""The CUDA sweep: LayerNorm vs RMSNorm kernels, folded GPT-2-style models end to end, and which
-`--fuse-residual` choice is fastest, on ONNX Runtime's CUDA execution provider.
+"""The CUDA sweep: LayerNorm vs RMSNorm kernels, folded models end to end (GPT-2-style and real trained
+models, prepared as deployed on CUDA), and which `--fuse-residual` choice is fastest, on ONNX Runtime's
+CUDA execution provider.
 
     python -m benchmarks.cuda                 # on a GPU host; results in benchmarks/results/cuda/
-    python -m benchmarks.cuda --smoke         # the same code on the CPU EP, small sizes (< 2 min)
+    python -m benchmarks.cuda --smoke         # the same code on the CPU EP, small sizes
+    python -m benchmarks.cuda --trained DIR   # real models from DIR (default: models/trained/ if present)
 
-Nothing is reported as CUDA unless a probe session really runs on CUDAExecutionProvider with CPU
-fallback disabled; otherwise the command says why in one line and exits 2, writing nothing.
-`--smoke` runs on the CPU EP and refuses to write into benchmarks/results/cuda/.
+What the figures can be trusted for, and the line that makes each failure impossible:
 
-1. Kernels: one-node-type graphs, a chain of `--repeat` nodes fed by the previous node (as a
-   model's residual stream is), graph optimizations off so nothing is fused or split:
+- placement (benchmarks/cuda_device.py): every session is created with `enable_fallback=0` and must
+  report the provider asked for first; kernel graphs and the probe run with CPU fallback disabled
+  (`session.disable_cpu_ep_fallback` = "1"); models, whose shape arithmetic onnxruntime keeps on the
+  CPU on purpose, are checked node by node from their profile: a node off the device that touches a
+  float tensor fails the sweep (`PlacementError`: one line, exit 2; nothing of that part is reported);
+- one `calls` count per configuration for every variant (benchmarks/cuda_timing.py, calibrate_calls);
+- kernel time beside the wall clock (cuda_timing.ProfiledPhase): CUPTI's kernel records, through
+  onnxruntime's profiler where the build has them, else torch.profiler; on the CPU EP the profiler's
+  node events. Kernel ratios are the ones that say what the kernels do; the wall clock of short kernel
+  chains is launch overhead;
+- the bandwidth figure says which level a node's tensors live in (the device's L2, asked of the
+  device) and gives a share of the nominal DRAM bandwidth only for tensors several times the L2;
+- equivalence of every variant with the original on every configuration and every output, with
+  onnx_lnfold's own tolerances (`_verify.output_types`, `rtol_for`); a mismatch fails the sweep (exit 3)
+  after the results are written, marked FAILED (a placement failure, exit 2, likewise: the part it hit is
+  not reported, the rest of the sweep runs, so one model cannot cost the others' figures);
+- end-to-end models as deployed (benchmarks/cuda_models.py): optimizer (Attention fused), fp16, fold;
+- every variant measured at least twice, in rotated positions, every figure with its spread; a time
+  cap (`--max-seconds`) skips, by name, whatever would start after it.
 
-       ln        LayerNormalization                   sln       SimplifiedLayerNormalization
-       add+ln    Add -> LayerNormalization            add+sln   Add -> SimplifiedLayerNormalization
-       skip_ln   com.microsoft SkipLayerNormalization skip_sln  com.microsoft SkipSimplifiedLayerNormalization
-       copy      Neg (reads and writes the tensor once: the device's achievable streaming bandwidth)
-
-   fp32 and fp16, hidden x rows as configured. Time per node = time per run / repeat. GB/s =
-   bytes each node must move (x read, y written; + skip read and sum written for the residual
-   forms) / time, beside the copy's GB/s and the GPU's nominal bandwidth where known.
-2. End to end: GPT-2-style models built on the fly (`benchmarks.gpt2_onnx`, random perturbed
-   weights), fp16 and fp32; variants original, re-saved original (onnx_ir load + save: the fold's
-   I/O path alone), folded with `--fuse-residual auto|always|never`; all sessions at graph
-   optimization level ALL, timed interleaved (order rotated every round), inputs and outputs
-   bound on the device (IO binding), so host copies are not timed. Each folded variant's logits
-   are compared with the original's on the device at the first configuration.
-3. The fastest `--fuse-residual` choice per configuration, and over all.
-
-Timing: a sample is `calls` runs issued back to back without synchronizing the device between
-them (run option `disable_synchronize_execution_providers`), then one synchronized run; sample
-time / (calls + 1). `calls` is chosen in warm-up so a sample lasts about `--sample-ms`. Ratios are
-median(original) / median(X) with a paired bootstrap 95% interval over rounds (> 1: X is faster).
+Timing per configuration: (1) equivalence runs; (2) the profiled phase: warm-up, then
+`profile_rounds` rounds in rotated order, each visit `profile_runs` synchronized runs in a kernel-time
+window; onnxruntime's profile ends (placement checked, kernel time read); (3) the wall-clock phase:
+`calls` calibrated once from the slowest variant, then rounds in rotated order until `min_rounds` and
+the time budget are reached. Ratios are median(A) / median(B) with a paired bootstrap 95% interval
+over rounds (> 1: B is faster).
 
 Output in --out: results.json (everything, every sample), RESULTS.md (tables), cuda.png (plot;
-skipped with a note when matplotlib is missing), with the machine, the GPU, and the versions.
+skipped with a note when matplotlib is missing), with the machine, the GPU, its driver, L2 and
+nominal bandwidth, onnxruntime and its provider options.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,218 +55,148 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import ROOT, fmt_ratio, log, machine_info, ratio_of_medians
-from benchmarks.gpt2_onnx import Gpt2Shape, build_gpt2, make_inputs
+from benchmarks.cuda_device import Device, PlacementError, SweepRefused, check_assignment, memory_level
+from benchmarks.cuda_models import (
+    FUSE_CHOICES,
+    ModelPrepError,
+    Prepared,
+    clean,
+    find_trained,
+    prepare_gpt2,
+    prepare_trained,
+)
+from benchmarks.cuda_timing import ProfiledPhase, Timed, calibrate_calls, interleave, rotated
+from benchmarks.gpt2_onnx import Gpt2Shape
 
 RESULTS_CUDA = ROOT / "benchmarks" / "results" / "cuda"
 SMOKE_OUT = ROOT / "benchmarks" / "cache" / "cuda_smoke"
 
 KERNEL_KINDS = ["ln", "sln", "add+ln", "add+sln", "skip_ln", "skip_sln", "copy"]
-# tensors of the [rows, hidden] size each node reads + writes (gamma/beta are negligible)
+# tensors of the [rows, hidden] size each node reads, and reads + writes (gamma/beta are negligible)
+KERNEL_READS = {"ln": 1, "sln": 1, "add+ln": 3, "add+sln": 3, "skip_ln": 2, "skip_sln": 2, "copy": 1}
 KERNEL_TRAFFIC = {"ln": 2, "sln": 2, "add+ln": 5, "add+sln": 5, "skip_ln": 4, "skip_sln": 4, "copy": 2}
 KERNEL_PAIRS = [("ln", "sln"), ("add+ln", "add+sln"), ("skip_ln", "skip_sln"), ("add+ln", "skip_sln")]
-FUSE_CHOICES = ["auto", "always", "never"]
-E2E_VARIANTS = ["original", "resaved"] + [f"folded_{c}" for c in FUSE_CHOICES]
-
-# Nominal DRAM bandwidth (GB/s) by GPU name fragment, for the "share of the device" column.
-NOMINAL_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
-                "A100 80GB": 1935, "A100": 1555, "L40S": 864, "L4": 300, "A10": 600, "RTX 4090": 1008,
-                "B200": 8000}
 
 
 @dataclasses.dataclass
 class SweepConfig:
     kernel_hidden: list[int]
     kernel_rows: list[int]
-    dtypes: list[str]
+    kernel_dtypes: list[str]
     repeat: int                      # nodes per kernel graph
-    e2e_shapes: list[Gpt2Shape]
+    gpt2_shapes: list[Gpt2Shape]
     batches: list[int]
     seqs: list[int]
     max_tokens: dict[int, int]       # hidden -> cap on batch*seq (memory/time); absent: no cap
+    trained_batches: list[int]
+    trained_seqs: list[int]          # sequence length of trained models whose inputs have one (decoders)
     warmup: int = 3
     min_rounds: int = 7
     max_rounds: int = 200
-    kernel_budget_s: float = 0.6     # timing seconds per kernel (shape, dtype) after min_rounds
-    e2e_budget_s: float = 2.0        # timing seconds per end-to-end configuration
+    kernel_budget_s: float = 0.4     # wall-clock seconds per kernel configuration after min_rounds
+    e2e_budget_s: float = 1.5        # wall-clock seconds per end-to-end configuration after min_rounds
     sample_ms: float = 20.0
+    profile_rounds: int = 2          # kernel-time rounds, order rotated: every variant in two positions
+    profile_runs: int = 3            # synchronized runs per kernel-time visit
+    max_seconds: float = 450.0       # time cap from the command's start: a part whose estimate ends later is skipped
 
 
 FULL = SweepConfig(
-    kernel_hidden=[768, 2048, 4096, 8192], kernel_rows=[512, 4096, 16384], dtypes=["float16", "float32"],
+    kernel_hidden=[768, 2048, 4096, 8192], kernel_rows=[512, 4096, 32768], kernel_dtypes=["float16", "float32"],
     repeat=10,
-    e2e_shapes=[Gpt2Shape(hidden=768, layers=12), Gpt2Shape(hidden=2048, layers=12)],
-    batches=[1, 8], seqs=[128, 512, 2048], max_tokens={2048: 8192},
+    # GPT-2 small and medium (d=1024, 24 layers, 16 heads): the medium one last, where a time cap cuts first
+    gpt2_shapes=[Gpt2Shape(hidden=768, layers=12), Gpt2Shape(hidden=1024, layers=24)],
+    batches=[1, 8], seqs=[128, 512, 2048], max_tokens={1024: 8192},
+    trained_batches=[1, 8], trained_seqs=[64],
 )
-# --smoke: every code path of FULL, at sizes two shared CPU cores run in well under two minutes
+# --smoke: every code path of FULL, at sizes two shared CPU cores run in about a minute
 SMOKE = SweepConfig(
-    kernel_hidden=[64, 256], kernel_rows=[64], dtypes=["float16", "float32"], repeat=3,
-    e2e_shapes=[Gpt2Shape(hidden=64, layers=2, vocab=512, positions=256)],
-    batches=[1, 2], seqs=[16, 64], max_tokens={64: 64},
+    kernel_hidden=[64, 256], kernel_rows=[64], kernel_dtypes=["float16", "float32"], repeat=3,
+    gpt2_shapes=[Gpt2Shape(hidden=64, layers=2, vocab=512, positions=256)],
+    batches=[1, 2], seqs=[16, 64], max_tokens={64: 64}, trained_batches=[1], trained_seqs=[16],
     warmup=1, min_rounds=3, max_rounds=5, kernel_budget_s=0.0, e2e_budget_s=0.0, sample_ms=2.0,
+    profile_rounds=2, profile_runs=2, max_seconds=1800.0,
 )
 # --smoke=min: the same paths again, fewer sizes (the test suite runs this one)
-SMOKE_MIN = dataclasses.replace(SMOKE, kernel_hidden=[64], dtypes=["float16", "float32"], batches=[1],
-                                seqs=[16, 32], max_tokens={}, min_rounds=3, max_rounds=3, sample_ms=1.0)
+SMOKE_MIN = dataclasses.replace(SMOKE, kernel_hidden=[64], batches=[1], seqs=[16, 32], max_tokens={},
+                                min_rounds=3, max_rounds=3, sample_ms=1.0)
 
 
-class SweepRefused(Exception):
-    """The sweep cannot run as asked (no CUDA, or CPU figures headed for the CUDA results)."""
+class SweepFailed(Exception):
+    """The sweep ran to its end, but a part failed (placement, equivalence, preparation, an error):
+    the results are written, marked FAILED, and the command exits with `code`."""
+
+    def __init__(self, line: str, code: int):
+        super().__init__(line)
+        self.code = code
 
 
-# --------------------------------------------------------------------------- #
-# Device
-# --------------------------------------------------------------------------- #
-class Device:
-    """The execution provider a sweep runs on: CUDA (proven by a probe session) or CPU (smoke)."""
+class Deadline:
+    """The sweep's time cap, counted from the command's start: a part whose estimated time would
+    end after it does not start, and is listed as skipped, by name."""
 
-    def __init__(self, kind: str):
-        import onnxruntime as ort
+    def __init__(self, max_seconds: float, t0: float | None = None):
+        self.t0, self.max_seconds = (time.perf_counter() if t0 is None else t0), max_seconds
 
-        self.kind = kind
-        self.ort = ort
-        if kind == "cuda":
-            self.providers = [("CUDAExecutionProvider", {"device_id": 0})]
-            self.ort_device = "cuda"
-        else:
-            self.providers = ["CPUExecutionProvider"]
-            self.ort_device = "cpu"
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
 
-    def check(self) -> dict:
-        """Raise SweepRefused unless a session really runs on this device; return what it found."""
-        ort = self.ort
-        info: dict = {"execution_provider": self.providers[0] if isinstance(self.providers[0], str)
-                      else self.providers[0][0]}
-        if self.kind != "cuda":
-            return info
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise SweepRefused(f"onnxruntime {ort.__version__} at {Path(ort.__file__).parent} has no "
-                               f"CUDAExecutionProvider (providers: {', '.join(ort.get_available_providers())}); "
-                               "install onnxruntime-gpu (see benchmarks/gpu_host/)")
-        so = self.session_options(optimize=False)
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        try:
-            sess = ort.InferenceSession(_kernel_model("ln", 64, "float32", 1), so, providers=self.providers)
-            x = np.ones((1, 4, 64), np.float32)
-            y = self.run_once(sess, {"x": x})
-        except Exception as e:  # noqa: BLE001 - the reason is the message
-            raise SweepRefused(f"a CUDA session could not run: {str(e).splitlines()[0][:300]} "
-                               "(CUDA libraries not found? see benchmarks/gpu_host/run_on_host.sh)") from None
-        if sess.get_providers()[0] != "CUDAExecutionProvider":
-            raise SweepRefused(f"the probe session ran on {sess.get_providers()}, not CUDAExecutionProvider")
-        if not np.isfinite(y[0]).all():
-            raise SweepRefused("the probe session on CUDA returned non-finite values")
-        # e.g. use_tf32 (on by default: fp32 MatMuls then round like TF32 on both sides of a ratio)
-        info["provider_options"] = sess.get_provider_options().get("CUDAExecutionProvider", {})
-        info.update(gpu_info())
-        return info
-
-    def session_options(self, optimize: bool = True):
-        ort = self.ort
-        so = ort.SessionOptions()
-        so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                       else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-        so.log_severity_level = 3
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        if self.kind == "cpu":
-            so.intra_op_num_threads = 1  # smoke: two shared cores, several sessions interleaved
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return so
-
-    def session(self, model, optimize: bool = True):
-        return self.ort.InferenceSession(model if isinstance(model, (bytes, str)) else str(model),
-                                         self.session_options(optimize), providers=self.providers)
-
-    def to_device(self, arr: np.ndarray):
-        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), self.ort_device, 0)
-
-    def binding(self, sess, device_feeds: dict):
-        io = sess.io_binding()
-        for name, value in device_feeds.items():
-            io.bind_ortvalue_input(name, value)
-        for out in sess.get_outputs():
-            io.bind_output(out.name, self.ort_device, 0)
-        return io
-
-    def run_once(self, sess, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        io = self.binding(sess, {k: self.to_device(v) for k, v in feeds.items()})
-        sess.run_with_iobinding(io)
-        return io.copy_outputs_to_cpu()
+    def passed(self, what: str, skipped: list[str], reserve_s: float = 0.0) -> bool:
+        if self.elapsed() + reserve_s <= self.max_seconds:
+            return False
+        skipped.append(f"{what} (time cap: {self.elapsed():.0f} s + about {reserve_s:.0f} s needed > "
+                       f"{self.max_seconds:.0f} s)")
+        return True
 
 
-def gpu_info() -> dict:
-    info: dict = {}
+def kernel_reserve_s(cfg: SweepConfig) -> float:
+    """What one (dtype, hidden) kernel group needs at most, roughly: per rows, the wall-clock
+    rounds and budget plus the profiled rounds (a kineto window each)."""
+    wall = cfg.min_rounds * len(KERNEL_KINDS) * cfg.sample_ms / 1e3 + cfg.kernel_budget_s
+    return 2.0 + len(cfg.kernel_rows) * (wall + cfg.profile_rounds * 0.5 + 0.5)
+
+
+def e2e_reserve_s(cfg: SweepConfig, params: float, configs: int) -> float:
+    """One end-to-end model, roughly: its preparation on the host (about 15 s of one core per 100 M
+    parameters: build, optimizer, fp16, re-save; the folds run beside it), five sessions, and per
+    configuration the equivalence runs, the profiled rounds and the wall-clock rounds."""
+    wall = cfg.min_rounds * len(FUSE_CHOICES + ["original", "resaved"]) * cfg.sample_ms / 1e3 + cfg.e2e_budget_s
+    return 10.0 + 15.0 * params / 1e8 + configs * (wall + cfg.profile_rounds * 0.5 + 1.0)
+
+
+def spread(values) -> list[float]:
+    """[25th, 75th] percentile: the spread every median is given with."""
+    v = np.asarray([x for x in values if x is not None], float)
+    return [float(np.percentile(v, 25)), float(np.percentile(v, 75))] if v.size else [float("nan")] * 2
+
+
+def _median(values) -> float | None:
+    v = [x for x in values if x is not None]
+    return float(np.median(v)) if v else None
+
+
+def _ratio(a, b) -> dict | None:
+    """ratio_of_medians over rounds where both sides were measured (kernel time may be missing)."""
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    if len(pairs) < 2:
+        return None
+    return ratio_of_medians([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def _load_profile(sess) -> list[dict]:
+    path = Path(sess.end_profiling())
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.memory",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        if out.returncode == 0 and out.stdout.strip():
-            name, mem, driver, mclk = (s.strip() for s in out.stdout.strip().splitlines()[0].split(","))
-            info.update(gpu=name, gpu_memory=mem, driver=driver, max_memory_clock=mclk)
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        pass
-    torch = sys.modules.get("torch")  # imported first on the GPU host for its CUDA libraries
-    if torch is not None:
-        info["torch"] = torch.__version__
-        info["torch_cuda"] = getattr(torch.version, "cuda", None)
-        try:
-            if torch.cuda.is_available():
-                info.setdefault("gpu", torch.cuda.get_device_name(0))
-                props = torch.cuda.get_device_properties(0)
-                info["compute_capability"] = f"{props.major}.{props.minor}"
-        except Exception:  # noqa: BLE001
-            pass
-    info["nominal_gbps"] = nominal_bandwidth(info.get("gpu", ""))
-    return info
+        return json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
 
 
-def nominal_bandwidth(gpu_name: str) -> float | None:
-    for key in sorted(NOMINAL_GBPS, key=len, reverse=True):
-        if key.lower() in gpu_name.lower():
-            return float(NOMINAL_GBPS[key])
-    return None
-
-
-# --------------------------------------------------------------------------- #
-# Timing
-# --------------------------------------------------------------------------- #
-class Timed:
-    """One session with its inputs bound on the device; `sample()` times `calls` + 1 runs."""
-
-    def __init__(self, device: Device, sess, device_feeds: dict):
-        self.sess, self.io = sess, device.binding(sess, device_feeds)
-        self.async_opts = device.ort.RunOptions()
-        self.async_opts.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        self.calls = 1
-
-    def run_sync(self) -> None:
-        self.sess.run_with_iobinding(self.io)
-
-    def calibrate(self, sample_ms: float, warmup: int) -> None:
-        for _ in range(max(1, warmup)):
-            self.run_sync()
-        t0 = time.perf_counter()
-        self.run_sync()
-        one = time.perf_counter() - t0
-        self.calls = int(min(200, max(0, round(sample_ms / 1e3 / max(one, 1e-6)) - 1)))
-
-    def sample(self) -> float:
-        t0 = time.perf_counter()
-        for _ in range(self.calls):
-            self.sess.run_with_iobinding(self.io, self.async_opts)
-        self.sess.run_with_iobinding(self.io)  # synchronizes the device: every queued run has finished
-        return (time.perf_counter() - t0) / (self.calls + 1)
-
-
-def interleave(timed: dict[str, Timed], cfg: SweepConfig, budget_s: float) -> dict[str, np.ndarray]:
-    for t in timed.values():
-        t.calibrate(cfg.sample_ms, cfg.warmup)
-    names = list(timed)
-    samples: dict[str, list[float]] = {k: [] for k in names}
-    t_start, r = time.perf_counter(), 0
-    while r < cfg.max_rounds and (r < cfg.min_rounds or time.perf_counter() - t_start < budget_s):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            samples[k].append(timed[k].sample())
-        r += 1
-    return {k: np.array(v) for k, v in samples.items()}
+def end_profiles(device: Device, sessions: dict, phase: ProfiledPhase, label: str) -> tuple[dict, str, dict]:
+    """End every session's profile: placement checked (PlacementError), kernel time per visit read."""
+    profiles = {k: _load_profile(s) for k, s in sessions.items()}
+    shape_nodes = {k: check_assignment(sessions[k], profiles[k], device.expected, f"{label} {k}") for k in sessions}
+    values, source = phase.finish(profiles)
+    return values, source, {k: sorted({n["op"] for n in v}) for k, v in shape_nodes.items() if v}
 
 
 # --------------------------------------------------------------------------- #
@@ -318,159 +250,293 @@ def _kernel_model(kind: str, hidden: int, dtype: str, repeat: int) -> bytes:
     return m.SerializeToString()
 
 
-def run_kernels(device: Device, cfg: SweepConfig, gbps_nominal: float | None) -> list[dict]:
+def bandwidth(kernel_us: dict[str, float | None], tensor_bytes: int, info: dict) -> dict:
+    """Bytes each node moves, the memory level they live in, GB/s from kernel time (a wall-clock
+    figure of a launch-bound chain is no bandwidth), as a share of the copy chain's GB/s, and as a
+    share of the nominal DRAM bandwidth only where the level is DRAM (an L2-resident tensor would
+    show shares above 1)."""
+    moved = {k: KERNEL_TRAFFIC[k] * tensor_bytes for k in kernel_us}
+    level = {k: memory_level(KERNEL_READS[k] * tensor_bytes, moved[k], info.get("l2_bytes")) for k in kernel_us}
+    gbps = {k: (moved[k] / (us * 1e-6) / 1e9 if us else None) for k, us in kernel_us.items()}
+    copy, nominal = gbps.get("copy"), info.get("nominal_gbps")
+    return {"bytes_moved": moved, "level": level, "gbps": gbps,
+            "share_of_copy": {k: (g / copy if g and copy else None) for k, g in gbps.items()},
+            "share_of_dram": {k: (g / nominal if g and nominal and level[k] == "DRAM" else None)
+                              for k, g in gbps.items()}}
+
+
+def kernel_group(device: Device, cfg: SweepConfig, dtype: str, hidden: int, rows_list: list[int], info: dict,
+                 profile_dir: Path) -> list[dict]:
+    """The seven kernel graphs of one (dtype, hidden) at every rows: profiled phase, then wall clock."""
+    label = f"kernels {dtype} d{hidden}"
+    sessions = {k: device.session(_kernel_model(k, hidden, dtype, cfg.repeat), f"{label} {k}", optimize=False,
+                                  strict=True, profile_prefix=str(profile_dir / f"{dtype}_{hidden}_{k}"))
+                for k in KERNEL_KINDS}
+    names = list(sessions)
+
+    def feeds(rows: int) -> dict:
+        rng = np.random.default_rng(rows + hidden)
+        x = device.to_device(rng.standard_normal((1, rows, hidden), dtype=np.float32).astype(dtype))
+        s = device.to_device(rng.standard_normal((1, rows, hidden), dtype=np.float32).astype(dtype))
+        return {k: Timed(device, sess, {"x": x, "skip": s} if len(sess.get_inputs()) == 2 else {"x": x})
+                for k, sess in sessions.items()}
+
+    phase = ProfiledPhase(device.expected, kineto=device.kind == "cuda")
+    for rows in rows_list:
+        timed = feeds(rows)
+        for k in names:
+            phase.run(k, timed[k], max(1, cfg.warmup))
+        for r in range(max(2, cfg.profile_rounds)):  # every variant in two positions at least
+            phase.round(rows, [(k, timed[k]) for k in rotated(names, r)], cfg.profile_runs)
+        del timed
+    kernel, source, shape_nodes = end_profiles(device, sessions, phase, label)
+
+    size = np.dtype(dtype).itemsize
     results = []
-    for dtype in cfg.dtypes:
-        size = np.dtype(dtype).itemsize
-        for hidden in cfg.kernel_hidden:
-            sessions = {k: device.session(_kernel_model(k, hidden, dtype, cfg.repeat), optimize=False)
-                        for k in KERNEL_KINDS}
-            for rows in cfg.kernel_rows:
-                rng = np.random.default_rng(rows + hidden)
-                x = device.to_device(rng.standard_normal((1, rows, hidden), dtype=np.float32).astype(dtype))
-                s = device.to_device(rng.standard_normal((1, rows, hidden), dtype=np.float32).astype(dtype))
-                timed = {k: Timed(device, sess, {"x": x, "skip": s} if len(sess.get_inputs()) == 2 else {"x": x})
-                         for k, sess in sessions.items()}
-                samples = interleave(timed, cfg, cfg.kernel_budget_s)
-                per_node = {k: v / cfg.repeat for k, v in samples.items()}
-                res = {"dtype": dtype, "hidden": hidden, "rows": rows, "repeat": cfg.repeat,
-                       "rounds": int(len(per_node["ln"])), "calls": {k: t.calls + 1 for k, t in timed.items()},
-                       "median_us": {k: float(np.median(v) * 1e6) for k, v in per_node.items()},
-                       "samples_us": {k: [round(float(t) * 1e6, 3) for t in v] for k, v in per_node.items()}}
-                res["gbps"] = {k: KERNEL_TRAFFIC[k] * rows * hidden * size / (res["median_us"][k] * 1e-6) / 1e9
-                               for k in KERNEL_KINDS}
-                if gbps_nominal:
-                    res["share_of_nominal"] = {k: g / gbps_nominal for k, g in res["gbps"].items()}
-                res["ratios"] = {f"{a}/{b}": ratio_of_medians(per_node[a], per_node[b]) for a, b in KERNEL_PAIRS}
-                results.append(res)
-                ln_sln = res["ratios"]["ln/sln"]
-                log(f"  kernel {dtype} d{hidden} x {rows} rows: ln {res['median_us']['ln']:.1f} us, "
-                    f"sln {res['median_us']['sln']:.1f} us (x{ln_sln['ratio']:.3f}), "
-                    f"skip_ln {res['median_us']['skip_ln']:.1f} us, skip_sln {res['median_us']['skip_sln']:.1f} us, "
-                    f"copy {res['gbps']['copy']:.0f} GB/s")
-                del timed, x, s
-            del sessions
+    for rows in rows_list:
+        timed = feeds(rows)
+        cal = calibrate_calls(timed, cfg.sample_ms, cfg.warmup)
+        wall = interleave(timed, cal["calls"], cfg.min_rounds, cfg.max_rounds, cfg.kernel_budget_s)
+        wall_node = {k: v / cfg.repeat for k, v in wall.items()}
+        kern_node = {k: [None if v is None else v / cfg.repeat for v in kernel[rows][k]] for k in names}
+        res = {"dtype": dtype, "hidden": hidden, "rows": rows, "repeat": cfg.repeat, "calls": cal["calls"],
+               "calibration": cal, "rounds": int(len(wall["ln"])), "kernel_rounds": max(2, cfg.profile_rounds),
+               "kernel_source": source,
+               "wall_us": {k: float(np.median(v) * 1e6) for k, v in wall_node.items()},
+               "wall_spread_us": {k: [x * 1e6 for x in spread(v)] for k, v in wall_node.items()},
+               "wall_samples_us": {k: [round(float(t) * 1e6, 3) for t in v] for k, v in wall_node.items()},
+               "kernel_us": {k: _median(v) for k, v in kern_node.items()},
+               "kernel_spread_us": {k: spread(v) for k, v in kern_node.items()},
+               "kernel_samples_us": {k: v for k, v in kern_node.items()},
+               "ratios_kernel": {f"{a}/{b}": _ratio(kern_node[a], kern_node[b]) for a, b in KERNEL_PAIRS},
+               "ratios_wall": {f"{a}/{b}": ratio_of_medians(wall_node[a], wall_node[b]) for a, b in KERNEL_PAIRS}}
+        if shape_nodes:
+            res["off_device_shape_nodes"] = shape_nodes
+        res.update(bandwidth(res["kernel_us"], rows * hidden * size, info))
+        results.append(res)
+        kr, wr = res["ratios_kernel"]["ln/sln"], res["ratios_wall"]["ln/sln"]
+        log(f"  kernel {dtype} d{hidden} x {rows} rows [{res['level']['ln']}]: ln/sln kernel "
+            f"{'x%.3f' % kr['ratio'] if kr else 'not measured'}, wall x{wr['ratio']:.3f} "
+            f"(calls {cal['calls']}, {res['rounds']} rounds)")
+        del timed
+    return results
+
+
+def run_kernels(device: Device, cfg: SweepConfig, info: dict, deadline: Deadline, skipped: list[str],
+                failures: list[dict], workdir: Path | None) -> list[dict]:
+    results = []
+    profile_dir = Path(tempfile.mkdtemp(prefix="lnfold-cuda-prof-", dir=workdir))
+    try:
+        for dtype in cfg.kernel_dtypes:
+            for hidden in cfg.kernel_hidden:
+                if deadline.passed(f"kernels {dtype} d{hidden}", skipped, kernel_reserve_s(cfg)):
+                    continue
+                try:
+                    results += kernel_group(device, cfg, dtype, hidden, cfg.kernel_rows, info, profile_dir)
+                except PlacementError as e:  # nothing of this group is reported; the sweep fails at its end
+                    record_failure(failures, "placement", str(e), f"kernels {dtype} d{hidden}", skipped)
+    finally:
+        shutil.rmtree(profile_dir, ignore_errors=True)
     return results
 
 
 # --------------------------------------------------------------------------- #
 # 2. End to end
 # --------------------------------------------------------------------------- #
-def _start_fold(src: Path, dst: Path, fuse: str) -> tuple[subprocess.Popen, Path]:
-    proc = subprocess.Popen([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(dst), "--no-verify", "-q",
-                             "--fuse-residual", fuse, "--json", str(dst.with_suffix(".json"))],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    return proc, dst
+def _equivalence(original: dict[str, np.ndarray], got: dict[str, np.ndarray], out_types: dict[str, int]) -> dict:
+    """onnx_lnfold's own comparison and tolerances: every output, max|diff| / max|ref| <= rtol of the
+    type the output is computed in."""
+    from onnx_lnfold._verify import compare, rtol_for
+
+    outputs = {}
+    for d in compare(original, got):
+        d.rtol = rtol_for(out_types.get(d.name))
+        outputs[d.name] = {"max_abs_diff": d.max_abs_diff, "rel": d.rel_diff, "rtol": d.rtol,
+                           "passed": bool(d.rel_diff <= d.rtol)}
+    worst = max(outputs, key=lambda n: outputs[n]["rel"] / outputs[n]["rtol"]) if outputs else None
+    return {"passed": all(o["passed"] for o in outputs.values()), "worst_output": worst, "outputs": outputs}
 
 
-def _finish_fold(proc: subprocess.Popen, dst: Path) -> dict:
-    _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"onnx_lnfold failed on {dst.name} (exit {proc.returncode}): {err.strip()[-500:]}")
-    rep = json.loads(dst.with_suffix(".json").read_text())
-    return {"layer_norms": rep["layer_norms"], "folded": rep["folded"], "ops_after": rep.get("ops_after"),
-            "untied_bytes": rep.get("untied_bytes")}
+def e2e_configs(prep: Prepared, kind: str, cfg: SweepConfig, skipped: list[str]) -> list[tuple[int, int]]:
+    if kind == "trained":
+        configs, seen = [], set()
+        for batch in cfg.trained_batches:
+            for seq in cfg.trained_seqs:
+                shapes = tuple((k, v.shape) for k, v in prep.feeds(batch, seq).items())
+                if shapes not in seen:  # a model without a sequence axis runs once per batch
+                    seen.add(shapes)
+                    configs.append((batch, seq))
+        return configs
+    shape: Gpt2Shape = prep.info["shape"]
+    configs = []
+    cap = cfg.max_tokens.get(shape.hidden)
+    for batch in cfg.batches:
+        for seq in cfg.seqs:
+            if seq > shape.positions or (cap and batch * seq > cap):
+                skipped.append(f"{prep.name} b{batch} s{seq} (" + (
+                    f"seq > {shape.positions} positions)" if seq > shape.positions
+                    else f"batch*seq > {cap}: memory and time cap)"))
+                continue
+            configs.append((batch, seq))
+    return configs
 
 
-def _graph_digest(path: Path) -> str:
-    """Digest of the graph file alone (external data excluded): two variants whose graphs match
-    run the same nodes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
-def prepare_models(shape: Gpt2Shape, dtype: str, workdir: Path) -> dict:
+def measure_model(device: Device, prep: Prepared, configs: list[tuple[int, int]], cfg: SweepConfig,
+                  profile_dir: Path) -> list[dict]:
+    """Every variant of one model at every configuration: equivalence, kernel time, wall clock."""
     import onnx_ir as ir
 
-    t0 = time.perf_counter()
-    orig = build_gpt2(shape, dtype, workdir / "original.onnx")
-    t_build = time.perf_counter() - t0
-    paths = {"original": orig}
-    # the three folds run in subprocesses while this process re-saves the original
-    pending = {fuse: _start_fold(orig, workdir / f"folded_{fuse}.onnx", fuse) for fuse in FUSE_CHOICES}
-    resaved = workdir / "resaved.onnx"
-    ir.save(ir.load(orig), resaved, external_data=resaved.name + ".data", size_threshold_bytes=1024)
-    paths["resaved"] = resaved
-    folds = {}
-    for fuse, (proc, dst) in pending.items():
-        folds[fuse] = _finish_fold(proc, dst)
-        paths[f"folded_{fuse}"] = dst
-    return {"paths": paths, "folds": folds, "build_s": t_build, "prepare_s": time.perf_counter() - t0,
-            "graph_digest": {k: _graph_digest(p) for k, p in paths.items()}}
+    from onnx_lnfold._verify import output_types
 
+    out_types = output_types(ir.load(prep.paths["original"]))
+    sessions = {k: device.session(p, f"{prep.name} {k}", strict=False,
+                                  profile_prefix=str(profile_dir / f"{prep.name}_{k}"))
+                for k, p in prep.paths.items()}
+    names = list(sessions)
+    output_names = [o.name for o in sessions["original"].get_outputs()]
 
-def _equivalence(device: Device, timed: dict[str, Timed]) -> dict:
-    timed["original"].run_sync()
-    ref = timed["original"].io.copy_outputs_to_cpu()[0].astype(np.float64)
-    out = {}
-    for k, t in timed.items():
-        if k == "original":
-            continue
-        t.run_sync()
-        got = t.io.copy_outputs_to_cpu()[0].astype(np.float64)
-        diff = float(np.max(np.abs(got - ref)))
-        out[k] = {"max_abs_diff": diff, "rel": diff / max(float(np.max(np.abs(ref))), 1e-30),
-                  "finite": bool(np.isfinite(got).all())}
-    return out
+    def bind(batch: int, seq: int) -> tuple[dict, dict]:
+        feeds = prep.feeds(batch, seq)
+        dev = {k: device.to_device(v) for k, v in feeds.items()}
+        return {k: Timed(device, s, dev) for k, s in sessions.items()}, {k: list(v.shape) for k, v in feeds.items()}
 
+    phase = ProfiledPhase(device.expected, kineto=device.kind == "cuda")
+    equivalence, shapes = {}, {}
+    for batch, seq in configs:
+        timed, shapes[(batch, seq)] = bind(batch, seq)
+        outs = {}
+        for k in names:
+            phase.run(k, timed[k], 1)
+            outs[k] = dict(zip(output_names, timed[k].outputs()))
+        equivalence[(batch, seq)] = {k: _equivalence(outs["original"], outs[k], out_types) for k in names
+                                     if k != "original"}
+        del outs
+        for k in names:
+            phase.run(k, timed[k], max(1, cfg.warmup))
+        for r in range(max(2, cfg.profile_rounds)):  # every variant in two positions at least
+            phase.round((batch, seq), [(k, timed[k]) for k in rotated(names, r)], cfg.profile_runs)
+        del timed
+    kernel, source, shape_nodes = end_profiles(device, sessions, phase, prep.name)
 
-def run_e2e(device: Device, cfg: SweepConfig, workroot: Path, skipped: list[str]) -> list[dict]:
     results = []
-    for shape in cfg.e2e_shapes:
-        for dtype in cfg.dtypes:
-            workdir = workroot / f"{shape.label}_{dtype}"
-            shutil.rmtree(workdir, ignore_errors=True)
-            workdir.mkdir(parents=True)
-            try:
-                prep = prepare_models(shape, dtype, workdir)
-                log(f"  {shape.label} {dtype}: built in {prep['build_s']:.1f} s, re-saved and folded 3 ways in "
-                    f"{prep['prepare_s']:.1f} s; folded {prep['folds']['auto']['folded']}/"
-                    f"{prep['folds']['auto']['layer_norms']} LNs")
-                sessions = {k: device.session(p) for k, p in prep["paths"].items()}
-                checked = None
-                cap = cfg.max_tokens.get(shape.hidden)
-                for batch in cfg.batches:
-                    for seq in cfg.seqs:
-                        if seq > shape.positions or (cap and batch * seq > cap):
-                            note = f"{shape.label} {dtype} b{batch} s{seq} (" + (
-                                f"seq > {shape.positions} positions)" if seq > shape.positions
-                                else f"batch*seq > {cap}: memory and time cap)")
-                            skipped.append(note)
-                            continue
-                        feeds = make_inputs(shape, batch, seq, seed=batch * 7 + seq)
-                        dev_feeds = {k: device.to_device(v) for k, v in feeds.items()}
-                        timed = {k: Timed(device, s, dev_feeds) for k, s in sessions.items()}
-                        if checked is None:
-                            checked = _equivalence(device, timed)
-                        samples = interleave(timed, cfg, cfg.e2e_budget_s)
-                        res = _e2e_result(shape, dtype, batch, seq, samples, timed)
-                        res.update(folds=prep["folds"], graph_digest=prep["graph_digest"], equivalence=checked)
-                        results.append(res)
-                        f = res["ratios"]["folded_auto"]
-                        log(f"  {shape.label} {dtype} b{batch} s{seq}: original {res['median_ms']['original']:.3f} ms; "
-                            f"folded(auto) x{f['ratio']:.3f} [{f['lo']:.3f}, {f['hi']:.3f}], re-saved "
-                            f"x{res['ratios']['resaved']['ratio']:.3f}; fastest fold: {res['fastest_fuse']}")
-                        del timed, dev_feeds
-                del sessions
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+    for batch, seq in configs:
+        timed, _ = bind(batch, seq)
+        cal = calibrate_calls(timed, cfg.sample_ms, cfg.warmup)
+        wall = interleave(timed, cal["calls"], cfg.min_rounds, cfg.max_rounds, cfg.e2e_budget_s)
+        kern = {k: [None if v is None else v / 1e3 for v in kernel[(batch, seq)][k]] for k in names}  # ms
+        eq = equivalence[(batch, seq)]
+        res = {"model": prep.name, "source": prep.source, **{k: v for k, v in prep.info.items() if k != "shape"},
+               "batch": batch, "seq": seq, "input_shapes": shapes[(batch, seq)],
+               "rounds": int(len(wall["original"])), "kernel_rounds": max(2, cfg.profile_rounds), "calls": cal["calls"],
+               "calibration": cal, "kernel_source": source,
+               "wall_ms": {k: float(np.median(v) * 1e3) for k, v in wall.items()},
+               "wall_spread_ms": {k: [x * 1e3 for x in spread(v)] for k, v in wall.items()},
+               "wall_samples_ms": {k: [round(float(t) * 1e3, 5) for t in v] for k, v in wall.items()},
+               "kernel_ms": {k: _median(v) for k, v in kern.items()},
+               "kernel_spread_ms": {k: spread(v) for k, v in kern.items()},
+               "kernel_samples_ms": kern,
+               "ratios": {k: ratio_of_medians(wall["original"], wall[k]) for k in names if k != "original"},
+               "kernel_ratios": {k: _ratio(kern["original"], kern[k]) for k in names if k != "original"},
+               "vs_resaved": {f"folded_{c}": ratio_of_medians(wall["resaved"], wall[f"folded_{c}"])
+                              for c in FUSE_CHOICES},
+               "fuse_vs_auto": {c: ratio_of_medians(wall["folded_auto"], wall[f"folded_{c}"]) for c in FUSE_CHOICES},
+               "fastest_fuse": min(FUSE_CHOICES, key=lambda c: float(np.median(wall[f"folded_{c}"]))),
+               "equivalence": eq, "equivalent": all(e["passed"] for e in eq.values()),
+               "folds": prep.folds, "graph_digest": prep.graph_digest, "optimizer": prep.optimizer}
+        if shape_nodes:
+            res["off_device_shape_nodes"] = shape_nodes
+        results.append(res)
+        f, kf = res["ratios"]["folded_auto"], res["kernel_ratios"]["folded_auto"]
+        log(f"  {prep.name} b{batch} s{seq}: original {res['wall_ms']['original']:.3f} ms; folded(auto) wall "
+            f"x{f['ratio']:.3f} [{f['lo']:.3f}, {f['hi']:.3f}], kernel "
+            f"{'x%.3f' % kf['ratio'] if kf else 'not measured'}; re-saved x{res['ratios']['resaved']['ratio']:.3f}; "
+            f"equivalent: {'yes' if res['equivalent'] else 'NO'} (calls {cal['calls']}, {res['rounds']} rounds)")
+        del timed
     return results
 
 
-def _e2e_result(shape, dtype, batch, seq, samples, timed) -> dict:
-    med = {k: float(np.median(v)) for k, v in samples.items()}
-    fastest = min(FUSE_CHOICES, key=lambda c: med[f"folded_{c}"])
-    return {
-        "model": shape.label, "hidden": shape.hidden, "layers": shape.layers, "vocab": shape.vocab,
-        "params": shape.parameters(), "dtype": dtype, "batch": batch, "seq": seq,
-        "rounds": int(len(samples["original"])), "calls": {k: t.calls + 1 for k, t in timed.items()},
-        "median_ms": {k: v * 1e3 for k, v in med.items()},
-        "ratios": {k: ratio_of_medians(samples["original"], samples[k]) for k in E2E_VARIANTS if k != "original"},
-        "vs_resaved": {f"folded_{c}": ratio_of_medians(samples["resaved"], samples[f"folded_{c}"])
-                       for c in FUSE_CHOICES},
-        "fuse_vs_auto": {c: ratio_of_medians(samples["folded_auto"], samples[f"folded_{c}"]) for c in FUSE_CHOICES},
-        "fastest_fuse": fastest,
-        "samples_ms": {k: [round(float(t) * 1e3, 5) for t in v] for k, v in samples.items()},
-    }
+def run_e2e(device: Device, cfg: SweepConfig, trained: list[Path], skip_gpt2: bool, deadline: Deadline,
+            skipped: list[str], failures: list[dict], workdir: Path | None) -> tuple[list[dict], list[dict]]:
+    """Real trained models first, then the GPT-2-style models (the largest last: a time cap cuts it first)."""
+    results, models = [], []
+    jobs = [("trained", p) for p in trained] + ([] if skip_gpt2 else [("gpt2", s) for s in cfg.gpt2_shapes])
+    root = Path(tempfile.mkdtemp(prefix="lnfold-cuda-", dir=workdir))
+    try:
+        for kind, what in jobs:
+            label = what.stem if kind == "trained" else what.label
+            if kind == "trained":
+                reserve = e2e_reserve_s(cfg, what.stat().st_size / 4, len(cfg.trained_batches) * len(cfg.trained_seqs))
+            else:
+                reserve = e2e_reserve_s(cfg, what.parameters(), len(cfg.batches) * len(cfg.seqs))
+            if deadline.passed(f"{label} (end to end)", skipped, reserve):
+                continue
+            work = root / label
+            work.mkdir(parents=True)
+            try:
+                try:
+                    prep = prepare_trained(what, work) if kind == "trained" else prepare_gpt2(what, work)
+                except ModelPrepError as e:
+                    record_failure(failures, "preparation", str(e), label, skipped)
+                    continue
+                except Exception as e:  # noqa: BLE001 - the optimizer, the fp16 conversion or the fold broke
+                    record_failure(failures, "preparation", f"{label}: {_one_line(e)}", label, skipped)
+                    continue
+                if kind == "gpt2":
+                    prep.info["shape"] = what
+                fold = prep.folds["auto"]
+                log(f"  {prep.name}: prepared in {prep.prepare_s:.1f} s (optimizer fused "
+                    f"{', '.join(f'{n} {op}' for op, n in prep.optimizer['fused'].items())}); "
+                    f"folded {fold['folded']}/{fold['layer_norms']} LNs")
+                models.append({"model": prep.name, "source": prep.source, "optimizer": prep.optimizer,
+                               "folds": prep.folds, "prepare_s": prep.prepare_s, "graph_digest": prep.graph_digest,
+                               **{k: v for k, v in prep.info.items() if k != "shape"}})
+                configs = e2e_configs(prep, kind, cfg, skipped)
+                try:
+                    results += measure_model(device, prep, configs, cfg, work)
+                except PlacementError as e:  # nothing of this model is reported; the sweep fails at its end
+                    record_failure(failures, "placement", str(e), label, skipped)
+                except Exception as e:  # noqa: BLE001 - one model's error must not lose the others' figures
+                    record_failure(failures, "error", f"{label}: {_one_line(e)}", label, skipped)
+            finally:
+                clean(work)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return results, models
+
+
+# exit codes by failure kind, in the order the first one of them is reported
+EXIT_CODES = {"placement": 2, "equivalence": 3, "preparation": 4, "error": 5}
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
+def record_failure(failures: list[dict], kind: str, message: str, part: str, skipped: list[str]) -> None:
+    log(f"FAILED ({kind}): {message}")
+    failures.append({"kind": kind, "message": message})
+    skipped.append(f"{part} (failed: {kind}, see `failures`)")
+
+
+def first_failure(failures: list[dict]) -> dict | None:
+    """The failure the sweep exits with: placement first, then equivalence, preparation, other errors."""
+    if not failures:
+        return None
+    first = min(failures, key=lambda f: list(EXIT_CODES).index(f["kind"]))
+    more = len(failures) - 1
+    return {**first, "line": f"{first['kind']}: {first['message']}" + (f" (+{more} more failures)" if more else "")}
+
+
+def equivalence_failure(e2e: list[dict]) -> str | None:
+    """One line naming the first variant, configuration and output that differ (and how many more)."""
+    bad = [(e, v, eq) for e in e2e for v, eq in e["equivalence"].items() if not eq["passed"]]
+    if not bad:
+        return None
+    e, v, eq = bad[0]
+    o = eq["outputs"][eq["worst_output"]]
+    return (f"equivalence: {e['model']} b{e['batch']} s{e['seq']} {v}: output '{eq['worst_output']}' "
+            f"max|diff|/max|ref| {o['rel']:.3g} > rtol {o['rtol']:g}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
 
 
 def fuse_summary(e2e: list[dict]) -> dict:
@@ -501,49 +567,91 @@ def write_report(res: dict, out: Path) -> None:
         log(plot_note)
 
 
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "n/m" if x is None else format(x, spec)
+
+
+def _gb(x: int | None) -> str:
+    return "?" if not x else f"{x / 2**20:.0f} MiB"
+
+
 def render_markdown(res: dict) -> str:
     m, dev = res["machine"], res["device"]
     smoke = res["mode"] != "cuda"
-    lines = [f"# onnx_lnfold on ONNX Runtime {'CPU (SMOKE TEST: not CUDA figures)' if smoke else 'CUDA'}", ""]
+    if smoke:
+        title = "# onnx_lnfold on ONNX Runtime: CPU (SMOKE TEST: not CUDA figures; CUDA: not measured)"
+    else:
+        title = f"# onnx_lnfold on ONNX Runtime CUDA: measured on a GPU, {dev.get('gpu', '?')}"
+    lines = [title, ""]
+    if res.get("failed"):
+        lines += [f"**FAILED: {res['failed']}**", ""]
+        lines += [f"- {f['kind']}: {f['message']}" for f in res.get("failures", [])] + [""]
     lines.append(f"Command: `{res['command']}`  ")
-    gpu = (f"GPU: {dev.get('gpu', '?')} ({dev.get('gpu_memory', '?')}, driver {dev.get('driver', '?')}, "
-           f"nominal {dev.get('nominal_gbps') or '?'} GB/s); " if not smoke else "")
-    lines.append(f"{gpu}execution provider {dev['execution_provider']}; onnxruntime {m['onnxruntime']}, onnx "
+    if not smoke:
+        lines.append(f"GPU: {dev.get('gpu', '?')} ({dev.get('gpu_memory', '?')}, compute capability "
+                     f"{dev.get('compute_capability', '?')}), driver {dev.get('driver', '?')}, L2 "
+                     f"{_gb(dev.get('l2_bytes'))} ({dev.get('l2_source', '?')}), nominal DRAM "
+                     f"{dev.get('nominal_gbps') or '?'} GB/s  ")
+        lines.append(f"Provider options: `{json.dumps(dev.get('provider_options', {}), sort_keys=True)}`; CUDA "
+                     f"libraries loaded by {dev.get('cuda_libraries_loaded_by', '?')}  ")
+    lines.append(f"Execution provider {dev['execution_provider']}; onnxruntime {m['onnxruntime']}, onnx "
                  f"{m['onnx']}, onnx_lnfold {m['onnx_lnfold']} at git {m['git_commit']}, Python {m['python']}"
                  + (f", torch {dev['torch']} (CUDA {dev.get('torch_cuda')})" if dev.get("torch") else "") + "  ")
-    lines.append(f"Host: {m['cpu']}, {m['logical_cores']} cores; run {m['date']}, {res['seconds']:.0f} s")
-    lines += ["", "Ratios are median(A) / median(B) with a paired bootstrap 95% interval (> 1: B is faster). "
-              "See benchmarks/README.md, section CUDA.", ""]
+    lines.append(f"Host: {m['cpu']}, {m['logical_cores']} cores; run {m['date']}, {res['seconds']:.0f} s "
+                 f"(cap {res['config']['max_seconds']:.0f} s)  ")
+    lines.append(f"Kernel time: {res.get('kernel_source', 'n/a')}")
+    lines += ["", "Ratios are median(A) / median(B) with a paired bootstrap 95% interval over rounds (> 1: B is "
+              "faster); `kernel` ratios come from the kernels' own time, `wall` from bursts of runs on the host "
+              "clock (launch overhead included). Spreads are [25th, 75th] percentiles. n/m: not measured. See "
+              "benchmarks/README.md, section CUDA.", ""]
     if res["kernels"]:
-        lines += ["## Kernels (one node type, chained; time per node, device tensors)", "",
-                  "| dtype | hidden | rows | ln us | sln us | ln/sln | add+ln us | add+sln us | add+ln/add+sln | "
-                  "skip_ln us | skip_sln us | skip_ln/skip_sln | add+ln/skip_sln | sln GB/s | copy GB/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["## Kernels (one node type, chained; time per node)", "",
+                  "| dtype | hidden | rows | level | ln us | sln us | ln/sln kernel | ln/sln wall | "
+                  "add+ln/add+sln kernel | skip_ln/skip_sln kernel | add+ln/skip_sln kernel | sln GB/s | "
+                  "sln / copy | sln / DRAM | calls | rounds |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for k in res["kernels"]:
-            u, r, g = k["median_us"], k["ratios"], k["gbps"]
-            lines.append(f"| {k['dtype']} | {k['hidden']} | {k['rows']} | {u['ln']:.2f} | {u['sln']:.2f} | "
-                         f"{fmt_ratio(r['ln/sln'])} | {u['add+ln']:.2f} | {u['add+sln']:.2f} | "
-                         f"{fmt_ratio(r['add+ln/add+sln'])} | {u['skip_ln']:.2f} | {u['skip_sln']:.2f} | "
-                         f"{fmt_ratio(r['skip_ln/skip_sln'])} | {fmt_ratio(r['add+ln/skip_sln'])} | "
-                         f"{g['sln']:.0f} | {g['copy']:.0f} |")
-        lines += ["", "GB/s counts the bytes a node must move (x read, y written; the residual forms also read "
-                  "the skip and write the sum); `copy` is a Neg chain over the same tensor: what this device "
-                  "streams in practice.", ""]
+            u, s, rk, rw = k["kernel_us"], k["kernel_spread_us"], k["ratios_kernel"], k["ratios_wall"]
+            sln_us = (f"{_fmt(u['sln'])} [{_fmt(s['sln'][0])}-{_fmt(s['sln'][1])}]" if u["sln"] else "n/m")
+            ln_us = (f"{_fmt(u['ln'])} [{_fmt(s['ln'][0])}-{_fmt(s['ln'][1])}]" if u["ln"] else "n/m")
+            lines.append(f"| {k['dtype']} | {k['hidden']} | {k['rows']} | {k['level']['sln']} | {ln_us} | {sln_us} | "
+                         f"{fmt_ratio(rk['ln/sln'])} | {fmt_ratio(rw['ln/sln'])} | {fmt_ratio(rk['add+ln/add+sln'])} | "
+                         f"{fmt_ratio(rk['skip_ln/skip_sln'])} | {fmt_ratio(rk['add+ln/skip_sln'])} | "
+                         f"{_fmt(k['gbps']['sln'], '.0f')} | {_fmt(k['share_of_copy']['sln'])} | "
+                         f"{_fmt(k['share_of_dram']['sln']) if k['level']['sln'] == 'DRAM' else '- (' + k['level']['sln'] + ')'} | "
+                         f"{k['calls']} | {k['rounds']}/{k['kernel_rounds']} |")
+        lines += ["", "us: kernel time per node (median [25th-75th] over kernel-time rounds). GB/s counts the bytes a "
+                  "node must move (x read, y written; the residual forms also read the skip and write the sum) over "
+                  "its kernel time. level: where those tensors live between nodes: L2 when all of them fit in the "
+                  "device's L2, DRAM when what a node reads is at least 4x the L2, L2+DRAM between; a share of the "
+                  "nominal DRAM bandwidth is given only at DRAM. `sln / copy`: against a Neg chain over the same "
+                  "tensor, at any level. rounds: wall-clock / kernel-time rounds.", ""]
     if res["e2e"]:
-        lines += ["## End to end (GPT-2-style, built on the fly; IO binding on the device)", "",
-                  "| model | dtype | batch | seq | original ms | folded auto | re-saved control | folded auto vs "
-                  "re-saved | always vs auto | never vs auto | fastest | max rel diff (auto) | rounds |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["## End to end (optimizer -> fp16 -> fold; IO binding on the device)", "",
+                  "| model | batch | seq | original wall ms | original kernel ms | folded auto (wall) | folded auto "
+                  "(kernel) | re-saved control | auto vs re-saved | always vs auto | never vs auto | fastest | "
+                  "equivalent (worst rel / rtol) | calls | rounds |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in res["e2e"]:
+            w, sp = e["wall_ms"]["original"], e["wall_spread_ms"]["original"]
             eq = e["equivalence"].get("folded_auto", {})
-            lines.append(f"| {e['model']} | {e['dtype']} | {e['batch']} | {e['seq']} | {e['median_ms']['original']:.3f} | "
-                         f"{fmt_ratio(e['ratios']['folded_auto'])} | {fmt_ratio(e['ratios']['resaved'])} | "
+            worst = eq.get("outputs", {}).get(eq.get("worst_output"), {})
+            lines.append(f"| {e['model']} | {e['batch']} | {e['seq']} | {w:.3f} [{sp[0]:.3f}-{sp[1]:.3f}] | "
+                         f"{_fmt(e['kernel_ms']['original'], '.3f')} | {fmt_ratio(e['ratios']['folded_auto'])} | "
+                         f"{fmt_ratio(e['kernel_ratios']['folded_auto'])} | {fmt_ratio(e['ratios']['resaved'])} | "
                          f"{fmt_ratio(e['vs_resaved']['folded_auto'])} | {fmt_ratio(e['fuse_vs_auto']['always'])} | "
                          f"{fmt_ratio(e['fuse_vs_auto']['never'])} | {e['fastest_fuse']} | "
-                         f"{eq.get('rel', float('nan')):.2e} | {e['rounds']} |")
+                         f"{'yes' if e['equivalent'] else '**NO**'} ({worst.get('rel', float('nan')):.1e} / "
+                         f"{worst.get('rtol', float('nan')):g}) | {e['calls']} | {e['rounds']}/{e['kernel_rounds']} |")
+        lines += ["", "Models as prepared (the optimizer's fusions, the fold):", ""]
+        for mdl in res.get("models", []):
+            fused = ", ".join(f"{n} {op}" for op, n in mdl["optimizer"]["fused"].items())
+            lines.append(f"- `{mdl['model']}` ({mdl['source']}): optimize_model(model_type="
+                         f"'{mdl['optimizer']['model_type']}', opt_level=0): {fused or 'nothing fused'}; fp16; "
+                         f"folded {mdl['folds']['auto']['folded']}/{mdl['folds']['auto']['layer_norms']} LNs")
         s = res["fuse_residual"]
-        lines += ["", "`--fuse-residual` over all configurations (geometric mean of median(auto) / median(choice); "
-                  "counts of configurations whose interval excludes 1):", ""]
+        lines += ["", "`--fuse-residual` over all configurations (geometric mean of median(auto) / median(choice), "
+                  "wall clock; counts of configurations whose interval excludes 1):", ""]
         for c in FUSE_CHOICES:
             lines.append(f"- `{c}`: fastest in {s[c]['wins']}, x{s[c]['geomean_vs_auto']:.3f} vs auto, "
                          f"faster than auto in {s[c]['faster_than_auto_ci']}, slower in {s[c]['slower_than_auto_ci']}")
@@ -565,7 +673,8 @@ def plot(res: dict, path: Path) -> str | None:
     ax = axes[0]
     for dtype, marker in (("float16", "o"), ("float32", "s")):
         for pair, color in (("ln/sln", "C0"), ("add+ln/add+sln", "C1"), ("skip_ln/skip_sln", "C2")):
-            pts = sorted((k["rows"] * k["hidden"], k["ratios"][pair]) for k in res["kernels"] if k["dtype"] == dtype)
+            pts = sorted((k["rows"] * k["hidden"], k["ratios_kernel"][pair]) for k in res["kernels"]
+                         if k["dtype"] == dtype and k["ratios_kernel"][pair])
             if pts:
                 ax.errorbar([p[0] for p in pts], [p[1]["ratio"] for p in pts],
                             yerr=[[p[1]["ratio"] - p[1]["lo"] for p in pts], [p[1]["hi"] - p[1]["ratio"] for p in pts]],
@@ -573,21 +682,21 @@ def plot(res: dict, path: Path) -> str | None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("rows x hidden (elements)")
-    ax.set_ylabel("time ratio LN form / RMS form (>1: RMS faster)")
-    ax.set_title("kernels")
-    if res["kernels"]:
+    ax.set_ylabel("kernel time ratio LN form / RMS form (>1: RMS faster)")
+    ax.set_title("kernels (kernel time)")
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     ax = axes[1]
-    keys = sorted({(e["model"], e["dtype"], e["batch"]) for e in res["e2e"]})
+    keys = sorted({(e["model"], e["batch"]) for e in res["e2e"]})
     for i, key in enumerate(keys):
-        pts = sorted((e["seq"], e["ratios"]["folded_auto"]) for e in res["e2e"] if (e["model"], e["dtype"], e["batch"]) == key)
+        pts = sorted((e["seq"], e["ratios"]["folded_auto"]) for e in res["e2e"] if (e["model"], e["batch"]) == key)
         ax.errorbar([p[0] for p in pts], [p[1]["ratio"] for p in pts],
                     yerr=[[p[1]["ratio"] - p[1]["lo"] for p in pts], [p[1]["hi"] - p[1]["ratio"] for p in pts]],
-                    marker="o", color=f"C{i % 10}", label=f"{key[0]} {key[1]} b{key[2]}")
+                    marker="o", color=f"C{i % 10}", label=f"{key[0]} b{key[1]}")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sequence length")
-    ax.set_ylabel("median(original) / median(folded, auto)")
+    ax.set_ylabel("median(original) / median(folded, auto), wall")
     ax.set_title("end to end")
     if keys:
         ax.legend(fontsize=7)
@@ -601,39 +710,69 @@ def plot(res: dict, path: Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- #
-def sweep(cfg: SweepConfig, device: Device, out: Path, command: str, skip_kernels=False, skip_e2e=False,
-          workdir: Path | None = None) -> dict:
-    t0 = time.perf_counter()
-    dev_info = device.check()
+def sweep(cfg: SweepConfig, device: Device, out: Path, command: str, *, skip_kernels=False, skip_e2e=False,
+          skip_gpt2=False, trained: list[Path] | None = None, workdir: Path | None = None,
+          t0: float | None = None) -> dict:
+    deadline = Deadline(cfg.max_seconds, t0)
+    dev_info = device.check(_kernel_model("ln", 64, "float32", 1))
     res: dict = {"mode": device.kind, "command": command, "machine": machine_info(), "device": dev_info,
-                 "config": dataclasses.asdict(cfg), "kernels": [], "e2e": [], "fuse_residual": {}, "skipped": [],
-                 "seconds": 0.0}
+                 "config": dataclasses.asdict(cfg), "kernels": [], "e2e": [], "models": [], "fuse_residual": {},
+                 "skipped": [], "seconds": 0.0, "failures": [], "failed": None}
+    if device.kind == "cuda":
+        dev_info["kernel_time_probe"] = kernel_time_probe(device)
+    sources = set()
     if skip_kernels:
         res["skipped"].append("kernels (--skip-kernels)")
     else:
         log(f"kernels on {dev_info['execution_provider']}")
-        res["kernels"] = run_kernels(device, cfg, dev_info.get("nominal_gbps"))
-        res["seconds"] = time.perf_counter() - t0
+        res["kernels"] = run_kernels(device, cfg, dev_info, deadline, res["skipped"], res["failures"], workdir)
+        sources |= {k["kernel_source"] for k in res["kernels"]}
+        res["kernel_source"] = "; ".join(sorted(sources))
+        res["seconds"] = deadline.elapsed()
         write_report(res, out)  # a sweep cut short still leaves its kernel figures
     if skip_e2e:
         res["skipped"].append("end to end (--skip-e2e)")
     else:
         log("end to end")
-        tmp = Path(tempfile.mkdtemp(prefix="lnfold-cuda-", dir=workdir))
-        try:
-            res["e2e"] = run_e2e(device, cfg, tmp, res["skipped"])
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        res["e2e"], res["models"] = run_e2e(device, cfg, trained or [], skip_gpt2, deadline, res["skipped"],
+                                            res["failures"], workdir)
         res["fuse_residual"] = fuse_summary(res["e2e"])
-    res["seconds"] = time.perf_counter() - t0
+        sources |= {e["kernel_source"] for e in res["e2e"]}
+    res["kernel_source"] = "; ".join(sorted(sources)) or "n/a"
+    mismatch = equivalence_failure(res["e2e"])
+    if mismatch:
+        res["failures"].append({"kind": "equivalence", "message": mismatch})
+    first = first_failure(res["failures"])
+    res["failed"] = first["line"] if first else None
+    res["seconds"] = deadline.elapsed()
     write_report(res, out)
+    if first:
+        raise SweepFailed(first["line"], EXIT_CODES[first["kind"]])
     return res
+
+
+def kernel_time_probe(device: Device) -> dict:
+    """Whether torch.profiler sees onnxruntime's kernels here, told once before anything is timed."""
+    from benchmarks.cuda_timing import kineto_round
+
+    try:
+        sess = device.session(_kernel_model("ln", 64, "float32", 4), "kernel-time probe", optimize=False)
+        t = Timed(device, sess, {"x": device.to_device(np.ones((1, 256, 64), np.float32))})
+        t.run_sync()
+        with tempfile.TemporaryDirectory() as tmp:
+            us = kineto_round([t.run_sync], 2, Path(tmp))[0]
+    except Exception as e:  # noqa: BLE001 - recorded: the sweep still has its wall clock
+        return {"kernel_us": None, "note": f"torch.profiler failed: {str(e).splitlines()[0][:200]}"}
+    if us is None:
+        log("kernel time: torch.profiler saw no kernel of onnxruntime's; kernel figures will be n/m")
+    return {"kernel_us": us, "note": "4 LayerNormalization nodes, 256 x 64 fp32, per run"}
 
 
 def _preload_cuda_libraries() -> str:
     """The GPU host's CUDA 13 libraries come with torch: importing it first loads them into the
-    process, where onnxruntime's CUDA provider then finds them. Without torch, onnxruntime's own
-    `preload_dlls` looks in the `nvidia` packages of site-packages."""
+    process, where onnxruntime's CUDA provider then finds them (and torch.profiler, CUPTI, is there
+    for the kernel time). Without torch, onnxruntime's own `preload_dlls` looks in the `nvidia`
+    packages of site-packages."""
     try:
         import torch  # noqa: F401
 
@@ -652,6 +791,7 @@ def _preload_cuda_libraries() -> str:
 
 
 def main(argv=None) -> int:
+    t0 = time.perf_counter()  # the time cap counts from here: the imports of torch and CUDA's start are in it
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", nargs="?", const="standard", choices=["standard", "min"],
                     help="run the same code on the CPU EP at small sizes (min: fewer sizes, for the test suite)")
@@ -659,29 +799,49 @@ def main(argv=None) -> int:
                                   f"{SMOKE_OUT.relative_to(ROOT)})")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-e2e", action="store_true")
-    ap.add_argument("--budget-scale", type=float, default=1.0, help="multiply every timing budget by this")
+    ap.add_argument("--skip-gpt2", action="store_true", help="end to end: the real trained models only")
+    ap.add_argument("--trained", nargs="+", metavar="PATH",
+                    help="real trained models (.onnx files or folders; default: models/trained/ if present)")
+    ap.add_argument("--no-trained", action="store_true", help="no real trained models")
+    ap.add_argument("--budget-scale", type=float, default=1.0, help="multiply every wall-clock budget by this")
+    ap.add_argument("--max-seconds", type=float, help="time cap: nothing starts later than this (default: "
+                                                       f"{FULL.max_seconds:.0f} s, {SMOKE.max_seconds:.0f} s with --smoke)")
     ap.add_argument("--workdir", help="where the end-to-end models are built (default: the system temp folder)")
     args = ap.parse_args(argv)
 
     kind = "cpu" if args.smoke else "cuda"
     cfg = {None: FULL, "standard": SMOKE, "min": SMOKE_MIN}[args.smoke]
     cfg = dataclasses.replace(cfg, kernel_budget_s=cfg.kernel_budget_s * args.budget_scale,
-                              e2e_budget_s=cfg.e2e_budget_s * args.budget_scale)
+                              e2e_budget_s=cfg.e2e_budget_s * args.budget_scale,
+                              max_seconds=args.max_seconds or cfg.max_seconds)
     out = Path(args.out) if args.out else (SMOKE_OUT if args.smoke else RESULTS_CUDA)
     if kind != "cuda" and out.resolve() == RESULTS_CUDA.resolve():
         print(f"error: --smoke runs on the CPU EP; its figures are not written to {RESULTS_CUDA}", file=sys.stderr)
         return 2
+    try:
+        trained = [] if args.no_trained else find_trained(args.trained)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     preload = _preload_cuda_libraries() if kind == "cuda" else "not needed (CPU)"
+    command = "python -m benchmarks.cuda " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     try:
         device = Device(kind)
-        command = "python -m benchmarks.cuda " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-        res = sweep(cfg, device, out, command.strip(), args.skip_kernels, args.skip_e2e,
-                    Path(args.workdir) if args.workdir else None)
+        res = sweep(cfg, device, out, command.strip(), skip_kernels=args.skip_kernels, skip_e2e=args.skip_e2e,
+                    skip_gpt2=args.skip_gpt2, trained=trained, workdir=Path(args.workdir) if args.workdir else None,
+                    t0=t0)
     except SweepRefused as e:
         print(f"error: not run on CUDA: {e}", file=sys.stderr)
         return 2
+    except PlacementError as e:  # the probe's own session: nothing was measured
+        print(f"error: placement: {e}", file=sys.stderr)
+        return 2
+    except SweepFailed as e:
+        print(f"error: {e} (results written to {out}, marked FAILED)", file=sys.stderr)
+        return e.code
     res["device"]["cuda_libraries_loaded_by"] = preload
     (out / "results.json").write_text(json.dumps(res, indent=1))
+    (out / "RESULTS.md").write_text(render_markdown(res))
     log(f"done in {res['seconds']:.0f} s; {out / 'RESULTS.md'}")
     print((out / "RESULTS.md").read_text())
     return 0

@@ -364,7 +364,10 @@ def write_markdown(results: dict, path: Path) -> None:
     L.append("")
     cuda = [(n, e.get("cuda", {})) for n, e in results["models"].items()]
     if not cuda or all(c.get("status") != "run" for _, c in cuda):
-        L.append((cuda[0][1].get("status") if cuda else None) or results.get("cuda_status", "not run"))
+        L.append("CUDA: not measured: " + ((cuda[0][1].get("status") if cuda else None)
+                                           or results.get("cuda_status", "not run")))
+        L.append("")
+        L.append("The CUDA sweep (`python -m benchmarks.cuda`, on a GPU host) writes to `cuda/RESULTS.md`.")
     else:
         L.append("| model | precision | batch | seq | fold ratio [95% CI] | noise floor | re-saved |")
         L.append("|---|---|---|---|---|---|---|")

@@ -8,6 +8,8 @@
 #
 # Steps, each stopping the script with its reason when it fails:
 #   1. reassemble the onnxruntime-gpu wheel from its parts in $WHL (sha256 of every part and of the wheel);
+#      the trained models' tar likewise (TRAINED.*SHA256SUMS), unpacked into models/trained/, every model
+#      checked against the sha256 MANIFEST.json records;
 #   2. pip install --no-index --no-deps --target $SITE onnxruntime-gpu and onnx-ir (the host has their
 #      dependencies: numpy, protobuf, flatbuffers, packaging, sympy, onnx, ml_dtypes with its CPU
 #      onnxruntime and torch), PYTHONPATH=$SITE first, so `import onnxruntime` is the GPU build;
@@ -21,9 +23,13 @@
 # --rehearse (a machine with another Python and no GPU): steps 1-3 as on the host, the install made
 # for cp312 manylinux_2_28_x86_64 explicitly; step 4 only up to where CUDA is needed: onnx-ir imports
 # from $SITE, the onnxruntime package there is the expected version, and the CUDA provider library's
-# needed libraries are listed as found / not found. Nothing is run on a GPU.
+# needed libraries are listed as found / not found; step 5 as `python -m benchmarks.cuda --smoke=min`
+# on this machine's CPU onnxruntime (the cp312 GPU build does not import here), with the trained
+# models unpacked in step 1 (REHEARSE_TRAINED=0: without them), into $REHEARSE_OUT. Nothing is run
+# on a GPU.
 #
-# Environment: WHL (.whl), SITE (/tmp/site), PYTHON (python3), ORT_VERSION (1.31.1).
+# Environment: WHL (.whl), SITE (/tmp/site), PYTHON (python3), ORT_VERSION (1.31.1),
+# REHEARSE_OUT (/tmp/lnfold-rehearse), REHEARSE_TRAINED (1).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -42,8 +48,11 @@ die() { echo "run_on_host: $*" >&2; exit 2; }
 ORT_WHEEL=$(awk '{print $2}' "$WHL/SHA256SUMS" | grep "^onnxruntime_gpu-$ORT_VERSION-") || die "SHA256SUMS names no onnxruntime_gpu $ORT_VERSION wheel"
 IR_WHEEL=$(awk '{print $2}' "$WHL/SHA256SUMS" | grep '^onnx_ir-') || die "SHA256SUMS names no onnx_ir wheel"
 if [ "$MODE" = parts ]; then
-    awk '{print $2}' "$WHL/PARTS.SHA256SUMS" | while read -r p; do
-        if [ -f "$WHL/$p" ]; then echo "present  $p"; else echo "MISSING  $p"; fi
+    for list in PARTS.SHA256SUMS TRAINED.PARTS.SHA256SUMS; do
+        [ -f "$WHL/$list" ] || continue
+        awk '{print $2}' "$WHL/$list" | while read -r p; do
+            if [ -f "$WHL/$p" ]; then echo "present  $p"; else echo "MISSING  $p"; fi
+        done
     done
     exit 0
 fi
@@ -59,6 +68,28 @@ fi
 (cd "$WHL" && sha256sum --quiet -c SHA256SUMS) || die "sha256 of the wheels does not match SHA256SUMS"
 echo "== 1. wheels verified: $ORT_WHEEL, $IR_WHEEL"
 
+if [ -f "$WHL/TRAINED.SHA256SUMS" ]; then
+    missing=$(awk '{print $2}' "$WHL/TRAINED.PARTS.SHA256SUMS" | while read -r p; do [ -f "$WHL/$p" ] || echo "$p"; done)
+    [ -z "$missing" ] || die "trained model parts missing: $(echo $missing)"
+    (cd "$WHL" && sha256sum --quiet -c TRAINED.PARTS.SHA256SUMS) || die "a trained model part is damaged (sha256)"
+    awk '{print $2}' "$WHL/TRAINED.PARTS.SHA256SUMS" | sort | sed "s|^|$WHL/|" | xargs cat > "$WHL/trained.tar"
+    (cd "$WHL" && sha256sum --quiet -c TRAINED.SHA256SUMS) || die "sha256 of trained.tar does not match TRAINED.SHA256SUMS"
+    mkdir -p models/trained
+    tar -C models/trained -xf "$WHL/trained.tar" && rm -f "$WHL/trained.tar"
+    "$PYTHON" - <<'PY' || die "a trained model does not match MANIFEST.json"
+import hashlib, json, pathlib, sys
+root = pathlib.Path("models/trained")
+manifest = json.loads((root / "MANIFEST.json").read_text()).get("models", {}) if (root / "MANIFEST.json").exists() else {}
+for model in sorted(root.glob("*.onnx")):
+    want = manifest.get(model.stem, {}).get("sha256")
+    got = hashlib.sha256(model.read_bytes()).hexdigest()
+    if want and got != want:
+        sys.exit(f"   {model.name}: sha256 {got} is not the manifest's {want}")
+    print(f"   {model.name}: {model.stat().st_size / 1e6:.1f} MB, sha256 {'matches MANIFEST.json' if want else 'not in MANIFEST.json'}")
+PY
+    echo "== 1. trained models unpacked into models/trained/"
+fi
+
 # ---- 2. install into a target folder --------------------------------------------------------------
 PIP_PLATFORM=()
 if [ "$MODE" = rehearse ]; then
@@ -73,6 +104,7 @@ else  # a wheel of pure Python or of compiled modules installs into a target fol
     mkdir -p "$SITE"
     for w in "$WHL/$ORT_WHEEL" "$WHL/$IR_WHEEL"; do "$PYTHON" -m zipfile -e "$w" "$SITE" || die "unpacking $w failed"; done
 fi
+OLD_PYTHONPATH=${PYTHONPATH:-}
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 # ---- 3. CUDA libraries ----------------------------------------------------------------------------
@@ -120,8 +152,15 @@ paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p] + ["/
 for lib in needed:
     where = next((p for p in paths if os.path.exists(os.path.join(p, lib))), None)
     print(f"   CUDA provider needs {lib:28s} {'found in ' + where if where else 'NOT FOUND here (the GPU host has it with torch)'}")
-print("   rehearsal stops here: a CUDA session needs the GPU host")
+print("   a CUDA session needs the GPU host: the sweep is rehearsed on this machine's CPU onnxruntime")
 PY
+    REHEARSE_OUT=${REHEARSE_OUT:-/tmp/lnfold-rehearse}
+    TRAINED_ARGS=(--no-trained)
+    if [ "${REHEARSE_TRAINED:-1}" = 1 ] && ls models/trained/*.onnx > /dev/null 2>&1; then TRAINED_ARGS=(--trained models/trained); fi
+    echo "== 5. rehearsal: python -m benchmarks.cuda --smoke=min ${TRAINED_ARGS[*]} --out $REHEARSE_OUT (CPU onnxruntime)"
+    PYTHONPATH="$ROOT${OLD_PYTHONPATH:+:$OLD_PYTHONPATH}" "$PYTHON" -m benchmarks.cuda --smoke=min "${TRAINED_ARGS[@]}" \
+        --out "$REHEARSE_OUT" > "$REHEARSE_OUT.log" 2>&1 || { tail -5 "$REHEARSE_OUT.log" >&2; die "the smoke sweep failed (log: $REHEARSE_OUT.log)"; }
+    grep -E "^\[|done in" "$REHEARSE_OUT.log" | grep -v "W:onnxruntime" | tail -20
     exit 0
 fi
 echo "== 4. CUDA check"
