@@ -1,44 +1,50 @@
 """Instructions executed per run under valgrind (callgrind, one thread): original vs folded vs re-saved.
 
-    python -m benchmarks.instructions [--models gpt2_small opt_small vit_small] [--batch 1] [--seq 128]
-                                      [--runs 4] [--jobs 2] [--json F] [--md F]
+    python -m benchmarks.instructions [--models gpt2_small opt_small] [--batch 1] [--seq 16]
+                                      [--file MODEL.onnx FEEDS.npz ...] [--int8]
+                                      [--runs 2] [--processes 2] [--jobs 2] [--json F] [--md F]
 
 Wall clock on shared cores cannot resolve a 1% effect; the instruction count of a run can, once it is
 deterministic. Each measurement is one process under
 `valgrind --tool=callgrind --instr-atstart=no --zero-before=getpgrp --dump-before=getsid`:
 
-1. Python, onnxruntime and the session start uninstrumented (fast), one warm-up run;
+1. Python, onnxruntime and the sessions start uninstrumented (fast), one warm-up run each;
 2. the child switches instrumentation on (`callgrind_control -i on PID`), then brackets each counted
    segment between `os.getpgrp()` (counters zeroed) and `os.getsid(0)` (counters dumped): functions
    neither Python nor onnxruntime call otherwise, so every dump holds exactly one segment's runs;
-3. segments: four single runs (runs 2..5: what "one warm-up" counts), then N runs, then 2N runs.
-   Per run = (I(2N) - I(N)) / N: the fixed cost of a segment (the brackets, the Python loop's setup)
-   cancels, and so does any extra work of the first runs (memory-pattern planning, arena growth).
+3. segments per session: `--singles` single runs (what "one warm-up" counts), then N runs, then 2N
+   runs. Per run = (I(2N) - I(N)) / N: the fixed cost of a segment (the brackets, the Python loop's
+   setup) cancels, and so does any extra work of the first runs (memory-pattern planning, arena growth).
 
 Every process runs with PYTHONHASHSEED=0, ASLR off (`setarch -R`), one intra-op and one inter-op
 thread, intra-op spinning off, graph optimization level ALL, CPU EP: the conditions the wall-clock
 benchmark uses, minus the threads.
 
-Validation (per model, before any ratio is trusted): the original twice, a byte-identical copy, and
-the original with a random PYTHONHASHSEED. Reported: their spread on the per-run count and on the
-single second run. Target: the same file twice and the copy within 0.1%.
+The variants, per model: the original, a byte-identical copy (the control: a name, a position or a
+process alone must move nothing), the re-saved original (onnx_ir load + save: the path the fold writes
+through), the folded model, and two rewrites of the original that run the instructions of a model
+without its LNs and of one whose LNs all became RMSNorm (every LayerNormalization replaced by
+Identity, "stripped", and by SimplifiedLayerNormalization(x, gamma), "ideal": neither computes the
+model's function, but kernels execute the same instructions whatever the values). With `--int8`,
+every variant again after `quantize_dynamic` (the fold first, as deployments should run it).
 
-Then, per model, in the process of the validation sessions (after a burn-in session: the first
-session measured there has shown a one-time cost): the re-saved original (onnx_ir load + save), the
-folded model, the original with every LayerNormalization replaced by Identity ("stripped": the model
-without its LNs) and by SimplifiedLayerNormalization(x, gamma) ("ideal": every LN replaced by RMSNorm,
-beta dropped, nothing centered; not the model's function, but the same instructions for any data):
+Every variant enters its ratios measured at least four times: twice in each of `--processes`
+processes (default 2), at rotated positions (a burn-in session first in each: the first session
+measured after instrumentation starts has shown a one-time cost). The agreement gate holds every
+variant alike: its counts must agree within 0.1%, and so must the original's with the copy's. A
+one-off event (~200k instructions have been seen to land in any session's segment) fails the gate
+instead of passing as a saving; the row is then marked not trusted and the exit status is 1.
 
     norm share  = 1 - I(stripped) / I(original)        the LNs' share of the run, dispatch included
-    reachable   = 1 - I(ideal) / I(original)           = norm share x (1 - r), r = the LN nodes'
-                                                       instructions after / before, in the model
+    reachable   = 1 - I(ideal) / I(original)           what replacing every LN by RMSNorm saves
     achieved    = 1 - I(folded) / I(re-saved)          what the fold saved (against the re-saved
                                                        original, so the load/save path cancels)
     share       = achieved / reachable
 
-The fused SkipLayerNormalization that ORT makes of the original's last `Add + LN` stays an `Add` and a
-SimplifiedLayerNormalization in the ideal model (ORT never fuses `Add + SimplifiedLN`), while the fold
-writes SkipSimplifiedLayerNormalization there: the fold can save more than `reachable` on that node.
+Each is printed from the medians, with the range over every pairing of the counts behind it.
+The ideal model keeps ORT's own session fusions of the original (its `Add + LN` becomes an `Add` and a
+SimplifiedLayerNormalization, which ORT never fuses), while the fold chooses its emission per residual
+(`--fuse-residual`): the fold can save more than `reachable` on those nodes.
 """
 
 from __future__ import annotations
@@ -184,131 +190,178 @@ def _strip_layernorms(src: Path, dst: Path, to: str = "Identity") -> int:
     return n
 
 
-def _files(name: str, work: Path) -> dict[str, str]:
-    meta = ensure_exported(name)
-    src = Path(meta["path"])
-    folded, resaved = src.with_name(f"{name}.lnfold.onnx"), src.with_name(f"{name}.resaved.onnx")
-    if not folded.exists():
-        subprocess.run([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(folded), "--no-verify", "-q"],
-                       check=True, cwd=ROOT)
-    if not resaved.exists():
-        import onnx_ir as ir
-
-        ir.save(ir.load(src), resaved)
-    copy = work / f"{name}.copy.onnx"
-    shutil.copyfile(src, copy)
-    stripped = work / f"{name}.stripped.onnx"
-    _strip_layernorms(src, stripped)
-    ideal = work / f"{name}.ideal.onnx"
-    _strip_layernorms(src, ideal, to="SimplifiedLayerNormalization")
-    return {"ideal": str(ideal), "meta": meta, "original": str(src), "copy": str(copy), "resaved": str(resaved), "folded": str(folded),
-            "stripped": str(stripped)}
-
-
 def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / min(values)
 
 
-def run_model(name: str, batch: int, seq: int, runs: int, singles: int, jobs: int, work: Path) -> dict:
+# The models whose counts enter a ratio. `copy` is the original's bytes under another name: the
+# control that a file name, a position or a process alone moves nothing.
+VARIANTS = ("original", "copy", "resaved", "folded", "stripped", "ideal")
+
+
+def process_plan(variants: dict[str, str], feeds: str, k: int) -> list[dict]:
+    """The sessions of process `k`: a burn-in session (the first session measured after
+    instrumentation starts has shown a one-time cost), then every variant twice, the order rotated
+    by `k` and reversed for the second pass, so each variant is counted at two positions per
+    process and at other positions in every other process."""
+    names = list(variants)
+    order = names[k % len(names):] + names[: k % len(names)]
+    sessions = [{"name": "burn_in", "model": variants["original"], "feeds": feeds}]
+    for position, pass_order in enumerate((order, order[::-1]), 1):
+        sessions += [{"name": f"{v}@{position}", "model": variants[v], "feeds": feeds} for v in pass_order]
+    return sessions
+
+
+def interval(num: list[float], den: list[float]) -> tuple[float, float, float]:
+    """1 - num/den: from the medians, and the range over every pairing of the measurements (the
+    worst case: no pairing of the two variants' counts gives a figure outside it)."""
+    point = 1 - float(np.median(num)) / float(np.median(den))
+    return point, 1 - max(num) / min(den), 1 - min(num) / max(den)
+
+
+def summarize(counts: dict[str, list[float]]) -> dict:
+    """Savings and shares from every variant's per-run counts (each measured several times), with
+    the agreement gate applied to every variant alike."""
+    originals = counts["original"] + counts["copy"]
+    gate = {v: spread(c) for v, c in counts.items()}
+    gate["original+copy"] = spread(originals)
+    norm_share = interval(counts["stripped"], originals)
+    reachable = interval(counts["ideal"], originals)
+    achieved = interval(counts["folded"], counts["resaved"])
+    resave = interval(counts["resaved"], originals)
+    share = (achieved[0] / reachable[0], achieved[1] / reachable[2], achieved[2] / reachable[1]) if reachable[1] > 0 else (
+        float("nan"),) * 3
+    return {
+        "per_run": {v: float(np.median(c)) for v, c in counts.items()},
+        "gate": gate,
+        "ok": all(g <= TOLERANCE for g in gate.values()),
+        "norm_share": norm_share,
+        "reachable": reachable,
+        "achieved": achieved,
+        "resave_effect": resave,
+        "share_of_reachable": share,
+    }
+
+
+def quantized(src: Path, dst: Path) -> Path:
+    """`onnxruntime.quantization.quantize_dynamic` with its defaults (int8 weights of MatMul/Gemm),
+    as a deployment runs it: after the fold (the README's order)."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    if not dst.exists():
+        quantize_dynamic(str(src), str(dst))
+    return dst
+
+
+def variant_files(src: Path, work: Path, int8: bool = False, fold_args: tuple[str, ...] = ()) -> dict[str, str]:
+    """The six variants of `src` in `work` (folded with the defaults or `fold_args`, verification
+    off: the benchmark measures; the tests verify), each quantized after the fact with `int8`."""
+    import onnx_ir as ir
+
+    stem = src.stem
+    files = {"original": src, "copy": work / f"{stem}.copy.onnx", "resaved": work / f"{stem}.resaved.onnx",
+             "folded": work / f"{stem}.lnfold.onnx", "stripped": work / f"{stem}.stripped.onnx",
+             "ideal": work / f"{stem}.ideal.onnx"}
+    if not files["copy"].exists():
+        shutil.copyfile(src, files["copy"])
+    if not files["resaved"].exists():
+        ir.save(ir.load(src), files["resaved"])
+    if not files["folded"].exists():
+        subprocess.run([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(files["folded"]), "--no-verify", "-q",
+                        *fold_args], check=True, cwd=ROOT)
+    if not files["stripped"].exists():
+        _strip_layernorms(src, files["stripped"])
+    if not files["ideal"].exists():
+        _strip_layernorms(src, files["ideal"], to="SimplifiedLayerNormalization")
+    if int8:
+        files = {v: quantized(Path(f), work / f"{Path(f).stem}.int8.onnx") for v, f in files.items()}
+    return {v: str(f) for v, f in files.items()}
+
+
+def bench_model(name: str, batch: int, seq: int) -> tuple[Path, dict[str, np.ndarray], str]:
+    """A benchmark model of models/export_bench_models.py (exported on first use) and its feeds."""
     from benchmarks.latency import feeds_for
 
-    files = _files(name, work)
-    meta = files["meta"]
+    meta = ensure_exported(name)
     if meta["kind"] == "vision":
         seq = meta["config"]["max_seq"]
-    feeds = feeds_for(meta, batch, seq)
-    feeds_path = work / f"{name}.b{batch}s{seq}.npz"
-    np.savez(feeds_path, **feeds)
-    fp = str(feeds_path)
-    # the first session measured after instrumentation starts has shown a one-time cost (+0.9% on its
-    # second run, -0.45% per run on opt_small): a burn-in session takes it, and is reported apart
-    main_plan = [{"name": "burn_in", "model": files["original"], "feeds": fp},
-                 {"name": "original", "model": files["original"], "feeds": fp},
-                 {"name": "original_again", "model": files["original"], "feeds": fp},
-                 {"name": "copy", "model": files["copy"], "feeds": fp},
-                 {"name": "resaved", "model": files["resaved"], "feeds": fp},
-                 {"name": "folded", "model": files["folded"], "feeds": fp},
-                 {"name": "stripped", "model": files["stripped"], "feeds": fp},
-                 {"name": "ideal", "model": files["ideal"], "feeds": fp}]
-    # the same file again in fresh processes: with PYTHONHASHSEED=0, and with a random one
-    fresh_plan = [{"name": "original", "model": files["original"], "feeds": fp}]
-    log(f"{name} b{batch} s{seq}: 3 valgrind processes, {jobs} at a time")
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        f_main = pool.submit(measure, main_plan, runs, singles, work, f"{name}.main")
-        f_fresh = pool.submit(measure, fresh_plan, runs, singles, work, f"{name}.fresh")
-        f_rand = pool.submit(measure, fresh_plan, runs, singles, work, f"{name}.random_seed", "random")
-        main, fresh, rand = f_main.result(), f_fresh.result(), f_rand.result()
-    m = dict(main["sessions"])
-    m["original_fresh_process"] = fresh["sessions"]["original"]
-    m["original_random_hash_seed"] = rand["sessions"]["original"]
-    for tag, r in m.items():
-        log(f"  {name} {tag:26s} per run {r['per_run']:.6e}  (single runs: "
-            f"{', '.join(f'{x:.6e}' for x in r['singles'])}; other threads {sum(r['other_threads'])})")
+    return Path(meta["path"]), feeds_for(meta, batch, seq), f"{batch} x {seq}"
 
-    same = ["original", "original_again", "copy", "original_fresh_process"]
-    validation = {
-        "per_run_spread": spread([m[k]["per_run"] for k in same]),
-        "per_run_spread_with_random_hash_seed": spread([m[k]["per_run"] for k in same + ["original_random_hash_seed"]]),
-        "second_run_spread": spread([m[k]["singles"][0] for k in same]),
-        "naive_per_run_spread": spread([m[k]["naive_per_run"] for k in same]),
-        "warmup_excess": {k: m[k]["singles"][0] / m[k]["per_run"] - 1 for k in same},
-    }
-    validation["ok"] = validation["per_run_spread"] <= TOLERANCE
-    base = float(np.mean([m[k]["per_run"] for k in same]))
-    norm_share = 1 - m["stripped"]["per_run"] / base
-    reachable = 1 - m["ideal"]["per_run"] / base
-    r = 1 - reachable / norm_share  # the LN nodes' instructions after / before, in the model
-    achieved = 1 - m["folded"]["per_run"] / m["resaved"]["per_run"]
-    achieved_vs_original = 1 - m["folded"]["per_run"] / base
-    return {
-        "model": name, "batch": batch, "seq": seq, "runs": runs, "measurements": m, "validation": validation,
-        "per_run": {"original": base, "resaved": m["resaved"]["per_run"], "folded": m["folded"]["per_run"],
-                    "stripped": m["stripped"]["per_run"], "ideal": m["ideal"]["per_run"]},
-        "ratios": {"original/folded": base / m["folded"]["per_run"],
-                   "resaved/folded": m["resaved"]["per_run"] / m["folded"]["per_run"],
-                   "original/resaved": base / m["resaved"]["per_run"]},
-        "norm_share": norm_share, "sln_over_ln_in_model": r, "reachable": reachable,
-        "achieved": achieved, "achieved_vs_original": achieved_vs_original,
-        "share_of_reachable": achieved / reachable if reachable > 0 else float("nan"),
-    }
+
+def file_model(path: Path, feeds_path: Path) -> tuple[Path, dict[str, np.ndarray], str]:
+    """Any ONNX file (a trained model at the shapes it runs) with its inputs in an .npz."""
+    with np.load(feeds_path) as z:
+        feeds = {k: z[k] for k in z.files}
+    shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+    return path, feeds, shapes
+
+
+def run_model(label: str, src: Path, feeds: dict[str, np.ndarray], shape: str, runs: int, singles: int,
+              processes: int, jobs: int, work: Path, int8: bool = False, fold_args: tuple[str, ...] = ()) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    files = variant_files(src, work, int8, fold_args)
+    feeds_path = work / f"{label}.feeds.npz"
+    np.savez(feeds_path, **feeds)
+    plans = [process_plan(files, str(feeds_path), k) for k in range(processes)]
+    log(f"{label} ({shape}{', int8' if int8 else ''}): {processes} valgrind processes, {jobs} at a time")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(measure, plan, runs, singles, work, f"{label}.p{k}") for k, plan in enumerate(plans)]
+        done = [f.result()["sessions"] for f in futures]
+    counts: dict[str, list[float]] = {v: [] for v in files}
+    for k, sessions in enumerate(done):
+        for tag, r in sessions.items():
+            if tag != "burn_in":
+                counts[tag.split("@")[0]].append(r["per_run"])
+            log(f"  {label} p{k} {tag:12s} per run {r['per_run']:.6e}  (single runs: "
+                f"{', '.join(f'{x:.6e}' for x in r['singles'])})")
+    summary = summarize(counts)
+    if not summary["ok"]:
+        worst = max(summary["gate"], key=summary["gate"].get)
+        log(f"  {label}: NOT TRUSTED: {worst} spreads {100 * summary['gate'][worst]:.3f}% > {100 * TOLERANCE:g}%")
+    return {"model": label, "shape": shape, "int8": int8, "fold_args": list(fold_args), "runs": runs, "processes": processes,
+            "counts": counts, "measurements": done, **summary}
+
+
+def _pct(triple, digits: int = 2) -> str:
+    point, lo, hi = (100 * x for x in triple)
+    return f"{point:.{digits}f}% [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def render(results: list[dict], command: str, machine: dict) -> str:
     lines = ["# Instructions per run under valgrind (callgrind, 1 thread)", "",
              f"Command: `{command}`  ",
              f"onnxruntime {machine['onnxruntime']}, onnx_lnfold at git {machine['git_commit']}, {machine['cpu']}  ",
-             f"Run {machine['date']}. Definitions: benchmarks/README.md, section Instruction counts.", "",
-             "## Validation: the same file twice and a byte-identical copy", "",
-             "| model | batch x seq | per run, spread (N vs 2N) | + random PYTHONHASHSEED | second run alone, spread | "
-             "N runs / N, spread | second run's excess over steady | within 0.1% |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        v = r["validation"]
-        ex = max(v["warmup_excess"].values())
-        lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {100 * v['per_run_spread']:.4f}% | "
-                     f"{100 * v['per_run_spread_with_random_hash_seed']:.4f}% | {100 * v['second_run_spread']:.3f}% | "
-                     f"{100 * v['naive_per_run_spread']:.4f}% | {100 * ex:+.2f}% | {'yes' if v['ok'] else 'NO'} |")
-    lines += ["", "## Original vs folded", "",
-              "| model | batch x seq | original (M instr/run) | re-saved | folded | original / folded | "
-              "re-saved / folded | norm share | SLN / LN in the model | reachable | achieved (vs re-saved) | "
-              "share of reachable |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Run {machine['date']}. Definitions: benchmarks/README.md, section Instruction counts. Every variant "
+             "is counted at two positions in each of the processes; a figure is the median, [the range over "
+             f"every pairing of the counts]; a variant whose counts spread more than {100 * TOLERANCE:g}% fails "
+             "the gate and its row is not trusted.", "",
+             "| model | shape | original (M instr/run) | folded | saved vs re-saved | reachable | share of reachable | "
+             "norm share | re-save effect | widest spread (variant) | trusted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         p = r["per_run"]
-        lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {p['original'] / 1e6:.3f} | {p['resaved'] / 1e6:.3f} | "
-                     f"{p['folded'] / 1e6:.3f} | x{r['ratios']['original/folded']:.4f} | "
-                     f"x{r['ratios']['resaved/folded']:.4f} | {100 * r['norm_share']:.2f}% | "
-                     f"{r['sln_over_ln_in_model']:.3f} | {100 * r['reachable']:.2f}% | {100 * r['achieved']:.2f}% | "
-                     f"{100 * r['share_of_reachable']:.0f}% |")
+        worst = max(r["gate"], key=r["gate"].get)
+        name = r["model"] + (" (int8)" if r.get("int8") else "") + "".join(f" `{a}`" for a in r.get("fold_args", []))
+        lines.append(f"| {name} | {r['shape']} | {p['original'] / 1e6:.3f} | {p['folded'] / 1e6:.3f} | "
+                     f"{_pct(r['achieved'])} | {_pct(r['reachable'])} | {_pct(r['share_of_reachable'], 0)} | "
+                     f"{_pct(r['norm_share'])} | {_pct(r['resave_effect'], 3)} | {100 * r['gate'][worst]:.3f}% ({worst}) | "
+                     f"{'yes' if r['ok'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["gpt2_small", "opt_small"])
+    ap.add_argument("--models", nargs="*", default=["gpt2_small", "opt_small"],
+                    help="benchmark models of models/export_bench_models.py, at --batch x --seq")
+    ap.add_argument("--file", nargs=2, action="append", default=[], metavar=("ONNX", "FEEDS_NPZ"),
+                    help="any model with its inputs (a trained model at the shapes it runs); repeatable")
+    ap.add_argument("--int8", action="store_true", help="also every variant after quantize_dynamic")
+    ap.add_argument("--fold-args", default="", help="options for the fold, e.g. '--tied-weights untie'")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=16)
-    ap.add_argument("--runs", type=int, default=1, help="N: segments of N and 2N runs are counted")
-    ap.add_argument("--jobs", type=int, default=3, help="valgrind processes at a time")
+    ap.add_argument("--runs", type=int, default=2, help="N: segments of N and 2N runs are counted")
+    ap.add_argument("--processes", type=int, default=2, help="valgrind processes per model (each counts every variant twice)")
+    ap.add_argument("--jobs", type=int, default=2, help="valgrind processes at a time")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "instructions.json"))
     ap.add_argument("--md", default=str(ROOT / "benchmarks" / "results" / "INSTRUCTIONS.md"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -324,23 +377,31 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(merged, indent=1))
         Path(args.md).write_text(render(merged["results"], merged["command"], merged["machine"]))
         print(Path(args.md).read_text())
-        return 0
+        return 0 if all(r["ok"] for r in merged["results"]) else 1
     if args.child:
         return child(args.child)
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("error: valgrind (with callgrind_control) is not installed", file=sys.stderr)
         return 2
+    if args.processes < 2:
+        print("error: --processes must be at least 2: every variant is counted in two processes", file=sys.stderr)
+        return 2
     command = "python -m benchmarks.instructions " + " ".join(argv if argv is not None else sys.argv[1:])
+    models = [(name, *bench_model(name, args.batch, args.seq)) for name in args.models]
+    models += [(Path(onnx_path).stem, *file_model(Path(onnx_path), Path(feeds))) for onnx_path, feeds in args.file]
     results = []
     with tempfile.TemporaryDirectory(prefix="lnfold-instr-", dir=CACHE if CACHE.exists() else None) as tmp:
-        for name in args.models:
-            results.append(run_model(name, args.batch, args.seq, args.runs, args.singles, args.jobs, Path(tmp)))
-            machine = machine_info()
-            Path(args.json).write_text(json.dumps({"command": command.strip(), "machine": machine,
-                                                   "results": results}, indent=1))
-            Path(args.md).write_text(render(results, command.strip(), machine))
+        for label, src, feeds, shape in models:
+            for int8 in (False, True) if args.int8 else (False,):
+                work = Path(tmp) / (label + (".int8" if int8 else ""))
+                results.append(run_model(label, src, feeds, shape, args.runs, args.singles, args.processes, args.jobs,
+                                         work, int8, tuple(args.fold_args.split())))
+                machine = machine_info()
+                Path(args.json).write_text(json.dumps({"command": command.strip(), "machine": machine,
+                                                       "results": results}, indent=1))
+                Path(args.md).write_text(render(results, command.strip(), machine))
     print(Path(args.md).read_text())
-    return 0
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 if __name__ == "__main__":
