@@ -11,10 +11,8 @@ before numpy, onnx and onnx_ir are imported (they take about a second); `_run` i
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -152,6 +150,8 @@ def _check_writable(folder: Path, what: str, way_out: str = "") -> None:
     """Create and remove a file in `folder`, before any work: permission bits say nothing when run
     as root or on a read-only mount, and a failure after folding would come too late. `way_out`
     ends the message when there is one (an output beside the input can be written elsewhere)."""
+    import tempfile  # here, not at the top: -V and --help do without it
+
     try:
         fd, probe = tempfile.mkstemp(prefix=".lnfold-probe-", dir=folder)
     except OSError as e:
@@ -216,6 +216,8 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
     started = time.monotonic() if started is None else started
     args = build_parser().parse_args(argv)
     if args.debug:
+        import logging
+
         logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
     if not (args.dry_run or args.no_verify):
         _quiet_onnxruntime()
