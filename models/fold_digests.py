@@ -67,7 +67,9 @@ def fingerprint(model, options: dict, dump: Path | None, case: str) -> dict:
         proof = explain(loaded, onnx_lnfold.analyze(loaded, **options))
         result = onnx_lnfold.fold(model, verify=False, **options)
     except onnx_lnfold.LnFoldError as e:
-        return {"error": _sha(f"{type(e).__name__}: {e}")}
+        # The message under the family's name: the subclasses (InvalidInput, ...) came later, and
+        # the digest is of what the user reads.
+        return {"error": _sha(f"LnFoldError: {e}")}
     view = _plan_view(result.plan)
     if dump is not None:
         (dump / f"{case}.json").write_text(json.dumps({"plan": view, "proof": proof}, indent=1, default=str))

@@ -8,24 +8,27 @@
 `onnx_ir.passes.PassManager`. All three take the options as keywords (`target=`, ...) or as one
 `options=FoldOptions(...)`.
 
+Errors form one family: `LnFoldError`, with `InvalidInput`, `CannotWrite` and
+`VerificationFailed` (and its `NotVerified`) under it.
+
 The names below are imported on first use: `import onnx_lnfold` (and so the command line's
-start-up, where a Ctrl-C must end in one line) loads neither numpy nor onnx_ir.
+start-up, `-V` and `--help`) loads neither numpy nor onnx nor onnx_ir.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
+    "CannotWrite": "onnx_lnfold._errors",
     "CenteringEdit": "onnx_lnfold._plan",
     "CenteringPlan": "onnx_lnfold._plan",
     "FoldReport": "onnx_lnfold._report",
     "FoldOptions": "onnx_lnfold._options",
     "FoldResult": "onnx_lnfold._fold",
+    "InvalidInput": "onnx_lnfold._errors",
     "LnDecision": "onnx_lnfold._plan",
     "LnFoldError": "onnx_lnfold._errors",
     "LnFoldPass": "onnx_lnfold._pass",
@@ -38,9 +41,9 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from onnx_lnfold._api import analyze, fold
-    from onnx_lnfold._errors import LnFoldError, NotVerified, VerificationFailed
+    from onnx_lnfold._errors import CannotWrite, InvalidInput, LnFoldError, NotVerified, VerificationFailed
     from onnx_lnfold._fold import FoldResult
     from onnx_lnfold._options import FoldOptions
     from onnx_lnfold._pass import LnFoldPass
@@ -49,14 +52,15 @@ if TYPE_CHECKING:
     from onnx_lnfold._verify import Verification
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'onnx_lnfold' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    """The public names only (what `help()` and tab completion offer), not the helpers above."""
+    return [*__all__, "__version__"]

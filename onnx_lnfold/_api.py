@@ -15,9 +15,10 @@ import onnx_ir as ir
 
 from onnx_lnfold import _analyze, _fold
 from onnx_lnfold._errors import VerificationFailed
-from onnx_lnfold._load import ModelSource, load_model
+from onnx_lnfold._load import ModelSource, external_data_files, load_model
 from onnx_lnfold._options import FoldOptions, keywords_to_options, takes_option_keywords
 from onnx_lnfold._plan import CenteringPlan
+from onnx_lnfold._report import model_bytes
 from onnx_lnfold._shapes import ShapeTable
 
 
@@ -54,7 +55,10 @@ def fold(
     model whose outputs differ beyond `rtol`, its subclass `NotVerified` when something was folded
     but the check could not run (no onnxruntime, the original does not run on the inputs: pass
     `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
-    `LnFoldError` for bad input.
+    `InvalidInput` for bad input (all three are `LnFoldError`s).
+
+    The result's repr is one line (`<FoldResult gpt2.onnx: 5/5 LNs folded, verified (rel 4.9e-07),
+    0.86 MB>`); the detail is `.plan.decisions`, `.report.format_text()`, `.model`.
 
     The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`) are those of
     `FoldOptions`, whose docstring says what each does.
@@ -63,13 +67,15 @@ def fold(
     check = _fold.VerifyRequest(enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs)
     # The report carries the wall time, as the command line's does.
     started = time.monotonic()
+    size_before = None  # bytes on disk, external data included, as the command line reports them
     try:
         ir_model, path = load_model(model)
+        size_before = model_bytes(path, external_data_files(ir_model, path.parent)) if path else None
         result = _fold.fold_loaded(ir_model, path, options, check)
     except VerificationFailed as e:
         report = getattr(e, "report", None)
         if report is not None:
-            report.elapsed_s = time.monotonic() - started
+            report.elapsed_s, report.size_before = time.monotonic() - started, size_before
         raise
-    result.report.elapsed_s = time.monotonic() - started
+    result.report.elapsed_s, result.report.size_before = time.monotonic() - started, size_before
     return result

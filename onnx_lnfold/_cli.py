@@ -1,28 +1,29 @@
 """`onnx-lnfold IN.onnx [-o OUT.onnx]` (or `python -m onnx_lnfold`): fold, verify, write, report.
 
-Exit codes: 0 done (also when nothing folds), 1 a fold that did not pass verification (nothing written),
-2 bad input or usage (one line on stderr, nothing written), 3 internal error, 130 interrupted.
+Exit codes: 0 done (also when nothing folds), 1 a fold that did not pass verification (nothing written;
+`VerificationFailed`), 2 bad input or usage, or an output that cannot be written (one line on stderr,
+nothing written; every other `LnFoldError`), 3 internal error, 130 interrupted.
+
+The parser is built from `_options`' choices alone: `-V`, `--help` and a usage error answer
+before numpy, onnx and onnx_ir are imported (they take about a second); `_run` imports them.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
-from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._fold import VerifyRequest, run_pipeline
-from onnx_lnfold._inputs import load_inputs, parse_input_shape
-from onnx_lnfold._load import external_data_files, load_path
+from onnx_lnfold._errors import CannotWrite, InvalidInput, LnFoldError, VerificationFailed
 from onnx_lnfold._options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 from onnx_lnfold._progress import Progress
-from onnx_lnfold._report import FoldReport, model_bytes
-from onnx_lnfold._save import check_destination, default_output
+
+if TYPE_CHECKING:
+    from onnx_lnfold._report import FoldReport
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -32,7 +33,7 @@ _EPILOG = """\
 exit codes:
   0    done (also when nothing folds)
   1    a fold that did not pass verification (failed, or could not run): nothing written
-  2    bad input or usage: one line on stderr, nothing written
+  2    bad input or usage, or the output cannot be written: one line on stderr, nothing written
   3    internal error (rerun with --debug for the traceback)
   130  interrupted: nothing written
 
@@ -46,7 +47,7 @@ examples:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage block
-        raise LnFoldError(f"{message} (see --help)")
+        raise InvalidInput(f"{message} (see --help)")
 
 
 def program_name(argv0: str | None = None) -> str:
@@ -122,11 +123,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def _destination(args: argparse.Namespace, source: Path) -> Path | None:
+    from onnx_lnfold._save import default_output
+
     if args.dry_run:
         return None
     if args.in_place:
         if args.output and Path(args.output).resolve() != source.resolve():
-            raise LnFoldError("--in-place and --output name different files; give one of them")
+            raise InvalidInput("--in-place and --output name different files; give one of them")
         return source
     return Path(args.output) if args.output else default_output(source)
 
@@ -137,19 +140,23 @@ def _check_source(model: str) -> Path:
     source = Path(model)
     shown = model if model else "''"
     if not source.exists():
-        raise LnFoldError(f"{shown}: no such file")
+        raise InvalidInput(f"{shown}: no such file")
     if source.is_dir():
-        raise LnFoldError(f"{shown}: is a directory, not an ONNX model")
+        raise InvalidInput(f"{shown}: is a directory, not an ONNX model")
     return source
 
 
-def _check_writable(folder: Path, what: str) -> None:
+def _check_writable(folder: Path, what: str, way_out: str = "") -> None:
     """Create and remove a file in `folder`, before any work: permission bits say nothing when run
-    as root or on a read-only mount, and a failure after folding would come too late."""
+    as root or on a read-only mount, and a failure after folding would come too late. `way_out`
+    ends the message when there is one (an output beside the input can be written elsewhere)."""
+    import tempfile  # here, not at the top: -V and --help do without it
+
     try:
         fd, probe = tempfile.mkstemp(prefix=".lnfold-probe-", dir=folder)
     except OSError as e:
-        raise LnFoldError(f"{folder}: cannot write to the {what} folder ({e.strerror or e})") from None
+        way_out = f"; {way_out}" if way_out else ""
+        raise CannotWrite(f"{folder}: cannot write to the {what} folder ({e.strerror or e}){way_out}") from None
     os.close(fd)
     os.unlink(probe)
 
@@ -163,13 +170,13 @@ def _check_json_path(args: argparse.Namespace, source: Path, destination: Path |
     if destination is not None:
         taken |= {destination.resolve(), destination.resolve().with_name(destination.name + ".data")}
     if resolved in taken:
-        raise LnFoldError(f"{target}: --json would overwrite the input or output model")
+        raise InvalidInput(f"{target}: --json would overwrite the input or output model")
     if target.is_dir():
-        raise LnFoldError(f"{target}: --json path is a directory")
+        raise InvalidInput(f"{target}: --json path is a directory")
     if not target.parent.is_dir():
-        raise LnFoldError(f"{target.parent}: folder of --json does not exist")
+        raise InvalidInput(f"{target.parent}: folder of --json does not exist")
     if target.exists() and not os.access(target, os.W_OK):
-        raise LnFoldError(f"{target}: --json file is not writable")
+        raise InvalidInput(f"{target}: --json file is not writable")
     _check_writable(target.parent, "--json")
 
 
@@ -188,7 +195,7 @@ def _emit(report: FoldReport, args: argparse.Namespace, started: float) -> None:
         try:
             Path(args.json).write_text(report.to_json() + "\n")
         except OSError as e:
-            raise LnFoldError(f"{args.json}: cannot write the report: {e.strerror or e}") from None
+            raise CannotWrite(f"{args.json}: cannot write the report: {e.strerror or e}") from None
     if not args.quiet:
         _print(report.format_text(), sys.stderr if args.json == STDOUT else sys.stdout)
 
@@ -203,10 +210,14 @@ def _quiet_onnxruntime() -> None:
     onnxruntime.set_default_logger_severity(3)
 
 
-def run(argv: list[str] | None = None) -> int:
-    started = time.monotonic()
+def run(argv: list[str] | None = None, started: float | None = None) -> int:
+    """`started`: when the user's wait began, on `time.monotonic()`'s clock (the command's entry
+    point stamps it before importing anything); the report's elapsed time counts from there."""
+    started = time.monotonic() if started is None else started
     args = build_parser().parse_args(argv)
     if args.debug:
+        import logging
+
         logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
     if not (args.dry_run or args.no_verify):
         _quiet_onnxruntime()
@@ -218,15 +229,24 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
+    # The heavy imports (numpy, onnx, onnx_ir: about a second), once the arguments are known good.
+    from onnx_lnfold._fold import VerifyRequest, run_pipeline
+    from onnx_lnfold._inputs import load_inputs, parse_input_shape
+    from onnx_lnfold._load import external_data_files, load_path
+    from onnx_lnfold._report import model_bytes
+    from onnx_lnfold._save import check_destination
+
     source = _check_source(args.model)
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
     if args.rtol is not None and not args.rtol > 0:
-        raise LnFoldError("--rtol must be a positive number")
+        raise InvalidInput("--rtol must be a positive number")
     destination = _destination(args, source)
     if destination is not None:
         check_destination(source, destination, args.in_place)
         if destination.parent.is_dir():  # a missing folder is reported when staging, as before
-            _check_writable(destination.parent, "output")
+            # The default output goes beside the input: a read-only input folder has a way out.
+            way_out = "" if (args.output or args.in_place) else "use -o PATH to write elsewhere"
+            _check_writable(destination.parent, "output", way_out)
     inputs = load_inputs(args.inputs) if args.inputs else None
 
     progress.phase(f"Loading {source}")
@@ -271,6 +291,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
             print(f"onnx_lnfold: {report.verification.refusal('cli')}", file=sys.stderr)
             return EXIT_VERIFY
         report.output = str(staged.commit())  # type: ignore[union-attr]
+        report.output_identical = staged.identical  # type: ignore[union-attr]
         written = [destination.parent / staged.data_name] if staged.data_name else []  # type: ignore[union-attr]
         report.size_after = model_bytes(destination, written)  # type: ignore[arg-type]
     except BaseException:
@@ -284,9 +305,12 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
     try:
-        return run(argv)
+        return run(argv, started)
+    except VerificationFailed as e:  # the pipeline reports refusals itself; kept for the mapping
+        print(f"onnx_lnfold: {e}", file=sys.stderr)
+        return EXIT_VERIFY
     except LnFoldError as e:
         print(f"onnx_lnfold: error: {e}", file=sys.stderr)
         return EXIT_USAGE

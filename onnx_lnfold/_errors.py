@@ -1,14 +1,37 @@
-"""Errors the tool reports to users. Each message is one line, fit to print as it is."""
+"""Errors the tool reports to users: one family, each message one line, fit to print as it is.
+
+    LnFoldError                    anything onnx_lnfold refuses (`except LnFoldError` catches all)
+    +-- InvalidInput               the model, an option, a path or the inputs given cannot be used
+    +-- CannotWrite                the output (model or report) cannot be written there
+    +-- VerificationFailed         the fold is not shown equivalent: nothing written or returned
+        +-- NotVerified            ... because the check could not run
+
+The command line exits 1 for a `VerificationFailed` (and its subclass) and 2 for every other
+`LnFoldError`; it catches `VerificationFailed` first.
+"""
 
 
 class LnFoldError(Exception):
-    """Bad input or usage. The CLI prints the message on one line and exits 2."""
+    """Base of every error onnx_lnfold raises on purpose. The CLI prints the message on one line."""
 
 
-class VerificationFailed(Exception):
+class InvalidInput(LnFoldError, ValueError):
+    """Bad input or usage: a model that cannot be read or kept, an option outside its choices, a
+    path that clashes with the input, inputs that do not match the graph. The CLI exits 2."""
+
+
+class CannotWrite(LnFoldError):
+    """The output cannot be written: its folder is missing or read-only, the disk is full. Nothing
+    is left behind. The CLI exits 2."""
+
+
+class VerificationFailed(LnFoldError):
     """The folded model's outputs differ beyond tolerance. Nothing is written; the CLI exits 1."""
 
 
 class NotVerified(VerificationFailed):
     """Something was folded but the equivalence check could not run (no onnxruntime, the original
     does not run on the inputs, no inputs can be made). Nothing is written; the CLI exits 1."""
+
+
+__all__ = ["CannotWrite", "InvalidInput", "LnFoldError", "NotVerified", "VerificationFailed"]

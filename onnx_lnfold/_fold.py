@@ -20,10 +20,11 @@ from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
 from onnx_lnfold._errors import NotVerified, VerificationFailed
 from onnx_lnfold._inputs import check_inputs
+from onnx_lnfold._load import external_data_files
 from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._progress import Progress
-from onnx_lnfold._report import FoldReport, count_ops
+from onnx_lnfold._report import FoldReport, count_ops, model_bytes
 from onnx_lnfold._save import StagedModel, release_mapped
 from onnx_lnfold._trace import explain
 from onnx_lnfold._verify import ModelBytesOrPath, OrtSource, Verification, check_equivalence
@@ -31,10 +32,17 @@ from onnx_lnfold._verify import ModelBytesOrPath, OrtSource, Verification, check
 
 @dataclass
 class FoldResult:
-    """The folded model (an `onnx_ir.Model`, owned by the caller) and what was done to it."""
+    """The folded model (an `onnx_ir.Model`, owned by the caller) and what was done to it.
+
+    Its repr is one line (what was folded, the verification, the sizes); the detail is one
+    attribute away: `.plan.decisions`, `.report.format_text()`, `.model`.
+    """
 
     model: ir.Model
     report: FoldReport
+
+    def __repr__(self) -> str:
+        return f"<FoldResult {self.report.brief()}>"
 
     @property
     def plan(self) -> CenteringPlan:
@@ -45,8 +53,13 @@ class FoldResult:
         return ir.to_proto(self.model)
 
     def save(self, path: str | os.PathLike) -> None:
-        StagedModel(self.model, Path(path), rebind=True).commit()
-        self.report.output = str(path)
+        """Write the model (re-serialized, also when nothing was folded) and its external data
+        file, if any, beside it; the report records where and the size written."""
+        staged = StagedModel(self.model, Path(path), rebind=True)
+        written = staged.commit()
+        data = [written.parent / staged.data_name] if staged.data_name else []
+        self.report.output, self.report.output_identical = str(path), False
+        self.report.size_after = model_bytes(written, data)
 
 
 @dataclass(frozen=True)
@@ -115,7 +128,7 @@ def run_pipeline(
         release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
         skipped = Verification("skipped", check.disabled_because)
         report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
-        staged = StagedModel(model, destination, progress=progress, rebind=True) if destination else None
+        staged = _stage(model, path, destination, plan, progress) if destination else None
         try:
             if check.enabled and not plan.folded:
                 report.verification = Verification("skipped", "nothing was folded: the model is unchanged")
@@ -131,6 +144,14 @@ def run_pipeline(
     finally:
         if original_src:
             original_src.close()
+
+
+def _stage(model: ir.Model, path: Path | None, destination: Path, plan: CenteringPlan, progress: Progress) -> StagedModel:
+    """Stage the output: the folded model, or, when nothing was folded, the input file's own bytes
+    (a model with external data is written again instead, its weights into `OUT.data` as for any
+    output: an equivalent copy, not an identical one)."""
+    unchanged = not plan.folded and path is not None and not external_data_files(model, path.parent)
+    return StagedModel(model, destination, progress=progress, rebind=True, copy_of=path if unchanged else None)
 
 
 def _check_folded(

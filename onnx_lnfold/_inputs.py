@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._errors import InvalidInput
 
 # Ops an index tensor may pass through on its way to a Gather without changing its values.
 _INDEX_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
@@ -54,7 +54,7 @@ FIRST_SIZE = (2, 8)
 SECOND_SIZES = ((3, 5), (2, 5), (3, 8))
 
 
-class InputsUnavailable(LnFoldError):
+class InputsUnavailable(InvalidInput):
     """Verification inputs cannot be synthesized from the graph (the user has to give them)."""
 
 
@@ -68,7 +68,7 @@ def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
         if any(d < 0 for d in shape):
             raise ValueError
     except ValueError:
-        raise LnFoldError(f"bad --input-shape '{spec}': expected NAME:D1,D2,... with non-negative integers") from None
+        raise InvalidInput(f"bad --input-shape '{spec}': expected NAME:D1,D2,... with non-negative integers") from None
     return name, shape
 
 
@@ -411,7 +411,7 @@ def synthesize_inputs(
     graph_inputs = _graph_inputs(model)
     unknown = set(shapes) - {v.name for v in graph_inputs}
     if unknown:
-        raise LnFoldError(f"--input-shape names no graph input: {', '.join(sorted(unknown))}")
+        raise InvalidInput(f"--input-shape names no graph input: {', '.join(sorted(unknown))}")
     dims_of = {**_dim_sizes(model, graph_inputs, shapes, batch_size, sequence_length, overrides), **shapes}
     feeds: dict[str, np.ndarray] = {}
     for value in graph_inputs:
@@ -505,7 +505,7 @@ def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
             parts.append("missing " + ", ".join(missing))
         if extra:
             parts.append("not graph inputs: " + ", ".join(extra))
-        raise LnFoldError(f"--inputs does not match the graph inputs ({'; '.join(parts)})")
+        raise InvalidInput(f"--inputs does not match the graph inputs ({'; '.join(parts)})")
     for name, value in graph_inputs.items():
         array = inputs[name]
         if value.dtype is not None:
@@ -514,9 +514,9 @@ def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
             except (TypeError, ValueError, NotImplementedError):  # no numpy counterpart: let ORT judge
                 expected = None
             if expected is not None and array.dtype != expected:
-                raise LnFoldError(f"--inputs: '{name}' is {array.dtype}, the graph input is {expected}")
+                raise InvalidInput(f"--inputs: '{name}' is {array.dtype}, the graph input is {expected}")
         if value.shape is not None and len(value.shape) != array.ndim:
-            raise LnFoldError(f"--inputs: '{name}' has rank {array.ndim}, the graph input has rank {len(value.shape)}")
+            raise InvalidInput(f"--inputs: '{name}' has rank {array.ndim}, the graph input has rank {len(value.shape)}")
 
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:
@@ -527,4 +527,4 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
         with data:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise LnFoldError(f"{path}: cannot read inputs ({e})".splitlines()[0]) from None
+        raise InvalidInput(f"{path}: cannot read inputs ({e})".splitlines()[0]) from None

@@ -9,7 +9,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._errors import InvalidInput, LnFoldError
 from onnx_lnfold._proto_read import check_representable, read_model
 
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
@@ -50,22 +50,22 @@ def _check_external_data(model: ir.Model, base: Path) -> None:
         location = Path(tensor.location)
         target = (base / location).resolve()
         if location.is_absolute() or root not in target.parents:
-            raise LnFoldError(
+            raise InvalidInput(
                 f"external data '{tensor.location}' of tensor '{name}' lies outside the model's folder; refusing to read it"
             )
         if target not in sizes:
             if not target.is_file():
-                raise LnFoldError(f"external data file '{tensor.location}' of tensor '{name}' is missing")
+                raise InvalidInput(f"external data file '{tensor.location}' of tensor '{name}' is missing")
             sizes[target] = target.stat()
         stat = sizes[target]
         if stat.st_nlink > 1:  # onnx_ir refuses these at read time (a hard link can point anywhere)
-            raise LnFoldError(
+            raise InvalidInput(
                 f"external data file '{tensor.location}' has {stat.st_nlink} hard links; onnx_ir refuses to read "
                 "hard-linked external data: copy the file instead"
             )
         end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
         if end > stat.st_size:
-            raise LnFoldError(
+            raise InvalidInput(
                 f"external data file '{tensor.location}' is truncated: tensor '{name}' ends at byte {end:,}, "
                 f"the file has {stat.st_size:,}"
             )
@@ -75,9 +75,9 @@ def _parse_whole(p: Path) -> ir.Model:
     try:
         proto = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as e:
-        raise LnFoldError(f"{p}: not a readable ONNX model ({type(e).__name__})") from None
+        raise InvalidInput(f"{p}: not a readable ONNX model ({type(e).__name__})") from None
     if not proto.HasField("graph") or proto.ir_version == 0:
-        raise LnFoldError(f"{p}: not an ONNX model (no graph or IR version)")
+        raise InvalidInput(f"{p}: not an ONNX model (no graph or IR version)")
     check_representable(proto)
     return ir.serde.deserialize_model(proto)
 
@@ -85,22 +85,22 @@ def _parse_whole(p: Path) -> ir.Model:
 def load_path(path: str | os.PathLike) -> ir.Model:
     p = Path(path)
     if not p.exists():
-        raise LnFoldError(f"{p}: no such file")
+        raise InvalidInput(f"{p}: no such file")
     if p.is_dir():
-        raise LnFoldError(f"{p}: is a directory, not an ONNX model")
+        raise InvalidInput(f"{p}: is a directory, not an ONNX model")
     if p.stat().st_size == 0:
-        raise LnFoldError(f"{p}: file is empty")
+        raise InvalidInput(f"{p}: file is empty")
     try:
         # Large initializers stay in the file (read when used); None: a file to parse whole.
         model = read_model(p)
         if model is None:
             model = _parse_whole(p)
     except OSError as e:
-        raise LnFoldError(f"{p}: cannot read ({e.strerror or e})") from None
+        raise InvalidInput(f"{p}: cannot read ({e.strerror or e})") from None
     except LnFoldError:
         raise
     except Exception as e:  # the IR rejects structurally broken graphs
-        raise LnFoldError(f"{p}: malformed ONNX model: {e}".splitlines()[0]) from None
+        raise InvalidInput(f"{p}: malformed ONNX model: {e}".splitlines()[0]) from None
     ir.external_data.set_base_dir(model.graph, str(p.parent))
     _check_external_data(model, p.parent)
     return model
@@ -116,7 +116,7 @@ def load_model(source: ModelSource) -> tuple[ir.Model, Path | None]:
         try:
             return ir.serde.deserialize_model(source), None
         except Exception as e:
-            raise LnFoldError(f"malformed ONNX model: {e}".splitlines()[0]) from None
+            raise InvalidInput(f"malformed ONNX model: {e}".splitlines()[0]) from None
     if isinstance(source, (str, os.PathLike)):
         return load_path(source), Path(source)
-    raise LnFoldError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(source).__name__}")
+    raise InvalidInput(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(source).__name__}")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._errors import InvalidInput
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -49,12 +49,12 @@ UNTIE_BUDGET = 0.01
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise LnFoldError(f"unknown {name} '{value}': choose one of {', '.join(choices)}")
+        raise InvalidInput(f"unknown {name} '{value}': choose one of {', '.join(choices)}")
 
 
 @dataclass(frozen=True)
 class FoldOptions:
-    """How to fold; raises `LnFoldError` (one line) for a value outside the choices.
+    """How to fold; raises `InvalidInput` (one line; a `ValueError`) for a value outside the choices.
 
     `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
     `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
@@ -86,7 +86,7 @@ def check_preconditions(model: ir.Model, options: FoldOptions) -> None:
     if options.target == "onnx":
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
         if opset < ONNX_RMS_OPSET:
-            raise LnFoldError(
+            raise InvalidInput(
                 f"--target onnx emits RMSNormalization (opset {ONNX_RMS_OPSET}); this model's default opset is "
                 f"{opset}: convert it first (onnx.version_converter) or use the default target 'ort'"
             )

@@ -9,7 +9,13 @@ import onnx_ir as ir
 from onnx_lnfold._analyze import analyze
 from onnx_lnfold._apply import apply_plan
 from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._options import FoldOptions, check_preconditions, keywords_to_options, takes_option_keywords
+from onnx_lnfold._options import (
+    OPTION_NAMES,
+    FoldOptions,
+    check_preconditions,
+    keywords_to_options,
+    takes_option_keywords,
+)
 from onnx_lnfold._plan import CenteringPlan
 
 logger = logging.getLogger(__name__)
@@ -29,6 +35,15 @@ class LnFoldPass(ir.passes.InPlacePass):
         super().__init__()
         self.options = keywords_to_options(options, option_keywords, "LnFoldPass")
         self.plan: CenteringPlan | None = None
+
+    def __repr__(self) -> str:
+        """`<LnFoldPass target=ort ...; last run: 5/5 LNs folded>`; the plan itself is `.plan`."""
+        options = " ".join(f"{name}={getattr(self.options, name)}" for name in OPTION_NAMES)
+        if self.plan is None:
+            return f"<LnFoldPass {options}; not run yet>"
+        plan = self.plan
+        kept = f", {len(plan.kept)} kept" if plan.kept else ""
+        return f"<LnFoldPass {options}; last run: {len(plan.folded)}/{len(plan.decisions)} LNs folded{kept}>"
 
     def requires(self, model: ir.Model) -> None:
         try:

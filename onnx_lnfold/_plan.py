@@ -1,4 +1,5 @@
-"""The plan: what the analysis decided, as plain data.
+"""The plan: what the analysis decided, as plain data. Each object's repr is one line; the detail
+is in its fields (`plan.decisions`, `plan.edits`, `decision.reason`) and `to_dict()`.
 
 `--dry-run` prints it, the report serializes it, tests assert on it. The private fields (an edit's
 `_value`/`_uses`, a folded decision's `_rewrite`) bind the plan to the IR objects of the model it
@@ -7,6 +8,8 @@ was computed on; `apply_plan` uses them and nothing else reads them.
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,6 +22,15 @@ if TYPE_CHECKING:
 
 FOLDED: Literal["folded"] = "folded"
 KEPT: Literal["kept"] = "kept"
+
+
+def _plural(n: int, one: str) -> str:
+    return f"{n} {one}" + ("" if n == 1 else "s")
+
+
+def _lns(nodes: tuple[str, ...]) -> str:
+    """`ln_1`, or `3 LNs` (the names are on the object)."""
+    return nodes[0] if len(nodes) == 1 else _plural(len(nodes), "LN")
 
 
 @dataclass
@@ -38,6 +50,11 @@ class CenteringEdit:
     note: str | None = None  # why an untied copy was chosen over an explicit centering, if it was
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
+
+    def __repr__(self) -> str:
+        axis = "zeroed" if self.axis is None else f"axis {self.axis}" + (" (weighted)" if self.weights else "")
+        copy = f", untied -> {self.new_name} (+{self.copy_bytes:,} B)" if self.untie else ""
+        return f"<CenteringEdit {self.tensor}: {axis}, {self.role}{copy}; for {_lns(self.required_by)}>"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +91,13 @@ class AuxCentering:
     def cost(self) -> str:
         return "1 ReduceMean + 1 Sub"
 
+    def __repr__(self) -> str:
+        instead = f", instead of untying {self.instead_of_untie} (-{self.saved_bytes:,} B)" if self.instead_of_untie else ""
+        return (
+            f"<AuxCentering {self.tensor} - ReduceMean(axis {self.axis}) -> {self.new_name}{instead}; "
+            f"for {_lns(self.required_by)}>"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "tensor": self.tensor,
@@ -104,6 +128,12 @@ class LnDecision:
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
     # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
     _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
+
+    def __repr__(self) -> str:
+        if self.folded:
+            return f"<LnDecision {self.node}: folded -> {self.rewrite}>"
+        reason = self.reason if len(self.reason) <= 80 else self.reason[:77] + "..."
+        return f"<LnDecision {self.node}: kept, {self.stage}/{self.code}: {reason}>"
 
     @property
     def folded(self) -> bool:
@@ -168,11 +198,36 @@ class CenteringPlan:
     def untied_bytes(self) -> int:
         return sum(e.copy_bytes for e in self.edits)
 
-    def decision(self, node: str) -> LnDecision:
+    def decision_for(self, node: str) -> LnDecision:
+        """The decision on the LN node named `node` (KeyError if there is none)."""
         for d in self.decisions:
             if d.node == node:
                 return d
         raise KeyError(node)
+
+    def decision(self, node: str) -> LnDecision:
+        """Deprecated alias of `decision_for()` (it read like an attribute); removed in 0.2."""
+        warnings.warn(
+            "CenteringPlan.decision() is deprecated; use CenteringPlan.decision_for(node)", DeprecationWarning, stacklevel=2
+        )
+        return self.decision_for(node)
+
+    def __repr__(self) -> str:
+        """`<CenteringPlan: 5 LNs, 5 fold, 0 kept; ...>`; the detail is `.decisions`, `.edits`."""
+        kept = self.kept
+        codes = Counter(d.code for d in kept)
+        why = " (" + ", ".join(f"{code} {n}" for code, n in codes.most_common()) + ")" if kept else ""
+        text = f"{_plural(len(self.decisions), 'LN')}, {len(self.folded)} fold, {len(kept)} kept{why}"
+        if self.edits:
+            untied = [e for e in self.edits if e.untie]
+            text += f"; {_plural(len(self.edits), 'constant')} centered"
+            if untied:
+                text += f", {len(untied)} untied (+{self.untied_bytes:,} B)"
+        if self.centerings:
+            text += f"; {_plural(len(self.centerings), 'explicit centering')}"
+        if self.target != "ort":
+            text += f"; target {self.target}"
+        return f"<CenteringPlan: {text}>"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._errors import InvalidInput
 from onnx_lnfold._proto_wire import (
     FIXED32,
     FIXED64,
@@ -116,12 +116,12 @@ def check_representable(proto: onnx.ModelProto) -> None:
     sparse initializers and training information. One line, a way out."""
     sparse = _sparse_initializers(proto.graph)
     if sparse:
-        raise LnFoldError(
+        raise InvalidInput(
             f"the model has {sparse} sparse_initializer(s), which onnx_lnfold cannot keep; "
             "convert them to dense initializers first"
         )
     if len(proto.training_info):
-        raise LnFoldError(
+        raise InvalidInput(
             f"the model has training_info ({len(proto.training_info)} entries), which onnx_lnfold cannot keep "
             "and whose update bindings would not match the centered weights; fold an inference-only copy "
             "(clear ModelProto.training_info) instead"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._errors import CannotWrite
 from onnx_lnfold._proto_wire import GRAPH_INITIALIZER, LARGE_TENSOR_BYTES, MODEL_GRAPH, TENSOR_RAW_DATA, length_key
 from onnx_lnfold._tensor_io import FileRegionTensor, raw_dtype
 
@@ -102,7 +102,7 @@ def write_model(model: ir.Model, path: str | os.PathLike, callback: Callable | N
             offsets[name] = start
             tensor.tofile(file)
             if file.tell() - start != tensor.nbytes:  # the lengths above would lie: never write that
-                raise LnFoldError(
+                raise CannotWrite(
                     f"internal error: tensor '{tensor.name}' wrote {file.tell() - start} bytes, not {tensor.nbytes}"
                 )
     logger.debug("wrote %s: %d initializer(s) streamed", path, len(streamed))

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import textwrap
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,9 @@ def _grouped(items: list[tuple[str, LnDecision]]) -> list[tuple[str, list[LnDeci
 
 @dataclass
 class FoldReport:
+    """What a fold did. `format_text()` is the report the command line prints, `format_summary()`
+    its first line, `to_json()` the same as data; the repr is that line, shorter."""
+
     plan: CenteringPlan
     ops_before: dict[str, int]
     ops_after: dict[str, int]
@@ -152,6 +156,9 @@ class FoldReport:
     elapsed_s: float | None = None
     dry_run: bool = False
     trace: list[str] = field(default_factory=list)  # the per-LN proof (`--verbose`)
+    # The output is the input file's own bytes (nothing was folded, no external data); False when
+    # the output was serialized from the model; None while nothing is written.
+    output_identical: bool | None = None
 
     @property
     def nodes_before(self) -> int:
@@ -174,6 +181,7 @@ class FoldReport:
             "version": __version__,
             "source": os.path.abspath(self.source) if self.source else None,
             "output": os.path.abspath(self.output) if self.output else None,
+            "output_identical": self.output_identical,
             "dry_run": self.dry_run,
             "elapsed_s": self.elapsed_s,
             "size_before": self.size_before,
@@ -191,39 +199,82 @@ class FoldReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def summary(self) -> str:
+    @property
+    def refused(self) -> bool:
+        """Something was folded and the check did not pass (failed, or could not run): nothing is
+        written, and `fold()` raises instead of returning the model."""
+        return self.verification.status in ("failed", "unverified")
+
+    def _lns(self, one: str) -> str:
+        """`5/5 LayerNorms folded` (`would fold 5/5 ...` in a dry run), or why there are none."""
+        plan = self.plan
+        if plan.decisions:
+            counts = f"{len(plan.folded)}/{_plural(len(plan.decisions), one)}"
+            return f"would fold {counts}" if self.dry_run else f"{counts} folded"
+        done = self._already_folded()
+        if done:
+            return "already folded (" + ", ".join(f"{n} {op.split('::')[-1]}" for op, n in done.items()) + ")"
+        return "no LayerNormalization"
+
+    def _verdict(self, diff: str) -> str:
+        """The verification in a few words; a skipped check says why as the detail does."""
+        v = self.verification
+        if v.status == "passed":
+            return f"verified ({diff} {v.max_rel_diff:.2g})"
+        if v.status == "failed":
+            worst = f" ({diff} {v.max_rel_diff:.2g} > rtol {v.rtol:g})" if v.outputs and v.rtol else ""
+            return f"verification FAILED{worst}"
+        if v.status == "skipped":  # "nothing was folded: the model is unchanged" -> "nothing was folded"
+            return f"verification skipped ({v.reason.split(':')[0]})" if v.reason else "verification skipped"
+        return "not verified (the check could not run)"
+
+    def _copy_kind(self) -> str:
+        """How an output of a fold that changed nothing relates to the input."""
+        return "unchanged copy" if self.output_identical else "equivalent copy"
+
+    def format_summary(self) -> str:
         """One line: where from and to, LNs folded, size, verification verdict, time."""
         plan = self.plan
         where = self.source or "<model>"
         if self.output:
-            where += f" -> {self.output}" + ("" if plan.folded else " (unchanged copy)")
+            where += f" -> {self.output}" + ("" if plan.folded else f" ({self._copy_kind()})")
         elif self.dry_run:
             where += " (dry run, nothing written)"
-        elif self.verification.status == "failed":
+        elif self.refused:
             where += " (nothing written)"
-        parts = [where]
-        if plan.decisions:
-            parts.append(f"{len(plan.folded)}/{_plural(len(plan.decisions), 'LayerNorm')} folded")
-        elif self._already_folded():
-            parts.append("already folded (" + ", ".join(f"{n} {op.split('::')[-1]}" for op, n in self._already_folded().items()) + ")")
-        else:
-            parts.append("no LayerNormalization")
+        parts = [where, self._lns("LayerNorm")]
         if self.size_before is not None and self.size_after is not None:
             parts.append(f"{_mb(self.size_before)} -> {_mb(self.size_after)} MB")
         elif self.size_before is not None:
             grows = f" (+{_mb(plan.untied_bytes)} MB of untied copies once written)" if plan.untied_bytes else ""
             parts.append(f"{_mb(self.size_before)} MB{grows}")
-        v = self.verification
-        if v.status == "passed":
-            parts.append(f"verified (worst relative diff {v.max_rel_diff:.2g})")
-        elif v.status == "failed":
-            worst = f" (worst relative diff {v.max_rel_diff:.2g} > rtol {v.rtol:g})" if v.outputs and v.rtol else ""
-            parts.append(f"verification FAILED{worst}")
-        else:
-            parts.append("not verified")
+        parts.append(self._verdict("worst relative diff"))
         if self.elapsed_s is not None:
             parts.append(f"{self.elapsed_s:.1f} s")
         return "onnx_lnfold: " + ", ".join(parts)
+
+    def summary(self) -> str:
+        """Deprecated alias of `format_summary()` (it read like an attribute); removed in 0.2."""
+        warnings.warn(
+            "FoldReport.summary() is deprecated; use FoldReport.format_summary()", DeprecationWarning, stacklevel=2
+        )
+        return self.format_summary()
+
+    def brief(self) -> str:
+        """The repr's text: `gpt2.onnx -> out.onnx: 5/5 LNs folded, verified (rel 4.9e-07), 0.86 -> 0.98 MB, 0.3 s`."""
+        where = os.path.basename(self.source) if self.source else "<model>"
+        if self.output:
+            where += f" -> {os.path.basename(self.output)}"
+        parts = [self._lns("LN"), self._verdict("rel")]
+        if self.size_before is not None:
+            after = f" -> {_mb(self.size_after)}" if self.size_after is not None else ""
+            parts.append(f"{_mb(self.size_before)}{after} MB")
+        if self.elapsed_s is not None:
+            parts.append(f"{self.elapsed_s:.1f} s")
+        return f"{where}: " + ", ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"<FoldReport {self.brief()}>"
 
     def _layer_norm_lines(self) -> list[str]:
         plan = self.plan
@@ -233,9 +284,10 @@ class FoldReport:
                 ops = ", ".join(f"{n} {op}" for op, n in done.items())
                 return [f"nothing to fold: already folded ({ops}), no LayerNormalization left"]
             return ["nothing to fold: the model has no LayerNormalization"]
-        lines = [f"LayerNorm nodes: {len(plan.folded)} folded, {len(plan.kept)} kept (of {len(plan.decisions)})"]
+        folded = "would fold" if self.dry_run else "folded"
+        lines = [f"LayerNorm nodes: {len(plan.folded)} {folded}, {len(plan.kept)} kept (of {len(plan.decisions)})"]
         for what, members in _grouped([(_folded_what(d), d) for d in plan.folded]):
-            lines.append(f"  {len(members)} folded {what}:")
+            lines.append(f"  {len(members)} {folded} {what}:")
             names = ", ".join(d.node + (f" (Add '{d.residual_add}')" if d.residual_add else "") for d in members)
             lines += _wrap(names, " " * 6, " " * 6)
         explained = {d.node: _explain(d) for d in plan.kept}
@@ -290,7 +342,7 @@ class FoldReport:
         return lines
 
     def format_text(self) -> str:
-        lines = [self.summary()]
+        lines = [self.format_summary()]
         changed = [k for k in sorted(set(self.ops_before) | set(self.ops_after)) if self.ops_before.get(k, 0) != self.ops_after.get(k, 0)]
         # Each "op a -> b" stays whole on a line (a no-break space while wrapping: textwrap splits
         # on ASCII whitespace only).
@@ -308,5 +360,6 @@ class FoldReport:
         for note in self.notes:
             lines += _wrap(note, "  ")
         if self.output:
-            lines.append(f"Wrote {self.output}" + ("" if self.plan.folded else " (an unchanged copy of the input: nothing was folded)"))
+            copy = "an unchanged copy of the input" if self.output_identical else "an equivalent copy of the input, re-serialized"
+            lines.append(f"Wrote {self.output}" + ("" if self.plan.folded else f" ({copy}: nothing was folded)"))
         return "\n".join(lines)

@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._errors import CannotWrite, InvalidInput
 from onnx_lnfold._ir import weight_bytes
 from onnx_lnfold._progress import Progress
 from onnx_lnfold._proto_write import read_from, write_model
@@ -67,8 +67,8 @@ def _proto_initializers(graph: onnx.GraphProto):
                 yield from _proto_initializers(sub)
 
 
-def _os_error(what: str, e: OSError) -> LnFoldError:
-    return LnFoldError(f"{what}: {e.strerror or e}")
+def _os_error(what: str, e: OSError) -> CannotWrite:
+    return CannotWrite(f"{what}: {e.strerror or e}")
 
 
 class StagedModel:
@@ -81,17 +81,29 @@ class StagedModel:
     old file stay valid. With `rebind`, the model's initializers are switched to the written
     files: external data at once, the weights streamed into a one-file model at `commit()`
     (in-memory edits are released; the model stays usable after, even if its source is gone).
+
+    With `copy_of` (the file `model` was read from, a model nothing changed that has no external
+    data), that file's bytes are written instead of a serialization of `model`: an unchanged copy
+    (`identical`), where a re-serialization would differ in bytes (value_info, node names).
     """
 
-    def __init__(self, model: ir.Model, destination: Path, *, progress: Progress | None = None, rebind: bool = False):
+    def __init__(
+        self,
+        model: ir.Model,
+        destination: Path,
+        *,
+        progress: Progress | None = None,
+        rebind: bool = False,
+        copy_of: Path | None = None,
+    ):
         self.destination = destination
         folder = destination.parent
         if not folder.exists():
-            raise LnFoldError(f"{folder}: output folder does not exist")
+            raise CannotWrite(f"{folder}: output folder does not exist")
         if not folder.is_dir():
-            raise LnFoldError(f"{folder}: output folder is not a folder")
+            raise CannotWrite(f"{folder}: output folder is not a folder")
         if not os.access(folder, os.W_OK):
-            raise LnFoldError(f"{folder}: output folder is not writable")
+            raise CannotWrite(f"{folder}: output folder is not writable")
         try:
             self._dir = Path(tempfile.mkdtemp(prefix=".lnfold-", dir=folder))
         except OSError as e:
@@ -102,7 +114,11 @@ class StagedModel:
         self._rebind_on_commit = rebind
         self._rebound: list[ir.ExternalTensor] = []
         self._streamed: dict[str, int] = {}  # one-file output: where streamed initializers start
+        self.identical = copy_of is not None
         try:
+            if copy_of is not None:
+                shutil.copyfile(copy_of, self.path)
+                return
             release_mapped(model)
             if uses_external_data(model) or weight_bytes(model) > _PROTO_LIMIT:
                 self.data_name = destination.name + ".data"
@@ -192,13 +208,13 @@ def check_destination(
     target = destination.resolve()
     same = source is not None and target == source.resolve()
     if same and not in_place:
-        raise LnFoldError(f"{destination}: output would overwrite the input; pass --in-place to allow it")
+        raise InvalidInput(f"{destination}: output would overwrite the input; pass --in-place to allow it")
     if destination.is_dir():
-        raise LnFoldError(f"{destination}: output path is a directory")
+        raise InvalidInput(f"{destination}: output path is a directory")
     if target in input_data:
-        raise LnFoldError(f"{destination}: output would overwrite the input's external data file")
+        raise InvalidInput(f"{destination}: output would overwrite the input's external data file")
     data = target.with_name(target.name + ".data")
     if data in input_data and not same:
-        raise LnFoldError(
+        raise InvalidInput(
             f"{destination}: its data file {data.name} would overwrite the input's external data file; choose another output name"
         )

@@ -17,7 +17,7 @@ from types import EllipsisType
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._errors import LnFoldError
+from onnx_lnfold._errors import InvalidInput
 
 # About this many bytes a block: enough that a read call's overhead vanishes, few enough that the
 # block, its float64 copy and the output stay in cache from read to write (larger blocks' output
@@ -108,7 +108,7 @@ class FileRegionTensor(ir.LazyTensor):
         except OSError:
             same = False
         if not same:
-            raise LnFoldError(f"{self.path}: the file changed after the model was read from it; load the model again")
+            raise InvalidInput(f"{self.path}: the file changed after the model was read from it; load the model again")
 
     def _load(self) -> ir.Tensor:
         self.check()
@@ -130,7 +130,7 @@ class FileRegionTensor(ir.LazyTensor):
                     while done < self.length:
                         n = copy(source.fileno(), file.fileno(), self.length - done, self.offset + done, start + done)
                         if n == 0:
-                            raise LnFoldError(f"{self.path}: the file ends before tensor '{self.name}' does")
+                            raise InvalidInput(f"{self.path}: the file ends before tensor '{self.name}' does")
                         done += n
                     file.seek(start + done)
                     return
@@ -141,7 +141,7 @@ class FileRegionTensor(ir.LazyTensor):
             while left:
                 chunk = source.read(min(left, BLOCK_BYTES))
                 if not chunk:
-                    raise LnFoldError(f"{self.path}: the file ends before tensor '{self.name}' does")
+                    raise InvalidInput(f"{self.path}: the file ends before tensor '{self.name}' does")
                 file.write(chunk)
                 left -= len(chunk)
 
@@ -152,7 +152,7 @@ def _read_into(file, view: np.ndarray, where: str) -> None:
     while done < len(target):
         n = file.readinto(target[done:])
         if not n:
-            raise LnFoldError(f"{where}: the file ends before the tensor does")
+            raise InvalidInput(f"{where}: the file ends before the tensor does")
         done += n
 
 

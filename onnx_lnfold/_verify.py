@@ -100,6 +100,17 @@ class Verification:
     notes: list[str] = field(default_factory=list)
     way_out: str = ""  # "inputs", "install" or "decline": what the user can do about an unverified check
 
+    def __repr__(self) -> str:
+        """One line; the figures per output are `.outputs`, the report's lines `format_lines()`."""
+        if self.status == "passed":
+            rtol = f" <= rtol {self.rtol:g}" if self.rtol is not None else ""
+            sets, outputs = len(self.input_sets), len(self.outputs)
+            text = f"worst relative diff {self.max_rel_diff:.2g}{rtol}, {outputs} output{'s' * (outputs != 1)}"
+            text += f" x {sets} input set{'s' * (sets != 1)}"
+        else:
+            text = self.reason if len(self.reason) <= 100 else self.reason[:97] + "..."
+        return f"<Verification {self.status}: {text}>" if text else f"<Verification {self.status}>"
+
     @property
     def passed(self) -> bool:
         return self.status == "passed"

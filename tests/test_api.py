@@ -72,8 +72,8 @@ def test_same_input_gives_byte_identical_output():
 
 def test_beta_folds_into_linear_consumers_or_stays_an_add():
     result = fold_checked(_pre_ln(), folded=2)
-    assert result.plan.decision("ln1").beta == "consumers"  # ln1 feeds only fc (MatMul + bias Add)
-    assert result.plan.decision("ln_f").beta == "add"  # ln_f is a graph output
+    assert result.plan.decision_for("ln1").beta == "consumers"  # ln1 feeds only fc (MatMul + bias Add)
+    assert result.plan.decision_for("ln_f").beta == "add"  # ln_f is a graph output
     # ln_f's beta Add is new; its residual Add became SkipSimplifiedLayerNormalization's sum and
     # the projection's bias Add before it the op's bias input (as ORT's own fusion does).
     assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"] - 1
@@ -88,7 +88,7 @@ def test_beta_folds_into_gemm_bias_even_when_absent():
     n = g.ln(h, 16, "ln")
     g.output(g.node("Gemm", [n, g.const("w2", (6, 16))], transB=1, alpha=0.5, name="head"))
     result = fold_checked(g.model(), folded=1)
-    assert result.plan.decision("ln").beta == "consumers"
+    assert result.plan.decision_for("ln").beta == "consumers"
     head = next(n for n in result.model.graph if n.name == "head")
     assert len(head.inputs) == 3 and head.inputs[2].const_value is not None
 
@@ -103,7 +103,7 @@ def test_beta_stays_an_add_before_a_gemm_that_ignores_its_bias(with_c):
     inputs = [n, g.const("w2", (16, 6))] + ([g.const("c2", (6,))] if with_c else [])
     g.output(g.node("Gemm", inputs, beta=0.0, name="head"))
     result = fold_checked(g.model(), folded=1)
-    assert result.plan.decision("ln").beta == "add"
+    assert result.plan.decision_for("ln").beta == "add"
 
 
 @pytest.mark.parametrize("dtype,rtol", [(np.float16, 1e-2), (np.float64, 1e-4)])
@@ -213,6 +213,31 @@ def test_analyze_accepts_a_path_a_proto_and_an_ir_model(tmp_path):
 def test_analyze_bad_input_is_an_lnfold_error(bad, message):
     with pytest.raises(onnx_lnfold.LnFoldError, match=message):
         onnx_lnfold.analyze(bad)
+
+
+def test_one_exception_family_under_lnfold_error(tmp_path):
+    """`except LnFoldError` catches everything the tool refuses; each kind has its own class."""
+    family = (onnx_lnfold.InvalidInput, onnx_lnfold.CannotWrite, onnx_lnfold.VerificationFailed, onnx_lnfold.NotVerified)
+    assert all(issubclass(kind, onnx_lnfold.LnFoldError) for kind in family)
+    assert issubclass(onnx_lnfold.NotVerified, onnx_lnfold.VerificationFailed)
+    assert issubclass(onnx_lnfold.InvalidInput, ValueError)  # a bad option value is a ValueError too
+    with pytest.raises(onnx_lnfold.InvalidInput, match="no such file"):
+        onnx_lnfold.fold(tmp_path / "missing.onnx")
+    with pytest.raises(onnx_lnfold.InvalidInput, match="unknown target 'rms'"):
+        onnx_lnfold.FoldOptions(target="rms")
+    result = onnx_lnfold.fold(_pre_ln(), verify=False)
+    with pytest.raises(onnx_lnfold.CannotWrite, match="output folder does not exist"):
+        result.save(tmp_path / "no" / "m.onnx")
+    with pytest.raises(onnx_lnfold.LnFoldError) as info:  # a failed check, caught by the base
+        onnx_lnfold.fold(_pre_ln(), rtol=1e-12)
+    assert type(info.value) is onnx_lnfold.VerificationFailed and info.value.report.refused
+
+
+def test_dir_lists_the_public_names_only():
+    public = dir(onnx_lnfold)
+    assert public == sorted([*onnx_lnfold.__all__, "__version__"])
+    assert not {"Any", "TYPE_CHECKING", "annotations", "importlib"} & set(public)
+    assert {"fold", "analyze", "FoldResult", "LnFoldError", "InvalidInput"} <= set(public)
 
 
 def test_verification_passed_beside_status():

@@ -152,8 +152,8 @@ def test_downstream_ln_exposing_its_mean_does_not_absorb_the_shift():
     g.output(y)
     g.output(mean)
     result = fold_checked(g.model(), folded=0, kept=2)
-    assert "exposes its Mean/InvStdDev outputs" in result.plan.decision("ln1").reason
-    assert (result.plan.decision("ln1").stage, result.plan.decision("ln1").code) == ("side-effect", "stats-output-used")
+    assert "exposes its Mean/InvStdDev outputs" in result.plan.decision_for("ln1").reason
+    assert (result.plan.decision_for("ln1").stage, result.plan.decision_for("ln1").code) == ("side-effect", "stats-output-used")
 
 
 def test_simplified_layer_norm_consumer_does_not_absorb_the_shift():
@@ -174,8 +174,8 @@ def test_blocked_ln_does_not_block_an_independent_one():
     g.output(a)
     g.output(g.ln(g.linear(x, 8, 16, "b"), 16, "ln_b"))
     result = fold_checked(g.model(), folded=1, kept=1)
-    assert result.plan.decision("ln_b").folded
-    assert "graph output" in result.plan.decision("ln_a").reason
+    assert result.plan.decision_for("ln_b").folded
+    assert "graph output" in result.plan.decision_for("ln_a").reason
 
 
 def test_constant_shared_with_an_unrelated_layer_is_untied():
@@ -197,8 +197,8 @@ def test_final_ln_exposing_its_mean_blocks_the_whole_pre_ln_stream():
     g.output(y)
     g.output(mean)
     result = fold_checked(g.model(), folded=0, kept=2)
-    assert "Mean output" in result.plan.decision("ln_f").reason
-    assert "exposes its Mean/InvStdDev" in result.plan.decision("ln1").reason
+    assert "Mean output" in result.plan.decision_for("ln_f").reason
+    assert "exposes its Mean/InvStdDev" in result.plan.decision_for("ln1").reason
 
 
 def test_a_kept_layer_norm_still_absorbs_the_shift_of_a_folded_one():
@@ -209,8 +209,8 @@ def test_a_kept_layer_norm_still_absorbs_the_shift_of_a_folded_one():
     h = g.node("Add", [emb, g.node("Relu", [g.linear(x, 8, 16, "side")], name="act")])
     g.output(g.ln(h, 16, "ln_x"))
     result = fold_checked(g.model(), folded=1, kept=1)
-    assert result.plan.decision("ln_e").folded
-    assert "Relu 'act' does not carry a zero mean" in result.plan.decision("ln_x").reason
+    assert result.plan.decision_for("ln_e").folded
+    assert "Relu 'act' does not carry a zero mean" in result.plan.decision_for("ln_x").reason
 
 
 def test_every_code_in_a_report_is_a_documented_one():
@@ -246,7 +246,7 @@ def test_the_same_code_from_either_direction_is_told_apart_by_its_stage():
     g.output(g.node("Relu", [h], name="side_relu"))
     g.output(g.ln(g.node("Relu", [g.linear(x, 8, 16, "other")], name="above_relu"), 16, "ln_above"))
     result = fold_checked(g.model(), folded=0, kept=2)
-    below, above = result.plan.decision("ln_below"), result.plan.decision("ln_above")
+    below, above = result.plan.decision_for("ln_below"), result.plan.decision_for("ln_above")
     assert (below.stage, below.code) == ("side-effect", "not-carried")
     assert (above.stage, above.code) == ("proof", "not-carried")
     assert "would change, and it feeds Relu 'side_relu'" in below.reason

@@ -57,15 +57,18 @@ def test_json_report(gpt2, tmp_path):
 def test_dry_run_prints_the_plan_and_writes_nothing(gpt2, tmp_path):
     code, out, _ = _cli(gpt2, "--dry-run", "--json", tmp_path / "plan.json")
     assert code == 0
-    assert "folded" in out and "model.lm_head.weight" in out and "untied" in out
-    assert "dry run" in out
+    assert "model.lm_head.weight" in out and "untied" in out
+    # Nothing was folded: the summary and the detail say what would be.
+    assert f"onnx_lnfold: {gpt2} (dry run, nothing written), would fold 5/5 LayerNorms," in out.splitlines()[0]
+    assert out.splitlines()[0].endswith(" s") and "verification skipped (dry run)" in out.splitlines()[0]
+    assert "LayerNorm nodes: 5 would fold, 0 kept (of 5)" in out and "LayerNorms folded" not in out
     assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx", "plan.json"]
 
 
 def test_kept_lns_are_listed_with_their_reason(tmp_path):
     code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run")
     assert code == 0
-    assert "0 folded, 4 kept" in out
+    assert "0 would fold, 4 kept" in out
     assert "  1 kept: centering would change a tensor that also feeds a layer mixing its channels" in out
     assert "node_layer_norm  'add_88' would change, and it feeds MatMul 'node_MatMul_43'" in out
     assert "  3 kept: post-LN: each reads the output of another LayerNorm" in out
@@ -320,6 +323,11 @@ def test_summary_line_first_and_an_unchanged_copy_said_so(gpt2):
     assert code == 0
     assert "(unchanged copy), already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in out
     assert f"Wrote {gpt2.with_name('again.onnx')} (an unchanged copy of the input: nothing was folded)" in out
+    # Unchanged means the input's bytes: no value_info added, no node renamed.
+    assert gpt2.with_name("again.onnx").read_bytes() == target.read_bytes()
+    first = out.splitlines()[0]
+    assert first.endswith(" s") and "verification skipped (nothing was folded)" in first
+    assert "Verification: skipped (nothing was folded: the model is unchanged)" in out
 
 
 def test_sizes_count_external_data(tmp_path):
@@ -333,3 +341,66 @@ def test_sizes_count_external_data(tmp_path):
     data = tmp_path / "m.onnx.data"
     assert data.is_file() and report["size_before"] == src.stat().st_size + data.stat().st_size
     assert report["size_after"] == out.stat().st_size + (tmp_path / "o.onnx.data").stat().st_size
+
+
+# --- the command line, finished ---------------------------------------------------------------------
+
+_HEAVY = ("numpy", "onnx", "onnx_ir", "onnxruntime")
+_MODULES_AT_EXIT = f"""
+import atexit, runpy, sys
+atexit.register(lambda: print("heavy:", sorted(m for m in {_HEAVY!r} if m in sys.modules), file=sys.stderr))
+sys.argv = ["onnx-lnfold", *sys.argv[1:]]
+runpy.run_module("onnx_lnfold", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("args", [["-V"], ["--help"], ["--bogus"], ["m.onnx", "--target", "tpu"]])
+def test_version_help_and_usage_errors_import_nothing_heavy(tmp_path, args):
+    """They answer before numpy, onnx and onnx_ir are imported (about a second of start-up)."""
+    code, out, err = _run_in(tmp_path, "-c", _MODULES_AT_EXIT, *args)
+    assert code == (0 if args[0] in ("-V", "--help") else 2), err
+    assert err.splitlines()[-1] == "heavy: []"
+    assert out.startswith("onnx_lnfold 0." if args == ["-V"] else "usage: onnx-lnfold" if args == ["--help"] else "")
+
+
+_SLOW_IMPORT = """
+import runpy, sys, time
+class Slow:  # onnx_ir takes a second more to import than it does
+    def find_spec(self, name, path=None, target=None):
+        if name == "onnx_ir":
+            time.sleep(1.0)
+sys.meta_path.insert(0, Slow())
+sys.argv = ["onnx-lnfold", *sys.argv[1:]]
+runpy.run_module("onnx_lnfold", run_name="__main__")
+"""
+
+
+def test_elapsed_time_counts_the_imports_the_user_waited_for(gpt2):
+    code, out, err = _run_in(gpt2.parent, "-c", _SLOW_IMPORT, gpt2, "--dry-run", "--json", "-", "-q")
+    assert code == 0, err
+    assert json.loads(out)["elapsed_s"] >= 1.0  # the dry run itself takes a fraction of that
+
+
+def test_a_read_only_input_folder_names_the_way_out(gpt2, monkeypatch, capsys):
+    """Without -o the output goes beside the input; when that folder refuses files, the message
+    says how to write elsewhere. (The refusal is simulated: root may write to any 0o500 folder.)"""
+    import tempfile
+
+    real_mkstemp = tempfile.mkstemp
+
+    def read_only(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samefile(dir, gpt2.parent):
+            raise PermissionError(13, "Permission denied")
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    assert main([str(gpt2)]) == 2
+    _, err = capsys.readouterr()
+    assert err == (
+        f"onnx_lnfold: error: {gpt2.parent}: cannot write to the output folder (Permission denied); "
+        "use -o PATH to write elsewhere\n"
+    )
+    assert main([str(gpt2), "-o", str(gpt2.with_name("out.onnx"))]) == 2  # -o given: no hint to give it
+    _, err = capsys.readouterr()
+    assert err.endswith("cannot write to the output folder (Permission denied)\n")
+    assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx"]

@@ -295,7 +295,7 @@ def test_kept_decomposed_ln_still_absorbs_a_shift_unless_its_mean_is_read(tensor
         fold_checked(g.model(), folded=1, kept=1)
     else:
         result = fold_checked(g.model(), folded=0, kept=2)
-        decision = result.plan.decision("ln")
+        decision = result.plan.decision_for("ln")
         assert decision.blocking_tensor and f"'{decision.blocking_tensor}' would change" in decision.reason
 
 

@@ -35,7 +35,7 @@ def test_decomposed_layer_norm_is_a_sink_for_other_lns():
     side = g.node("Add", [h, g.node("Relu", [g.linear(x, 8, 16, "side")])])
     g.output(decomposed_ln(g, side, 16, "dec"))
     result = fold_checked(g.model(), folded=1, kept=1)
-    assert result.plan.decision("ln").folded
+    assert result.plan.decision_for("ln").folded
 
 
 def test_decomposed_pattern_with_a_shared_intermediate_is_kept():
@@ -66,7 +66,7 @@ def test_skip_layer_norm_folds_with_its_bias_centered():
     model = g.model(ms_domain=True)
     model.graph.node[-2].output[1] = model.graph.node[-2].output[2] = ""
     result = fold_checked(model, folded=2)
-    decision = result.plan.decision("sln")
+    decision = result.plan.decision_for("sln")
     assert decision.rewrite == "com.microsoft::SkipSimplifiedLayerNormalization"
     assert {e.tensor: e.role for e in result.plan.edits}["sln.bias"] == "SkipLayerNormalization bias"
     assert ops(result.model_proto)["SkipSimplifiedLayerNormalization"] == 1
@@ -97,7 +97,7 @@ def test_residual_add_becomes_skip_simplified_and_keeps_a_shared_sum():
     auto = fold_checked(model, folded=3)
     assert [d.residual_add for d in auto.plan.folded] == [None, None, "residual2"]
     result = onnx_lnfold.fold(model, fuse_residual="always")
-    assert result.plan.decision("ln2").residual_add == "residual"
+    assert result.plan.decision_for("ln2").residual_add == "residual"
     skip = [n for n in result.model_proto.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
     assert len(skip) == 2
     with_sum = [n for n in skip if len(n.output) == 4]
@@ -142,7 +142,7 @@ def test_onnx_target_emits_rms_normalization_that_passes_the_checker():
     model = g.model(opset=23)
     model.ir_version = 11
     result = onnx_lnfold.fold(model, target="onnx")
-    assert result.plan.decision("ln").rewrite == "RMSNormalization"
+    assert result.plan.decision_for("ln").rewrite == "RMSNormalization"
     folded = result.model_proto
     onnx.checker.check_model(folded, full_check=True)
     assert ops(folded) .get("RMSNormalization") == 1 and "SkipSimplifiedLayerNormalization" not in ops(folded)
@@ -222,7 +222,7 @@ def test_layer_norm_in_a_branch_whose_stream_is_a_branch_output_is_kept():
     result = onnx_lnfold.fold(model, inputs={"x": np.ones((2, 8), np.float32), "cond": np.array(False)})
     # The else branch's use of the weight gets a centered copy; the then branch keeps the original.
     assert {d.node for d in result.plan.folded} == {"else/ln"}
-    assert "would change, and it is a graph output" in result.plan.decision("then/ln").reason
+    assert "would change, and it is a graph output" in result.plan.decision_for("then/ln").reason
     (edit,) = result.plan.edits
     assert edit.untie and edit.uses == ("else/matmul:1",)
     _run_both_branches(model, result.model_proto)

@@ -41,13 +41,32 @@ def test_summary_line_comes_first_with_lns_sizes_verdict_and_time():
 
 def test_summary_line_of_a_failed_and_of_a_dry_run():
     failed = Verification("failed", "output 'logits' differs", 1e-15, {}, [OutputDiff("logits", (2,), 3e-7, 1.0)])
-    line = _report("gpt2.onnx", verification=failed, size_before=860_897).summary()
+    line = _report("gpt2.onnx", verification=failed, size_before=860_897).format_summary()
     assert "(nothing written)" in line and "verification FAILED (worst relative diff 3e-07 > rtol 1e-15)" in line
-    dry = _report("gpt2.onnx", "untie", dry_run=True, size_before=860_897).summary()
-    assert dry == (
-        "onnx_lnfold: gpt2.onnx (dry run, nothing written), 5/5 LayerNorms folded, "
-        "0.86 MB (+0.13 MB of untied copies once written), not verified"
+    dry = _report("gpt2.onnx", "untie", dry_run=True, size_before=860_897)
+    assert dry.format_summary() == (
+        "onnx_lnfold: gpt2.onnx (dry run, nothing written), would fold 5/5 LayerNorms, "
+        "0.86 MB (+0.13 MB of untied copies once written), verification skipped (dry run)"
     )
+    assert "LayerNorm nodes: 5 would fold, 0 kept (of 5)" in dry.format_text()
+    assert "Verification: skipped (dry run: nothing was changed)" in dry.format_text()
+
+
+def test_every_refusal_says_nothing_written_the_same_way():
+    """A failed check and one that could not run both refuse the fold: the summary says so alike."""
+    failed = Verification("failed", "output 'logits' differs", 1e-4, {}, [OutputDiff("logits", (2,), 1.0, 1.0)])
+    unverified = Verification("unverified", "onnxruntime is not installed", 1e-4, way_out="install")
+    lines = [_report("gpt2.onnx", verification=v).format_summary() for v in (failed, unverified)]
+    assert [line.split(", ")[0] for line in lines] == ["onnx_lnfold: gpt2.onnx (nothing written)"] * 2
+    assert lines[1].endswith("not verified (the check could not run)")
+
+
+def test_nothing_folded_summary_and_detail_agree_on_verification():
+    skipped = Verification("skipped", "nothing was folded: the model is unchanged")
+    text = _report("opt_post_ln.onnx", verification=skipped).format_text()
+    assert "0/4 LayerNorms folded" in text.splitlines()[0]
+    assert text.splitlines()[0].endswith("verification skipped (nothing was folded)")
+    assert "Verification: skipped (nothing was folded: the model is unchanged)" in text
 
 
 def test_node_totals_then_the_ops_that_changed():
@@ -61,11 +80,15 @@ def test_node_totals_then_the_ops_that_changed():
 def test_already_folded_model_says_so():
     folded = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
     again = onnx_lnfold.fold(folded.model_proto, verify=False).report
-    again.output = "again.onnx"
+    again.output, again.output_identical = "again.onnx", True  # the input file's bytes (the CLI)
     text = again.format_text()
     assert "already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in text.splitlines()[0]
     assert "(unchanged copy)" in text.splitlines()[0]
     assert "Wrote again.onnx (an unchanged copy of the input: nothing was folded)" in text
+    again.output_identical = False  # re-serialized (result.save(), or a model with external data)
+    text = again.format_text()
+    assert "(equivalent copy)" in text.splitlines()[0]
+    assert "Wrote again.onnx (an equivalent copy of the input, re-serialized: nothing was folded)" in text
 
 
 def test_identical_reasons_are_grouped_under_plain_words_in_graph_order():
@@ -152,10 +175,58 @@ def test_verbose_trace_names_producers_carry_ops_and_blocks():
 def test_the_report_of_fold_carries_elapsed_time():
     result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
     assert result.report.elapsed_s is not None and result.report.elapsed_s > 0
-    assert result.report.summary().endswith(" s")
+    assert result.report.format_summary().endswith(" s")
 
 
 def test_ir_model_input_reports_a_placeholder_source():
     model = ir.load(str(MODELS / "gpt2.onnx"))
     report = onnx_lnfold.fold(model, verify=False).report
-    assert report.summary().startswith("onnx_lnfold: <model>, 5/5 LayerNorms folded")
+    assert report.format_summary().startswith("onnx_lnfold: <model>, 5/5 LayerNorms folded")
+
+
+def test_summary_and_decision_are_verbs_and_the_old_names_warn():
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
+    with pytest.warns(DeprecationWarning, match="format_summary"):
+        assert result.report.summary() == result.report.format_summary()
+    with pytest.warns(DeprecationWarning, match="decision_for"):
+        assert result.plan.decision("node_layer_norm") is result.plan.decision_for("node_layer_norm")
+    with pytest.raises(KeyError):
+        result.plan.decision_for("no_such_ln")
+
+
+def test_reprs_are_one_line_summaries_with_the_detail_one_attribute_away(tmp_path):
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", tied_weights="untie")  # an untied copy to show
+    rel = f"{result.report.verification.max_rel_diff:.2g}"
+    assert repr(result) == f"<FoldResult gpt2.onnx: 5/5 LNs folded, verified (rel {rel}), 0.86 MB, {result.report.elapsed_s:.1f} s>"
+    result.save(tmp_path / "g.onnx")
+    after = (tmp_path / "g.onnx").stat().st_size / 1e6
+    assert repr(result).startswith(f"<FoldResult gpt2.onnx -> g.onnx: 5/5 LNs folded, verified (rel {rel}), 0.86 -> {after:.2f} MB, ")
+    assert repr(result.report) == "<FoldReport " + repr(result)[len("<FoldResult ") :]
+    assert repr(result.plan) == "<CenteringPlan: 5 LNs, 5 fold, 0 kept; 10 constants centered, 1 untied (+131,072 B)>"
+    assert repr(result.plan.decision_for("node_layer_norm")) == "<LnDecision node_layer_norm: folded -> SimplifiedLayerNormalization>"
+    assert repr(result.report.verification).startswith(f"<Verification passed: worst relative diff {rel} <= rtol 0.0001, 1 output x 2 ")
+    lm_head = next(e for e in result.plan.edits if e.untie)
+    assert repr(lm_head) == (
+        "<CenteringEdit model.lm_head.weight: axis 1, embedding table, untied -> model.lm_head.weight.centered "
+        "(+131,072 B); for 5 LNs>"
+    )
+    kept = onnx_lnfold.analyze(MODELS / "opt_post_ln.onnx")
+    assert repr(kept) == "<CenteringPlan: 4 LNs, 0 fold, 4 kept (normalization-output 3, mixes-shift 1)>"
+    assert repr(kept.kept[0]).startswith("<LnDecision node_layer_norm: kept, side-effect/mixes-shift: tensor 'add_88' would")
+    centered = onnx_lnfold.analyze(MODELS / "gpt2.onnx", tied_weights="center")
+    assert repr(centered) == "<CenteringPlan: 5 LNs, 5 fold, 0 kept; 9 constants centered; 1 explicit centering>"
+    assert repr(centered.centerings[0]) == (
+        "<AuxCentering embedding - ReduceMean(axis 2) -> embedding.centered, instead of untying "
+        "model.lm_head.weight (-131,072 B); for 5 LNs>"
+    )
+    for obj in (result, result.report, result.plan, *result.plan.decisions, *result.plan.edits, result.report.verification):
+        assert "\n" not in repr(obj) and len(repr(obj)) < 160
+    # Equality and the data stay as they were: the repr is only how they print.
+    assert result.plan == result.plan and result.plan.to_dict()["folded"] == 5
+
+
+def test_the_pass_repr_names_its_options_and_its_last_run():
+    fold_pass = onnx_lnfold.LnFoldPass(tied_weights="center")
+    assert repr(fold_pass) == "<LnFoldPass target=ort auxiliary_centering=True fuse_residual=auto tied_weights=center; not run yet>"
+    ir.passes.PassManager([fold_pass])(ir.load(str(MODELS / "opt_post_ln.onnx")))
+    assert repr(fold_pass).endswith("; last run: 0/4 LNs folded, 4 kept>")

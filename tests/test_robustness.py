@@ -283,6 +283,10 @@ def test_no_layer_norm_with_external_data(tmp_path):
     assert code == 0, err
     assert "nothing to fold" in out
     assert (tmp_path / "o.onnx.data").read_bytes() == (tmp_path / "mm.onnx.data").read_bytes()
+    # The weights are the input's bytes, the model file is written again (it names o.onnx.data):
+    # an equivalent copy, said so.
+    assert f"Wrote {tmp_path / 'o.onnx'} (an equivalent copy of the input, re-serialized: nothing was folded)" in out
+    assert "(equivalent copy)" in out.splitlines()[0]
 
 
 def test_initializer_listed_as_graph_input_is_kept_with_a_reason(tmp_path):
