@@ -27,7 +27,7 @@ CODES: dict[str, str] = {
     "not-float": "the LN's input is not a float tensor",
     "stats-output-used": "the LN's Mean/InvStdDev outputs are read, and RMSNorm has none",
     "no-scale": "the LN has no scale input",
-    "intermediate-read": "an intermediate of a decomposed LN is read elsewhere or is a graph output",
+    "intermediate-read": "an intermediate of an LN written as ops (decomposed, E[x^2]-E[x]^2) is read elsewhere or is a graph output",
     "no-rms-form": "the op has no RMSNorm counterpart (EmbedLayerNormalization)",
     "in-function": "the LN is inside a model-local function",
     "fusion-cost": "folding would cost an ONNX Runtime fusion worth more than the fold",

@@ -205,3 +205,35 @@ def test_export_script_reproduces_a_model(tmp_path):
     result = onnx_lnfold.fold(tmp_path / "gpt2.onnx")
     assert len(result.plan.folded) == 5
     assert result.report.verification.status == "passed"
+
+
+MAGIKA = "magika==1.0.3"  # its wheel ships models/standard_v3_3/model.onnx (jax2tf + tf2onnx)
+
+
+@pytest.mark.slow
+def test_magika_layer_norms_are_recognized_with_their_real_reasons(tmp_path):
+    """Google's Magika writes its two LayerNorms as E[x^2] - E[x]^2 with Max(0, .) (jax2tf): both
+    are recognized; neither folds, each for its own reason. The wheel is fetched and unzipped,
+    never installed."""
+    import zipfile
+
+    fetched = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", MAGIKA, "-d", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    wheels = sorted(tmp_path.glob("magika-*.whl"))
+    if fetched.returncode != 0 or not wheels:
+        pytest.skip(f"{MAGIKA} could not be fetched: {(fetched.stderr.strip().splitlines() or ['?'])[-1]}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extract("magika/models/standard_v3_3/model.onnx", tmp_path)
+    plan = onnx_lnfold.fold(tmp_path / "magika/models/standard_v3_3/model.onnx", verify=False).plan
+    assert [(d.op_type, d.status, d.axis) for d in plan.decisions] == [("LayerNorm as E[x^2]-E[x]^2", "kept", 1)] * 2
+    first, second = plan.decisions
+    assert first.node.endswith("MagikaV2/LayerNorm_0/Sum") and second.node.endswith("MagikaV2/LayerNorm_1/Sum")
+    # Over the 512 channels of [batch, 512, 256]: not the trailing axis an RMSNorm op normalizes.
+    assert (first.code, first.stage) == ("not-last-axis", "form") and "axis 1 of 3" in first.reason
+    # After the global max pooling: no weight edit makes a max zero-mean.
+    assert (second.code, second.stage) == ("not-carried", "proof")
+    assert "GlobalMaxPool" in second.reason and "does not carry a zero mean" in second.reason
+    assert plan.edits == [] and plan.centerings == []
