@@ -117,11 +117,29 @@ def test_reshape_flatten_keep_the_last_axis():
     fold_checked(g.model(), folded=1)
 
 
-def test_reshape_that_splits_the_axis_is_kept():
+def test_reshape_that_splits_the_axis_into_heads_folds_with_the_weight_centered_in_blocks():
+    """[.., 16] -> [.., 4, 4], an LN over the last 4: each block of 4 output columns of the
+    projection (and of its bias) is centered on its own (docs/DESIGN.md section 2.4)."""
     g = Graph()
     x = g.input("x", [2, 3, 8])
     h = g.linear(x, 8, 16, "proj")
     h = g.node("Reshape", [h, g.ints("shape", [2, 3, 4, 4])])
+    g.output(g.ln(h, 4, "ln"))
+    result = fold_checked(g.model(), folded=1)
+    assert {(e.tensor, e.axis, e.block, e.blocks) for e in result.plan.edits} == {
+        ("proj.weight", 1, 4, None),
+        ("proj.bias", 0, 4, None),
+    }
+    assert not result.plan.centerings
+
+
+def test_reshape_that_splits_the_axis_with_the_outer_part_normalized_is_kept():
+    """[.., 16] -> [.., 4, 4] -> swap the two: the LN's axis is every 4th column, not a block."""
+    g = Graph()
+    x = g.input("x", [2, 3, 8])
+    h = g.linear(x, 8, 16, "proj")
+    h = g.node("Reshape", [h, g.ints("shape", [2, 3, 4, 4])])
+    h = g.node("Transpose", [h], perm=[0, 1, 3, 2])
     g.output(g.ln(h, 4, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "does not keep the normalized axis whole" in result.plan.kept[0].reason
