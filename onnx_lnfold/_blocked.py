@@ -58,7 +58,7 @@ CODES: dict[str, str] = {
     "non-data-input": "a changed tensor is an op's divisor, indices or shape input",
     "incompatible-changes": "a tensor would change in two incompatible ways",
     "several-inputs-change": "several inputs of an op that is not jointly linear would change at once",
-    "non-uniform-change": "a change scaled per channel reaches a normalization, which removes uniform shifts only",
+    "non-uniform-change": "a change scaled per channel, or by blocks of its axis, reaches a normalization, which removes uniform shifts only",
     "normalizes-other-axis": "a changed tensor reaches a normalization over another axis",
     "normalization-parameter": "a changed tensor is a normalization's gamma or beta",
     "internal": "the analysis could not follow a shift it created (refused, never guessed)",

@@ -718,7 +718,7 @@ class _Gather(_Layout):
             hit = [j for j, i in enumerate(indices) if int(i) in picked]
             if not hit:
                 return None
-            if indices.ndim == 1 and shapes.rank(node.inputs[1]) == 1:
+            if shapes.rank(node.inputs[1]) == 1:  # the output's axis g is the indices' axis
                 where = dict(part.where)
                 where[g] = frozenset(hit)
                 return part.with_where(where)
@@ -800,8 +800,10 @@ def _sequence_split(node: ir.Node, shapes: ShapeTable) -> tuple[ir.Node, int, li
     total = shape[along]
     sizes = split.inputs[1] if len(split.inputs) > 1 else None
     if sizes is None:  # pieces of 1, the axis kept or not
-        lengths = [1] * total if isinstance(total, int) else None
-        return split, along, lengths and _offsets(lengths), lengths or [], bool(split.attributes.get_int("keepdims", 1))
+        keeps = bool(split.attributes.get_int("keepdims", 1))
+        if not isinstance(total, int):
+            return split, along, None, [], keeps
+        return split, along, list(range(total)), [1] * total, keeps
     given = const_ints(sizes)
     if given is None or not isinstance(total, int):
         return split, along, None, [], True

@@ -65,17 +65,16 @@ class Part:
 
     def union(self, other: Part) -> Part | None:
         """What two changes of the same tensor cover together (their sum is a shift of that
-        shape), or None when no part says it (blocks of two sizes that do not nest)."""
+        shape), or None when they are by blocks of different lengths (or one by blocks, one
+        whole)."""
         if self == other:
             return self
-        if self.block is None or other.block is None:
-            block = self.block or other.block
-            blocks = None  # a shift of the whole axis is constant within every block
-        elif self.block == other.block:
-            block = self.block
-            blocks = None if self.blocks is None or other.blocks is None else self.blocks | other.blocks
-        else:
+        if self.block != other.block:
+            # Blocks of another length, or a whole-axis change beside one by blocks: two edits
+            # of one tensor asked two ways, which one tensor cannot hold.
             return None
+        block = self.block
+        blocks = None if self.blocks is None or other.blocks is None else self.blocks | other.blocks
         mine, theirs = dict(self.where), dict(other.where)
         where = {a: mine[a] | theirs[a] for a in mine.keys() & theirs.keys()}
         return Part(block, blocks).with_where(where)

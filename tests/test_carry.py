@@ -442,3 +442,17 @@ def test_one_weight_centered_two_ways_gets_the_same_names_every_run():
         names.add(tuple((e.uses, e.new_name, e.weights is not None) for e in plan.edits))
     assert names == {((("a_plain:1",), "W.centered", False), (("b_scaled:1",), "W.centered_2", True))}
     fold_checked(model, folded=1)
+
+
+def test_parts_of_one_tensor_add_up_only_by_blocks_of_one_length():
+    """Two changes of one tensor (q's and k's heads of a fused projection) add up to one change
+    by blocks; by blocks of two lengths, or whole beside by blocks, they do not (docs/DESIGN.md
+    section 2.4)."""
+    from onnx_lnfold._parts import WHOLE, Part
+
+    q, k = Part(16, frozenset({0, 3})), Part(16, frozenset({1, 4}))
+    assert q.union(k) == Part(16, frozenset({0, 1, 3, 4}))
+    assert q.union(Part(16)) == Part(16)
+    assert q.union(Part(8)) is None and q.union(WHOLE) is None
+    rows = WHOLE.with_where({3: frozenset({0})}).union(WHOLE.with_where({3: frozenset({1}), 2: frozenset({0})}))
+    assert rows == WHOLE.with_where({3: frozenset({0, 1})})  # positions asked of one only are dropped
