@@ -124,7 +124,8 @@ def plan_edits(
         suffix = ".centered" if axis is not None else ".zeroed"
         chosen = [leaf.part.blocks for leaf, _ in members]
         blocks = None if block is None or any(c is None for c in chosen) else tuple(sorted(frozenset().union(*chosen)))
-        if blocks is not None and axis is not None and len(blocks) * block == tensor.shape.dims[axis]:
+        count = tensor.shape.dims[axis] // block if block is not None and axis is not None else None
+        if blocks is not None and len(blocks) == count:
             blocks = None  # every block (each head's LN asking for its own)
         edits.append(
             CenteringEdit(
@@ -140,6 +141,7 @@ def plan_edits(
                 note=note,
                 block=block,
                 blocks=blocks,
+                block_count=count,
                 _value=value,
                 _uses=tuple(uses),
             )

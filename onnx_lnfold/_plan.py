@@ -40,6 +40,7 @@ class CenteringEdit:
     # LNs; docs/DESIGN.md section 2.4); None: the axis whole.
     block: int | None = None
     blocks: tuple[int, ...] | None = None  # which blocks (None: all)
+    block_count: int | None = None  # how many blocks the axis holds
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
 
@@ -52,10 +53,7 @@ class CenteringEdit:
         if self.block is not None:
             text += f" in blocks of {self.block}"
             if self.blocks is not None:
-                shape = self._value.shape if self._value is not None else None
-                length = shape[self.axis] if shape is not None and isinstance(shape[self.axis], int) else None
-                total = f" of {length // self.block}" if length else ""
-                text += f" ({', '.join(map(str, self.blocks))}{total})"
+                text += f" ({', '.join(map(str, self.blocks))} of {self.block_count})"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,6 +62,7 @@ class CenteringEdit:
             "axis": self.axis,
             "block": self.block,
             "blocks": list(self.blocks) if self.blocks is not None else None,
+            "block_count": self.block_count,
             "weighted": self.weights is not None,
             "role": self.role,
             "uses": list(self.uses),
