@@ -27,11 +27,11 @@ def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
     tensor = constant_of(value)
     assert tensor is not None, edit.tensor
     if edit.untie:
-        copy = new_constant(graph, CenteredTensor(tensor, edit.axis, edit.new_name or "", edit.weights))
+        copy = new_constant(graph, CenteredTensor(tensor, edit.axis, edit.new_name or "", edit.weights, edit.block, edit.blocks))
         for node, index in edit._uses:
             node.replace_input_with(index, copy)
         return
-    centered = CenteredTensor(tensor, edit.axis, value.name or "", edit.weights)
+    centered = CenteredTensor(tensor, edit.axis, value.name or "", edit.weights, edit.block, edit.blocks)
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant":
         for key in list(producer.attributes):

@@ -26,28 +26,33 @@ from onnx_lnfold._ir import (
     FLOAT_TYPES,
     NARROW_FLOAT_TYPES,
     attr_or_input_ints,
+    const_ints,
     const_scalar,
     node_label,
     normalize_axis,
 )
-from onnx_lnfold._reshape import reshaped_axis
+from onnx_lnfold._parts import WHOLE, Part
+from onnx_lnfold._reshape import blocked_axis
 from onnx_lnfold._shapes import Shape, ShapeTable
 
 
 @dataclass(frozen=True)
 class Out:
-    """Output `index` of a node, along `axis`: backward's question starts here."""
+    """Output `index` of a node, along `axis` (the `part` of it, `_parts`): backward's question
+    starts here."""
 
     index: int
     axis: int
+    part: Part = WHOLE
 
 
 @dataclass(frozen=True)
 class In:
-    """Input `index` of a node, along `axis`: forward's question starts here."""
+    """Input `index` of a node, along `axis` (the `part` of it): forward's question starts here."""
 
     index: int
     axis: int
+    part: Part = WHOLE
 
 
 End = Out | In
@@ -67,6 +72,9 @@ class Link:
     # A constant input that scales this one per channel (a layer scale): then `input * factor`
     # must be zero-mean (an affine chain).
     factor: int | None = None
+    # The part at the far end from the one asked about; None: the same blocks, no `where` (the
+    # axis keeps its length and order, and the rule does not follow positions of other axes).
+    part: Part | None = None
 
     def starts_at(self, end: End) -> bool:
         if isinstance(end, Out):
@@ -140,7 +148,7 @@ class _Unary(Rule):
         blocked = _unary_check(node, shapes)
         if blocked is not None:
             return _from_input(node, blocked) if isinstance(end, In) else blocked
-        link = Link(0, end.axis, 0, end.axis)
+        link = Link(0, end.axis, 0, end.axis, part=end.part)
         return [link] if link.starts_at(end) else []
 
 
@@ -402,6 +410,12 @@ class _Layout(Rule):
             return mapping.get(end.axis)
         return next((i for i, o in mapping.items() if o == end.axis), None)
 
+    def carried(self, node: ir.Node, shapes: ShapeTable, end: End, other: int, k: int) -> Part | None | Blocked:
+        """The part at the far end (output `k` from an input end, input 0 from an output end),
+        along `other`; None when that output holds nothing of the part. By default the same
+        blocks (the axis keeps its length and order) and no `where` (a widening)."""
+        return end.part.without_where()
+
     def links(self, node, shapes, end):
         if isinstance(end, In) and end.index != 0:
             return Blocked("non-data-input", f"{fed(node)} {self.non_data}")
@@ -413,8 +427,19 @@ class _Layout(Rule):
         if isinstance(other, Blocked):
             return _from_input(node, other) if isinstance(end, In) else other
         if isinstance(end, In):
-            return [Link(0, end.axis, k, other) for k in self.outputs(node)]
-        return [Link(0, other, end.index, end.axis, self.broadcast(node, shapes, other))]
+            links = []
+            for k in self.outputs(node):
+                part = self.carried(node, shapes, end, other, k)
+                if isinstance(part, Blocked):
+                    return _from_input(node, part)
+                if part is not None:
+                    links.append(Link(0, end.axis, k, other, part=part))
+            return links
+        part = self.carried(node, shapes, end, other, end.index)
+        if isinstance(part, Blocked):
+            return part
+        assert part is not None  # the only input holds all of any output
+        return [Link(0, other, end.index, end.axis, self.broadcast(node, shapes, other), part=part)]
 
 
 def _unknown_around(node: ir.Node) -> Blocked:
@@ -430,11 +455,22 @@ def _shapes_around(node: ir.Node, shapes: ShapeTable) -> tuple[Shape, Shape] | B
 
 
 class _Reshape(_Layout):
-    """Reshape, Flatten, Squeeze, Unsqueeze: which axis stays whole is `_reshape.reshaped_axis`'s
-    to say, from the shapes or from how the target was built, in either direction."""
+    """Reshape, Flatten, Squeeze, Unsqueeze: which axis stays whole, or which axis holds this one
+    in blocks (a split into heads, seen from either side), is `_reshape.blocked_axis`'s to say."""
 
-    def mapped(self, node, shapes, end):
-        return reshaped_axis(node, shapes, end.axis, forward=isinstance(end, In))
+    def links(self, node, shapes, end):
+        if isinstance(end, In) and end.index != 0:
+            return Blocked("non-data-input", f"{fed(node)} {self.non_data}")
+        if isinstance(end, Out) and end.index != 0:
+            return []
+        found = blocked_axis(node, shapes, end.axis, end.part, forward=isinstance(end, In))
+        if found is None:
+            refusal = self.refusal(node, end)
+            return _from_input(node, refusal) if isinstance(end, In) else refusal
+        other, part = found
+        if isinstance(end, In):
+            return [Link(0, end.axis, 0, other, part=part)]
+        return [Link(0, other, 0, end.axis, part=part)]
 
 
 class _Transpose(_Layout):
@@ -444,6 +480,11 @@ class _Transpose(_Layout):
             return around
         perm = list(node.attributes.get_ints("perm", reversed(range(len(around[0])))))
         return {src: dst for dst, src in enumerate(perm)}
+
+    def carried(self, node, shapes, end, other, k):
+        mapping = self.axis_map(node, shapes)
+        assert not isinstance(mapping, Blocked)  # `mapped` read it already
+        return end.part.moved(mapping if isinstance(end, In) else {o: i for i, o in mapping.items()})
 
 
 class _Expand(_Layout):
@@ -494,6 +535,62 @@ class _Reduce(_Layout):
         return Blocked("axis-not-kept", f"{node_label(node)} reduces over the normalized axis")
 
 
+def _piece_of(part: Part, offset: int, length: int, total, *, exact: bool = False) -> Part | None | Blocked:
+    """A part of a whole axis of length `total` seen in its piece [offset, offset + length) (a
+    Split's output, a Concat's input): None when the piece holds none of its blocks.
+
+    A shift of the whole is, in a piece, a shift of the piece's blocks, or of the whole piece when
+    it lies inside one block; it is followed only where the piece, with that part, is one
+    `_whole_of` can ask for the other way (so that backward and forward agree). `exact` asks for
+    the converse, a requirement on a piece whose centering shifts the whole as `part` says: the
+    piece must then be whole blocks."""
+    found = _seen_in_piece(part, offset, length, exact)
+    if found is None or isinstance(found, Blocked) or exact:
+        return found
+    if isinstance(_whole_of(found, offset, length, total), Blocked):
+        return Blocked("axis-not-kept", f"a piece at {offset} of length {length} is not made of whole blocks")
+    return found
+
+
+def _seen_in_piece(part: Part, offset: int, length: int, exact: bool) -> Part | None | Blocked:
+    block = part.block
+    if block is None:
+        if exact:
+            return Blocked("axis-not-kept", "a piece of the axis cannot be centered as part of the whole")
+        return Part()  # a whole-axis shift is a whole-piece shift
+    first, last = offset // block, (offset + length - 1) // block
+    if part.blocks is not None and not any(b in part.blocks for b in range(first, last + 1)):
+        return None  # none of its blocks in this piece
+    if first == last and not exact:  # inside one block: a shift constant along the piece
+        return Part()
+    if offset % block or length % block:
+        return Blocked("axis-not-kept", f"its pieces cut blocks of {block}")
+    inside = range(first, first + length // block)
+    chosen = [b - first for b in inside if part.blocks is None or b in part.blocks]
+    if length == block:
+        return Part()
+    return Part(block, None if len(chosen) == len(inside) else frozenset(chosen))
+
+
+def _whole_of(part: Part, offset: int, length: int, total) -> Part | Blocked:
+    """A part of a piece [offset, offset + length) of an axis of length `total` seen on the whole
+    axis: the piece's blocks (the piece itself, for a whole-piece part) among the whole axis's."""
+    block = part.block or length
+    if offset % block or length % block or not isinstance(total, int) or total % block:
+        return Blocked("axis-not-kept", f"a piece at {offset} of length {length} is not made of blocks of {block}")
+    inside = part.blocks if part.blocks is not None else range(length // block)
+    chosen = frozenset(offset // block + b for b in inside)
+    if block == total:
+        return Part()
+    return Part(block, None if len(chosen) == total // block else chosen)
+
+
+def _offsets(lengths: list) -> list[int] | None:
+    if not all(isinstance(n, int) for n in lengths):
+        return None
+    return [sum(lengths[:k]) for k in range(len(lengths))]
+
+
 class _Slice(_Layout):
     """Slice keeps every axis it does not cut (a slice that keeps an axis's length keeps it too)."""
 
@@ -515,17 +612,35 @@ class _Slice(_Layout):
     def refusal(self, node, end):
         return Blocked("axis-not-kept", f"{node_label(node)} slices the normalized axis")
 
+    def carried(self, node, shapes, end, other, k):
+        rank = shapes.rank(node.inputs[0]) or 0
+        axis = end.axis if isinstance(end, In) else other
+        sliced = {normalize_axis(a, rank) for a in attr_or_input_ints(node, "axes", 3) or range(rank)}
+        if end.part.block is not None and axis in sliced:  # a negative step would reverse the blocks
+            return Blocked("axis-not-kept", f"{node_label(node)} slices an axis zero-mean in blocks")
+        return end.part.without_where()
+
 
 class _Split(_Layout):
-    """Split along another axis: every piece keeps the tracked axis whole."""
+    """Split along another axis: every piece keeps the tracked axis whole, and holds its own
+    positions of the split one; along the tracked axis: pieces of whole blocks (one head each)."""
 
-    def axis_map(self, node, shapes):
+    def _along(self, node, shapes) -> tuple[int, list[int] | None] | Blocked:
+        """The split axis and each piece's offset (None when their lengths are unknown)."""
         around = _shapes_around(node, shapes)
         if isinstance(around, Blocked):
             return around
-        rank = len(around[0])
-        along = normalize_axis(node.attributes.get_int("axis", 0), rank)
-        return {a: a for a in range(rank) if a != along}
+        along = normalize_axis(node.attributes.get_int("axis", 0), len(around[0]))
+        lengths = [(shapes.shape(out) or (None,) * (along + 1))[along] for out in node.outputs]
+        return along, _offsets(lengths)
+
+    def axis_map(self, node, shapes):
+        split = self._along(node, shapes)
+        if isinstance(split, Blocked):
+            return split
+        along, offsets = split
+        rank = shapes.rank(node.inputs[0]) or 0
+        return {a: a for a in range(rank) if a != along or offsets is not None}
 
     def refusal(self, node, end):
         return Blocked("axis-not-kept", f"{node_label(node)} splits or joins along the normalized axis")
@@ -533,10 +648,42 @@ class _Split(_Layout):
     def outputs(self, node):
         return range(len(node.outputs))
 
+    def carried(self, node, shapes, end, other, k):
+        along, offsets = self._along(node, shapes)  # type: ignore[misc]
+        total = (shapes.shape(node.inputs[0]) or ())[along]
+        length = (shapes.shape(node.outputs[k]) or (None,) * (along + 1))[along]
+        if end.axis == along:
+            assert offsets is not None and isinstance(length, int)
+            if isinstance(end, In):
+                return _piece_of(end.part, offsets[k], length, total)
+            return _whole_of(end.part, offsets[k], length, total)
+        return _positions_of_pieces(end.part, along, offsets[k] if offsets else None, length, isinstance(end, In))
+
+
+def _positions_of_pieces(part: Part, along: int, offset: int | None, length, into_piece: bool) -> Part | None:
+    """A part whose other axis `along` is cut into pieces, seen in the piece [offset, offset +
+    length) (`into_piece`) or from it on the whole: positions of `along` move by the offset; None
+    when the piece holds none of them."""
+    where = dict(part.where)
+    positions = where.pop(along, None)
+    if offset is None or not isinstance(length, int):
+        return part.with_where(where)  # unknown: the positions of `along` are dropped (a widening)
+    if into_piece:
+        if positions is not None:
+            inside = frozenset(p - offset for p in positions if offset <= p < offset + length)
+            if not inside:
+                return None
+            where[along] = inside
+    else:
+        where[along] = frozenset(offset + p for p in (positions if positions is not None else range(length)))
+    return part.with_where(where)
+
 
 class _Gather(_Layout):
     """Gather(data, indices) along axis g: data axes before g stay, those after g move past the
-    indices' axes; axis g itself is replaced by the indices."""
+    indices' axes; axis g itself is replaced by the indices. Constant indices pick positions of g:
+    a part limited to others is void here (Persimmon's fused q/k/v: the gather of v sees nothing
+    of a centering of q and k)."""
 
     non_data = "as indices"
     roles: ClassVar[dict[int, str]] = {0: "embedding table"}
@@ -553,26 +700,185 @@ class _Gather(_Layout):
             return Blocked("axis-not-kept", f"{node_label(node)} gathers along the normalized axis")
         return Blocked("axis-not-kept", f"the normalized axis of {node_label(node)} comes from its indices")
 
+    def carried(self, node, shapes, end, other, k):
+        mapping = self.axis_map(node, shapes)
+        assert not isinstance(mapping, Blocked)
+        rank = shapes.rank(node.inputs[0]) or 0
+        g = normalize_axis(node.attributes.get_int("axis", 0), rank)
+        tensor = ir.convenience.get_const_tensor(node.inputs[1]) if not node.inputs[1].is_graph_input() else None
+        indices = None if tensor is None else np.asarray(tensor.numpy()).astype(np.int64).reshape(-1)
+        if indices is not None and (indices < 0).any():
+            size = (shapes.shape(node.inputs[0]) or (None,) * rank)[g]
+            indices = indices + size * (indices < 0) if isinstance(size, int) else None
+        if isinstance(end, In):
+            part = end.part.moved(mapping)
+            picked = end.part.positions(g)
+            if picked is None or indices is None:
+                return part
+            hit = [j for j, i in enumerate(indices) if int(i) in picked]
+            if not hit:
+                return None
+            if shapes.rank(node.inputs[1]) == 1:  # the output's axis g is the indices' axis
+                where = dict(part.where)
+                where[g] = frozenset(hit)
+                return part.with_where(where)
+            return part
+        part = end.part.moved({o: i for i, o in mapping.items()})
+        if indices is None:
+            return part
+        chosen = end.part.positions(g) if shapes.rank(node.inputs[1]) == 1 else None
+        picked = {int(indices[j]) for j in (chosen if chosen is not None else range(len(indices))) if j < len(indices)}
+        where = dict(part.where)
+        where[g] = frozenset(picked)
+        return part.with_where(where)
+
 
 class _Concat(Rule):
-    """Concat along another axis: every piece keeps the tracked axis whole (ViT's class token)."""
+    """Concat along another axis: every piece keeps the tracked axis whole (ViT's class token)
+    and holds its own positions of the joined one; along the tracked axis: pieces of whole blocks."""
 
     jointly_linear = True
 
     def links(self, node, shapes, end):
+        pieces = [shapes.shape(v) for v in node.inputs]
         if isinstance(end, In):
             rank = shapes.rank(node.inputs[end.index])
             if rank is None:
                 return Blocked("unknown-shape", f"{fed(node)}, whose shapes are unknown")
-            if normalize_axis(node.attributes.get_int("axis", 0), rank) == end.axis:
+        else:
+            around = _shapes_around(node, shapes)
+            if isinstance(around, Blocked):
+                return around
+            rank = len(around[1])
+            if end.index != 0:
+                return []
+        along = normalize_axis(node.attributes.get_int("axis", 0), rank)
+        offsets = _offsets([p[along] if p is not None else None for p in pieces])
+        total = (shapes.shape(node.outputs[0]) or (None,) * rank)[along]
+        if end.axis == along and (offsets is None or (isinstance(end, Out) and end.part.uniform and len(pieces) > 1)):
+            # Centering the pieces one by one shifts each its own way: not a whole-axis shift.
+            if isinstance(end, In):
                 return Blocked("axis-not-kept", f"{fed(node)}, which joins along the shifted axis")
-            return [Link(end.index, end.axis, 0, end.axis)]
-        around = _shapes_around(node, shapes)
-        if isinstance(around, Blocked):
-            return around
-        if normalize_axis(node.attributes.get_int("axis", 0), len(around[1])) == end.axis:
             return Blocked("axis-not-kept", f"{node_label(node)} splits or joins along the normalized axis")
-        return [Link(i, end.axis, 0, end.axis) for i in range(len(node.inputs))] if end.index == 0 else []
+        if isinstance(end, In):
+            length = pieces[end.index][along]  # type: ignore[index]
+            if end.axis == along:
+                part = _whole_of(end.part, offsets[end.index], length, total)  # type: ignore[index]
+                return _from_input(node, part) if isinstance(part, Blocked) else [Link(end.index, end.axis, 0, end.axis, part=part)]
+            offset = offsets[end.index] if offsets else None
+            part = _positions_of_pieces(end.part, along, offset, length, into_piece=False)
+            return [Link(end.index, end.axis, 0, end.axis, part=part)]
+        links = []
+        for i, piece in enumerate(pieces):
+            length = piece[along] if piece is not None else None
+            if end.axis == along:
+                part = _piece_of(end.part, offsets[i], length, total, exact=True)  # type: ignore[index,arg-type]
+            else:
+                part = _positions_of_pieces(end.part, along, offsets[i] if offsets else None, length, into_piece=True)
+            if isinstance(part, Blocked):
+                return part
+            if part is not None:
+                links.append(Link(i, end.axis, 0, end.axis, part=part))
+        return links
+
+
+# --- sequences: SplitToSequence's pieces, read back by SequenceAt or put back together ----------
+
+
+def _sequence_split(node: ir.Node, shapes: ShapeTable) -> tuple[ir.Node, int, list[int] | None, list, bool] | Blocked:
+    """For a node reading a sequence (its input 0): the SplitToSequence that made it, the split
+    axis, each piece's offset and length along it (None: unknown), and whether the pieces keep
+    that axis. A sequence is tracked in the coordinates of the tensor it was split from."""
+    seq = node.inputs[0]
+    split = seq.producer() if seq is not None else None
+    if split is None or split.op_type != "SplitToSequence" or split.domain not in ("", "ai.onnx"):
+        return Blocked("not-carried", f"{node_label(node)} reads a sequence not made by SplitToSequence")
+    shape = shapes.shape(split.inputs[0])
+    if shape is None:
+        return _unknown_around(split)
+    along = normalize_axis(split.attributes.get_int("axis", 0), len(shape))
+    total = shape[along]
+    sizes = split.inputs[1] if len(split.inputs) > 1 else None
+    if sizes is None:  # pieces of 1, the axis kept or not
+        keeps = bool(split.attributes.get_int("keepdims", 1))
+        if not isinstance(total, int):
+            return split, along, None, [], keeps
+        return split, along, list(range(total)), [1] * total, keeps
+    given = const_ints(sizes)
+    if given is None or not isinstance(total, int):
+        return split, along, None, [], True
+    if shapes.rank(sizes) == 0:  # pieces of `given`, the last one shorter
+        lengths = [min(given[0], total - start) for start in range(0, total, given[0])]
+    else:
+        lengths = list(given)
+    return split, along, _offsets(lengths), lengths, True
+
+
+class _SplitToSequence(Rule):
+    """The sequence holds the pieces of its input: tracked in the input's own coordinates."""
+
+    def links(self, node, shapes, end):
+        if isinstance(end, In) and end.index != 0:
+            return Blocked("non-data-input", f"{fed(node)} as its split lengths")
+        return [Link(0, end.axis, 0, end.axis, part=end.part)] if end.index == 0 else []
+
+
+class _SequenceAt(Rule):
+    """SequenceAt(SplitToSequence(x), p): piece p of x (a Split's output p, read another way)."""
+
+    def links(self, node, shapes, end):
+        if isinstance(end, In) and end.index != 0:
+            return Blocked("non-data-input", f"{fed(node)} as its position")
+        found = _sequence_split(node, shapes)
+        if isinstance(found, Blocked):
+            return _from_input(node, found) if isinstance(end, In) else found
+        split, along, offsets, lengths, keeps_axis = found
+        position = const_scalar(node.inputs[1])
+        if position is None or offsets is None:
+            return Blocked("unknown-shape", f"which piece {node_label(node)} reads, and where it lies, is unknown")
+        p = int(position) + (len(offsets) if position < 0 else 0)
+        offset, length = offsets[p], lengths[p]
+        # piece axes <-> split input axes
+        rank = shapes.rank(split.inputs[0]) or 0
+        to_piece = {a: a if keeps_axis else a - (a > along) for a in range(rank) if keeps_axis or a != along}
+        if isinstance(end, In):
+            if end.axis == along:
+                if not keeps_axis:
+                    return _from_input(node, Blocked("axis-not-kept", "each piece is one position of the shifted axis"))
+                part = _piece_of(end.part, offset, length, sum(lengths))
+            else:
+                part = _positions_of_pieces(end.part, along, offset, length, into_piece=True)
+                if part is not None:
+                    part = part.moved({a: b for a, b in to_piece.items() if keeps_axis or a != along})
+            if isinstance(part, Blocked):
+                return _from_input(node, part)
+            return [] if part is None else [Link(0, end.axis, 0, to_piece[end.axis], part=part)]
+        from_piece = {b: a for a, b in to_piece.items()}
+        axis = from_piece[end.axis]
+        if axis == along:
+            total = sum(lengths)
+            part = _whole_of(end.part, offset, length, total)
+        else:
+            part = _positions_of_pieces(end.part.moved(from_piece), along, offset, length, into_piece=False)
+        return part if isinstance(part, Blocked) else [Link(0, axis, 0, end.axis, part=part)]
+
+
+class _ConcatFromSequence(Rule):
+    """ConcatFromSequence of a SplitToSequence's own sequence, joined back along the axis it was
+    split on (or stacked back where pieces dropped it): the split input again."""
+
+    def links(self, node, shapes, end):
+        found = _sequence_split(node, shapes)
+        if isinstance(found, Blocked):
+            return _from_input(node, found) if isinstance(end, In) else found
+        _, along, _, _, keeps_axis = found
+        rank = shapes.rank(node.outputs[0])
+        axis = node.attributes.get_int("axis", 0)
+        stacked = bool(node.attributes.get_int("new_axis", 0))
+        if rank is None or normalize_axis(axis, rank) != along or stacked == keeps_axis:
+            refusal = Blocked("axis-not-kept", f"{node_label(node)} does not put the pieces back as they were")
+            return _from_input(node, refusal) if isinstance(end, In) else refusal
+        return [Link(0, end.axis, 0, end.axis, part=end.part)] if end.index == 0 else []
 
 
 # The table. A new carry op or producer is one entry here (and, if no rule fits, one `Rule`).
@@ -592,4 +898,7 @@ RULES: dict[str, Rule] = {
     "Split": _Split(),
     "Concat": _Concat(),
     "Gather": _Gather(),
+    "SplitToSequence": _SplitToSequence(),
+    "SequenceAt": _SequenceAt(),
+    "ConcatFromSequence": _ConcatFromSequence(),
 }

@@ -28,14 +28,29 @@ class CenteredTensor(ir.LazyTensor):
     """`source` minus its mean along `axis`; with `weights` (an affine chain), `source` minus
     mean(source * weights) / weights, so that source * weights becomes zero-mean (no weight is
     zero: the analysis refuses that chain). `axis=None` gives zeros (a scalar-shaped producer
-    whose only centered value is 0)."""
+    whose only centered value is 0).
 
-    def __init__(self, source: ir.TensorProtocol, axis: int | None, name: str, weights: Sequence[float] | None = None):
+    With `block`, the axis is cut into consecutive blocks of that many entries and each block in
+    `blocks` (None: every one) loses its own mean; the others are left as they are (a q/k
+    projection centered head by head, docs/DESIGN.md section 2.4)."""
+
+    def __init__(
+        self,
+        source: ir.TensorProtocol,
+        axis: int | None,
+        name: str,
+        weights: Sequence[float] | None = None,
+        block: int | None = None,
+        blocks: Sequence[int] | None = None,
+    ):
         super().__init__(self._materialize, dtype=source.dtype, shape=ir.Shape(source.shape), name=name)
         self._source = source
-        # Blocks are rows (axis 0): a mean along axis 0 needs a first pass over all of them.
+        # Rows are read a block of them at a time (axis 0): a mean along axis 0 needs a first
+        # pass over all of them.
         self._axis = None if axis is None else axis % max(len(source.shape), 1)
         self._weights = weights
+        self._block = block
+        self._blocks = blocks
 
     def __repr__(self) -> str:  # LazyTensor's would print its function, a method of this very object
         return f"{self._repr_base()}(source={self._source!r}, axis={self._axis}, name={self.name!r})"
@@ -62,6 +77,9 @@ class CenteredTensor(ir.LazyTensor):
         if shape[0] == 0:
             return
         axis = self._axis
+        if axis is not None and self._block is not None:
+            yield from self._blocked_rows(shape, axis, dtype, block_bytes)
+            return
         if axis is None:
             step = rows_per_block(shape, dtype.itemsize, block_bytes)
             zeros = np.zeros((min(step, shape[0]), *shape[1:]), dtype=dtype)
@@ -83,6 +101,54 @@ class CenteredTensor(ir.LazyTensor):
                 wide = block.astype(np.float64)
                 mean = row_mean if row_mean is not None else (wide * w).mean(axis=axis, keepdims=True)
                 target[...] = wide - mean / w
+            yield rows, target
+
+    def _blocked_rows(self, shape: tuple, axis: int, dtype: np.dtype, block_bytes: int) -> Iterator[tuple[Rows, np.ndarray]]:
+        """`row_blocks` for a centering in blocks along `axis`: each chosen block minus its own
+        (weighted) mean, in float64, rounded once."""
+        size = self._block
+        assert size is not None and shape[axis] % size == 0
+        count = shape[axis] // size
+        chosen = np.zeros(count, dtype=bool)
+        chosen[list(self._blocks) if self._blocks is not None else slice(None)] = True
+        weights = np.asarray(self._weights, dtype=np.float64) if self._weights is not None else None
+
+        def split(array: np.ndarray) -> np.ndarray:  # the axis as (count, size)
+            return array.reshape(array.shape[:axis] + (count, size) + array.shape[axis + 1 :])
+
+        def along(vector: np.ndarray, ndim: int) -> np.ndarray:  # a per-entry vector, split like the axis
+            return split(_broadcast(vector, ndim, axis))
+
+        means = None
+        if axis == 0:  # the blocks run across rows: their means need every row first
+            sums = np.zeros((count, *shape[1:]), dtype=np.float64)
+            for rows, part in row_blocks(self._source, block_bytes):
+                wide = part.astype(np.float64)
+                if weights is not None:
+                    wide *= _broadcast(weights[rows], wide.ndim, 0)
+                np.add.at(sums, np.arange(rows.start, rows.start + len(part)) // size, wide)
+            means = sums / size
+            means[~chosen] = 0.0
+        out = None
+        for rows, part in row_blocks(self._source, block_bytes):
+            if out is None or out.shape[0] < part.shape[0]:
+                out = np.empty(part.shape, dtype=dtype)
+            target = out[: part.shape[0]]
+            wide = part.astype(np.float64)
+            if axis == 0:
+                index = np.arange(rows.start, rows.start + len(part)) // size
+                shift = means[index]  # type: ignore[index]
+                if weights is not None:
+                    shift = shift / _broadcast(weights[rows], wide.ndim, 0)
+                target[...] = wide - shift
+            else:
+                blocked = split(wide)
+                scaled = blocked * along(weights, wide.ndim) if weights is not None else blocked
+                mask = chosen.reshape((1,) * axis + (count, 1) + (1,) * (wide.ndim - axis - 1))
+                mean = scaled.mean(axis=axis + 1, keepdims=True) * mask
+                if weights is not None:
+                    mean = mean / along(weights, wide.ndim)
+                target[...] = (blocked - mean).reshape(wide.shape)
             yield rows, target
 
     def _materialize(self) -> ir.Tensor:

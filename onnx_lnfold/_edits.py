@@ -48,7 +48,7 @@ def _gather_outputs(members: list[tuple[Leaf, str]]) -> list[tuple[ir.Value, int
     outputs: dict[ir.Value, int] = {}
     for leaf, _ in members:
         node = leaf.node
-        if node.op_type != "Gather" or leaf.index != 0 or leaf.weights is not None or leaf.axis is None:
+        if node.op_type != "Gather" or leaf.index != 0 or leaf.weights is not None or leaf.axis is None or not leaf.part.uniform:
             return None
         if len(leaf.seeds) != 1 or leaf.seeds[0][0] is not node.outputs[0] or leaf.seeds[0][2] is not None:
             return None
@@ -90,15 +90,17 @@ def plan_edits(
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
     for a tied embedding table, center the Gather outputs instead, as `tied_weights` says: one of
     `_options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights)."""
-    groups: dict[tuple[ir.Value, int | None, bool, Weights], list[tuple[Leaf, str]]] = {}
+    # Leaves that center blocks of the same length of one constant are one edit: each LN's
+    # blocks (q's heads, k's heads of one fused projection) centered together.
+    groups: dict[tuple[ir.Value, int | None, bool, Weights, int | None], list[tuple[Leaf, str]]] = {}
     for leaf, ln in leaves:
-        groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights), []).append((leaf, ln))
+        groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights, leaf.part.block), []).append((leaf, ln))
     per_value: dict[ir.Value, int] = {}
-    for value, _, aux, _ in groups:
+    for value, _, aux, _, _ in groups:
         if not aux:
             per_value[value] = per_value.get(value, 0) + 1
     edits, centerings = [], []
-    for (value, axis, aux, weights), members in groups.items():
+    for (value, axis, aux, weights, block), members in groups.items():
         uses = _sorted_uses(members, names)
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
@@ -126,6 +128,11 @@ def plan_edits(
                 )
             continue
         suffix = ".centered" if axis is not None else ".zeroed"
+        chosen = [leaf.part.blocks for leaf, _ in members]
+        blocks = None if block is None or any(c is None for c in chosen) else tuple(sorted(frozenset().union(*chosen)))
+        count = tensor.shape.dims[axis] // block if block is not None and axis is not None else None
+        if blocks is not None and len(blocks) == count:
+            blocks = None  # every block (each head's LN asking for its own)
         edits.append(
             CenteringEdit(
                 tensor=value.name or "",
@@ -138,6 +145,9 @@ def plan_edits(
                 required_by=required_by,
                 weights=weights,
                 note=note,
+                block=block,
+                blocks=blocks,
+                block_count=count,
                 _value=value,
                 _uses=tuple(uses),
             )

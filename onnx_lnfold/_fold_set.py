@@ -30,7 +30,8 @@ AUX_MIN_UNLOCKED = 2
 
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:
     axis = -1 if leaf.axis is None else leaf.axis
-    return (names[leaf.node], leaf.index, leaf.aux, axis, leaf.weights is not None, leaf.weights or ())
+    blocks = sorted(leaf.part.blocks) if leaf.part.blocks is not None else []
+    return (names[leaf.node], leaf.index, leaf.aux, axis, leaf.weights is not None, leaf.weights or (), leaf.part.block or 0, blocks)
 
 
 def fold_set(

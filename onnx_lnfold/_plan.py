@@ -48,18 +48,37 @@ class CenteringEdit:
     # Per-channel weights w of an affine chain: `tensor * w` is centered, not `tensor`.
     weights: tuple[float, ...] | None = field(repr=False, default=None)
     note: str | None = None  # why an untied copy was chosen over an explicit centering, if it was
+    # Centered in blocks of this many entries along `axis`, each block on its own (per-head q/k
+    # LNs; docs/DESIGN.md section 2.4); None: the axis whole.
+    block: int | None = None
+    blocks: tuple[int, ...] | None = None  # which blocks (None: all)
+    block_count: int | None = None  # how many blocks the axis holds
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
 
+    @property
+    def centered_along(self) -> str:
+        """'axis 1', 'axis 1 in blocks of 64', 'axis 1 in blocks of 16 (0, 3, 6, 9 of 12)', 'zeroed'."""
+        if self.axis is None:
+            return "zeroed"
+        text = f"axis {self.axis}" + ("*w" if self.weights else "")
+        if self.block is not None:
+            text += f" in blocks of {self.block}"
+            if self.blocks is not None:
+                text += f" ({', '.join(map(str, self.blocks))} of {self.block_count})"
+        return text
+
     def __repr__(self) -> str:
-        axis = "zeroed" if self.axis is None else f"axis {self.axis}" + (" (weighted)" if self.weights else "")
         copy = f", untied -> {self.new_name} (+{self.copy_bytes:,} B)" if self.untie else ""
-        return f"<CenteringEdit {self.tensor}: {axis}, {self.role}{copy}; for {_lns(self.required_by)}>"
+        return f"<CenteringEdit {self.tensor}: {self.centered_along}, {self.role}{copy}; for {_lns(self.required_by)}>"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "tensor": self.tensor,
             "axis": self.axis,
+            "block": self.block,
+            "blocks": list(self.blocks) if self.blocks is not None else None,
+            "block_count": self.block_count,
             "weighted": self.weights is not None,
             "role": self.role,
             "uses": list(self.uses),

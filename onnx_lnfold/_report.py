@@ -315,9 +315,8 @@ class FoldReport:
         edits = sorted(plan.edits, key=lambda e: (min((position.get(n, 0) for n in e.required_by), default=0), e.tensor))
         width = max(len(e.tensor) for e in edits)
         for e in edits:
-            axis = "zeroed" if e.axis is None else f"axis {e.axis}" + ("*w" if e.weights else "")
             copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
-            lines.append(f"  {e.tensor:<{width}}  {axis:<7}  {e.role}{copy}")
+            lines.append(f"  {e.tensor:<{width}}  {e.centered_along:<7}  {e.role}{copy}")
             if e.note:
                 lines += _wrap(f"({e.note})", " " * 6, " " * 6)
         for c in plan.centerings:

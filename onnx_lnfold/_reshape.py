@@ -16,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold._ir import attr_or_input_ints, const_ints, normalize_axis
-from onnx_lnfold._shapes import ShapeTable, dims_equal, match_reshaped_axis
+from onnx_lnfold._parts import Part, flat, unflat
+from onnx_lnfold._shapes import Shape, ShapeTable, dims_equal, match_reshaped_axis, product
 
 _MAX_DEPTH = 16
 
@@ -167,3 +169,87 @@ def reshaped_axis(node: ir.Node, shapes: ShapeTable, axis: int, *, forward: bool
     if node.op_type == "Reshape":
         return _structural_axis(node, shapes, axis, forward)
     return _moved_axis(node, shapes, axis, forward)
+
+
+def _inner_part(big: Shape, axis: int, small: Shape) -> tuple[int, list[int]] | None:
+    """(j, outer) when `small[j]` is the innermost part of `big[axis]`, split row-major: both
+    have the same product of dims after them, `big[axis]` is a multiple of `small[j]`, and the
+    dims `outer` just before `small[j]` make up the rest."""
+    whole = big[axis]
+    if not isinstance(whole, int):
+        return None
+    suffix = product(big[axis + 1 :])
+    if suffix is None:
+        return None
+    for j, d in enumerate(small):
+        if not (isinstance(d, int) and 1 < d < whole and whole % d == 0 and product(small[j + 1 :]) == suffix):
+            continue
+        rest, i, outer = whole // d, j - 1, []
+        while rest > 1 and i >= 0 and isinstance(small[i], int) and small[i] > 0 and rest % small[i] == 0:
+            outer.insert(0, small[i])
+            rest //= small[i]
+            i -= 1
+        if rest == 1:
+            return j, outer
+    return None
+
+
+def blocked_axis(node: ir.Node, shapes: ShapeTable, axis: int, part: Part, *, forward: bool) -> tuple[int, Part] | None:
+    """Where a Reshape/Flatten/Squeeze/Unsqueeze takes `axis` and its `part` (input -> output
+    when `forward`, else output -> input), or None when no part says it.
+
+    Kept whole, the part stays (its `where` follows the axes kept whole too). Otherwise, when the
+    axis is the innermost part of an axis on the other side (a split seen from its short axis, or
+    a merge seen from its inner axis), that axis is zero-mean or shifted in blocks of the short
+    axis's length, the blocks picked by the `where` on the axes split off; and the other way, an
+    axis in blocks becomes its innermost part on the other side, whole when a block covers it.
+
+    Backward, the part returned is one whose centering shifts this side within `part`: a merge
+    seen from the merged axis needs blocks no longer than the inner axis (a whole-axis zero mean
+    of [.., H*Dh] is not made by centering each head, which shifts each head its own way)."""
+    kept = reshaped_axis(node, shapes, axis, forward=forward)
+    if kept is not None:
+        mapped = {a: reshaped_axis(node, shapes, a, forward=forward) for a, _ in part.where}
+        return kept, part.moved({a: m for a, m in mapped.items() if m is not None})
+    src, dst = (node.inputs[0], node.outputs[0]) if forward else (node.outputs[0], node.inputs[0])
+    src_shape, dst_shape = shapes.shape(src), shapes.shape(dst)
+    if src_shape is None or dst_shape is None:
+        return None
+    for j in range(len(dst_shape)):  # the axis is the innermost part of dst[j]
+        inner = _inner_part(dst_shape, j, src_shape)
+        if inner is None or inner[0] != axis:
+            continue
+        outer = inner[1]
+        d = src_shape[axis]
+        block = part.block or d
+        if d % block:
+            return None
+        first = axis - len(outer)
+        heads = flat(outer, {i: part.positions(first + i) for i in range(len(outer))})
+        if heads is None and part.blocks is None:
+            return j, Part(block)
+        within = sorted(part.blocks) if part.blocks is not None else range(d // block)
+        rows = sorted(heads) if heads is not None else range(int(np.prod(outer, dtype=np.int64)))
+        return j, Part(block, frozenset(h * (d // block) + s for h in rows for s in within))
+    inner = _inner_part(src_shape, axis, dst_shape)  # the axis holds dst[j] as its innermost part
+    if inner is None:
+        return None
+    j, outer = inner
+    d, block = dst_shape[j], part.block or src_shape[axis]
+    first = j - len(outer)
+    if not forward and block != d and d % block:
+        # Backward through a merge: centering the inner axis shifts the merged one in blocks of
+        # its length, which this part must hold (`blocks of d`, or finer ones).
+        return None
+    if block % d == 0:  # a block covers whole rows of dst[j]: a shift constant along it
+        k = block // d
+        rows = None if part.blocks is None else frozenset(b * k + r for b in part.blocks for r in range(k))
+        return j, Part().with_where({first + i: p for i, p in unflat(rows, outer).items()})
+    if d % block == 0:  # rows of dst[j] hold several blocks
+        k = d // block
+        rows = None if part.blocks is None else frozenset(b // k for b in part.blocks)
+        within = None if part.blocks is None else frozenset(b % k for b in part.blocks)
+        if within is not None and len(within) == k:
+            within = None
+        return j, Part(block, within).with_where({first + i: p for i, p in unflat(rows, outer).items()})
+    return None

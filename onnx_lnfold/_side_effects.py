@@ -14,7 +14,8 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
-from onnx_lnfold._ir import node_label
+from onnx_lnfold._ir import node_label, reads_only_shape
+from onnx_lnfold._parts import Part
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._sinks import Sinks
 from onnx_lnfold._zero_mean import Leaf, Weights, weigh
@@ -28,7 +29,7 @@ class Violation:
 
 def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[Violation]:
     """Propagate every leaf's shift forward; report each place it is not absorbed."""
-    changed: dict[ir.Value, list] = {}  # value -> [axis, source mask, weights]
+    changed: dict[ir.Value, list] = {}  # value -> [axis, source mask, weights, part]
     touched: dict[ir.Node, dict[int, int]] = {}  # node -> {changed input index: mask}
     violations: dict[tuple[str, str], Violation] = {}  # keyed by (tensor, reason)
     queue: deque[ir.Value] = deque()
@@ -38,46 +39,52 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[V
         v = violations.setdefault((tensor, reason), Violation(Blocked(code, reason, tensor), 0))
         v.sources |= mask
 
-    def mark(value: ir.Value, axis: int, mask: int, weights: Weights) -> None:
+    def mark(value: ir.Value, axis: int, mask: int, weights: Weights, part: Part) -> None:
         entry = changed.get(value)
         if entry is None:
-            changed[value] = [axis, mask, weights]
+            changed[value] = [axis, mask, weights, part]
             queue.append(value)
-        elif entry[0] != axis or entry[2] != weights:
+            return
+        # Two changes of one tensor add up: q's and k's heads of one fused projection, say.
+        both = entry[3].union(part) if entry[0] == axis and entry[2] == weights else None
+        if both is None:
             violate(
                 "incompatible-changes",
-                f"tensor '{value.name}' would change in two incompatible ways (different axes or per-channel weights)",
+                f"tensor '{value.name}' would change in two incompatible ways (different axes, blocks or per-channel weights)",
                 value.name,
                 mask | entry[1],
             )
-        elif entry[1] | mask != entry[1]:
+        elif entry[1] | mask != entry[1] or both != entry[3]:
             entry[1] |= mask
+            entry[3] = both
             queue.append(value)
 
     for i, leaf in enumerate(leaves):
         touched.setdefault(leaf.node, {})
         touched[leaf.node][leaf.index] = touched[leaf.node].get(leaf.index, 0) | (1 << i)
-        for value, axis, weights in leaf.seeds:
-            mark(value, axis, 1 << i, weights)
+        for value, axis, weights, part in leaf.seeds:
+            mark(value, axis, 1 << i, weights, part)
 
     while queue:
         value = queue.popleft()
-        axis, mask, weights = changed[value]
+        axis, mask, weights, part = changed[value]
         if value.is_graph_output():
             violate("graph-output", f"tensor '{value.name}' would change, and it is a graph output", value.name, mask)
         for node, index in value.uses():
             uses = touched.setdefault(node, {})
             uses[index] = uses.get(index, 0) | mask
             absorbed = sinks.absorbs(node, index, axis, shapes)
+            moved: dict[int, tuple[int, Part]] | Blocked
             if absorbed is not None:
-                if weights is not None:
+                # An LN removes a shift uniform along its axis; the shape a Shape reads never moves.
+                if weights is not None or (not part.uniform and not reads_only_shape(node)):
                     moved = Blocked(
                         "non-uniform-change", f"it feeds {node_label(node)}, and its change is not uniform along the axis"
                     )
                 else:
-                    moved = absorbed
+                    moved = absorbed if isinstance(absorbed, Blocked) else {k: (a, part) for k, a in absorbed.items()}
             else:
-                moved = _carry.forward(node, index, axis, shapes)
+                moved = _carry.forward(node, index, axis, shapes, part)
                 if weights is not None and node.op_type == "Slice":
                     moved = Blocked("scaled-slice", f"it feeds {node_label(node)} while scaled per channel")
             if isinstance(moved, Blocked):
@@ -87,12 +94,12 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[V
             out_weights = weights
             if node.op_type == "Mul" and moved:
                 out_rank = shapes.rank(node.outputs[0]) or 0
-                factor = _carry.axis_vector(node, 1 - index, out_rank, moved[0], shapes)
+                factor = _carry.axis_vector(node, 1 - index, out_rank, moved[0][0], shapes)
                 if factor is not None:
                     out_weights = weigh(weights, factor, divide=True)
-            for k, out_axis in moved.items():
+            for k, (out_axis, out_part) in moved.items():
                 if k < len(node.outputs) and node.outputs[k] is not None:
-                    mark(node.outputs[k], out_axis, mask, out_weights)
+                    mark(node.outputs[k], out_axis, mask, out_weights, out_part)
 
     for node, uses in touched.items():
         jointly_linear = node.op_type in _carry.JOINTLY_LINEAR or sinks.adds_inputs(node)

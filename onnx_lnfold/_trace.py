@@ -40,7 +40,7 @@ def _carried(decision: LnDecision, leaves: set[Use], shapes: ShapeTable) -> list
         if is_residual_sum(value):
             reqs = sum_terms(producer, shapes, req.axis)  # the residual sum, as the analysis reads it
         else:
-            reqs = _carry.backward(producer, value.index(), req.axis, shapes)
+            reqs = _carry.backward(producer, value.index(), req.axis, shapes, req.part)
         if not isinstance(reqs, list):
             continue
         seen.add(producer)

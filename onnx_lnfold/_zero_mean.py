@@ -2,13 +2,15 @@
 center so that a tensor becomes zero-mean along an axis. Mutates nothing.
 
 A proof walks up from a tensor through carry ops (`_carry.backward`) to leaves (`Leaf`): one *use*
-of a constant, centered along one axis, or, for explicit centering, one use of a computed tensor
-no weight edit can center (an LN or GELU output), which then reads `x - ReduceMean(x)` instead.
-Proofs are memoized per (tensor, axis, weights) and computed without recursion: streams are deep.
+of a constant, centered along one axis (or in blocks of it, `_parts`), or, for explicit centering,
+one use of a computed tensor no weight edit can center (an LN or GELU output), which then reads
+`x - ReduceMean(x)` instead. Proofs are memoized per (tensor, axis, weights, part) and computed
+without recursion: streams are deep.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,6 +21,7 @@ from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._forms import is_residual_sum, sum_terms
 from onnx_lnfold._ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
+from onnx_lnfold._parts import WHOLE, Part
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._sinks import Sinks
 
@@ -53,7 +56,7 @@ def weigh(weights: Weights, factor: np.ndarray, divide: bool = False) -> Weights
 class Leaf:
     """One use to center, and the tensors that change because of it.
 
-    `aux=False`: `value` is a constant, edited (or an edited copy) along `axis`.
+    `aux=False`: `value` is a constant, edited (or an edited copy) along `axis` (in `part`'s blocks).
     `aux=True`: `value` is a computed tensor; the use reads `value - ReduceMean(value, axis)`.
     """
 
@@ -61,13 +64,17 @@ class Leaf:
     axis: int | None
     node: ir.Node
     index: int
-    seeds: tuple[tuple[ir.Value, int, Weights], ...]  # (changed output of `node`, its shift axis, weights)
+    seeds: tuple[Seed, ...]  # the outputs of `node` it changes
     aux: bool = False
     weights: Weights = None  # center `value * weights` (an affine chain), not `value`
+    part: Part = WHOLE  # its blocks (which, and how long); never a `where`: a constant is centered whole
 
 
-# A proof obligation: `tensor * weights` zero-mean along `axis`. The memo's key.
-Goal = tuple[ir.Value, int, Weights]
+# A changed tensor: (tensor, the axis its shift is constant along, per-channel weights, the part).
+Seed = tuple[ir.Value, int, Weights, Part]
+
+# A proof obligation: `tensor * weights` zero-mean along `axis`, in `part`. The memo's key.
+Goal = tuple[ir.Value, int, Weights, Part]
 
 
 @dataclass(frozen=True)
@@ -105,11 +112,11 @@ class Tracer:
             result = self._collect(node, reqs, None, None)
             if not isinstance(result, Pending):
                 return result
-            for value, axis, weights in result.needs:
-                self.zero_mean(value, axis, weights)
+            for value, axis, weights, part in result.needs:
+                self.zero_mean(value, axis, weights, part)
 
-    def zero_mean(self, value: ir.Value, axis: int, weights: Weights = None) -> frozenset[Leaf] | Blocked:
-        stack = [(value, axis, weights)]
+    def zero_mean(self, value: ir.Value, axis: int, weights: Weights = None, part: Part = WHOLE) -> frozenset[Leaf] | Blocked:
+        stack = [(value, axis, weights, part)]
         while stack:
             key = stack[-1]
             if key in self.memo:
@@ -121,9 +128,9 @@ class Tracer:
                 continue
             self.memo[key] = result
             stack.pop()
-        return self.memo[(value, axis, weights)]
+        return self.memo[(value, axis, weights, part)]
 
-    def _step(self, value: ir.Value, axis: int, weights: Weights) -> frozenset[Leaf] | Blocked | Pending:
+    def _step(self, value: ir.Value, axis: int, weights: Weights, part: Part) -> frozenset[Leaf] | Blocked | Pending:
         if value in self.junctions:
             return Blocked("centered-explicitly", f"tensor '{value.name}' is centered explicitly", value.name, value)
         if value.is_graph_input():
@@ -147,7 +154,8 @@ class Tracer:
                 return Blocked(
                     "unknown-shape", f"the rank of the skip input of {node_label(node)} is unknown", value.name, value
                 )
-            return self._collect(node, terms, (value, axis), weights)
+            terms = [dataclasses.replace(term, part=part.without_where()) for term in terms]
+            return self._collect(node, terms, (value, axis, part), weights)
         if node.op_type in NORMALIZATIONS or value in self.pattern_outputs:
             label = self.pattern_outputs.get(value) or node_label(node)
             return Blocked(
@@ -160,14 +168,14 @@ class Tracer:
             widened = self._widened(node)
             if widened is not None:
                 return Blocked("widened-narrow-constant", f"tensor '{value.name}' is {widened}", value.name, value)
-        reqs = _carry.backward(node, value.index(), axis, self.shapes)
+        reqs = _carry.backward(node, value.index(), axis, self.shapes, part)
         if isinstance(reqs, Blocked):
             return reqs.reworded(
                 f"tensor '{value.name}' comes from a node that breaks the chain: {reqs.reason}", value.name, value
             )
         if weights is not None and node.op_type == "Slice":
             return Blocked("scaled-slice", f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
-        return self._collect(node, reqs, (value, axis), weights)
+        return self._collect(node, reqs, (value, axis, part), weights)
 
     def _widened(self, cast: ir.Node) -> str | None:
         """Why a Cast of an fp16/bf16 constant to a wider float stops a proof, or None. The
@@ -185,11 +193,11 @@ class Tracer:
         return None
 
     def _collect(
-        self, node: ir.Node, reqs, out: tuple[ir.Value, int] | None, weights: Weights
+        self, node: ir.Node, reqs, out: tuple[ir.Value, int, Part] | None, weights: Weights
     ) -> frozenset[Leaf] | Blocked | Pending:
         """The leaves under the required inputs of `node` (`out`: the output being proven, with
-        its axis, and `weights` the ones asked of it), the first obstacle, or the goals to prove
-        first."""
+        its axis and part, and `weights` the ones asked of it), the first obstacle, or the goals
+        to prove first."""
         leaves: set[Leaf] = set()
         needs: list[Goal] = []
         for req in reqs:
@@ -244,11 +252,12 @@ class Tracer:
                     "it is not a constant, so its mean cannot be removed by editing weights",
                     inp.name,
                 )
-            sub = self.memo.get((inp, req.axis, req_weights))
+            sub = self.memo.get((inp, req.axis, req_weights, req.part))
             if sub is None:
-                needs.append((inp, req.axis, req_weights))
+                needs.append((inp, req.axis, req_weights, req.part))
             elif isinstance(sub, Blocked):
-                if sub.at is not inp or req_weights is not None or not self._aux_allowed(inp):
+                # An explicit centering removes the mean of the whole axis: not one per block.
+                if sub.at is not inp or req_weights is not None or not req.part.uniform or not self._aux_allowed(inp):
                     return sub
                 leaf = self._leaf(node, req, out, weights, None, aux=True)
                 if isinstance(leaf, Blocked):
@@ -266,21 +275,26 @@ class Tracer:
 
     def _leaf(self, node, req, out, out_weights: Weights, weights: Weights, aux: bool = False):
         """A leaf at input `req.index` of `node`. The change it makes is a shift at the node's
-        outputs once multiplied by `out_weights` (those asked of the output being proven)."""
+        outputs once multiplied by `out_weights` (those asked of the output being proven). A
+        constant is centered whole along its other axes, so the leaf's part has no `where`; an
+        explicit centering removes the mean of the whole axis."""
         inp = node.inputs[req.index]
+        part = WHOLE if aux else req.part.without_where()
         absorbed = self.sinks.absorbs(node, req.index, req.axis, self.shapes) if req.axis is not None else None
         if isinstance(absorbed, dict):
-            seeds: tuple[tuple[ir.Value, int, Weights], ...] = tuple(
-                (node.outputs[k], a, out_weights) for k, a in sorted(absorbed.items()) if node.outputs[k] is not None
+            if not part.uniform:
+                return Blocked("non-uniform-change", f"{node_label(node)} would see '{inp.name}' change by blocks, not uniformly")
+            seeds: tuple[Seed, ...] = tuple(
+                (node.outputs[k], a, out_weights, part) for k, a in sorted(absorbed.items()) if node.outputs[k] is not None
             )
         elif req.axis is None:
             assert out is not None
-            seeds = ((out[0], out[1], out_weights),)
+            seeds = ((out[0], out[1], out_weights, WHOLE),)  # a constant along the axis: a uniform shift
         else:
-            moved = absorbed if absorbed is not None else _carry.forward(node, req.index, req.axis, self.shapes)
+            moved = absorbed if absorbed is not None else _carry.forward(node, req.index, req.axis, self.shapes, part)
             if isinstance(moved, Blocked):  # the two directions of _carry disagree: refuse, never guess
                 return Blocked("internal", f"internal: cannot follow the shift of '{inp.name}': {moved.reason}")
             seeds = tuple(
-                (node.outputs[k], a, out_weights) for k, a in sorted(moved.items()) if node.outputs[k] is not None
+                (node.outputs[k], a, out_weights, p) for k, (a, p) in sorted(moved.items()) if node.outputs[k] is not None
             )
-        return Leaf(inp, req.axis, node, req.index, seeds, aux, weights)
+        return Leaf(inp, req.axis, node, req.index, seeds, aux, weights, part)

@@ -138,3 +138,96 @@ def fold_checked(model: onnx.ModelProto, folded: int, kept: int = 0, rtol: float
         assert result.report.verification.status == "passed", result.report.verification
         assert_equivalent(model, result.model_proto, rtol=rtol)
     return result
+
+
+def moments_ln(
+    g: Graph,
+    x: str,
+    d: int,
+    name: str,
+    *,
+    reduce: str = "ReduceMean",
+    square: str = "Mul",
+    clamp: str | None = "before",
+    inverse: str = "Reciprocal",
+    order: str = "gamma_in",
+    eps: float = 1e-6,
+    axis: int = -1,
+) -> str:
+    """A LayerNorm over the last axis of a rank-3 `x` written as jax2tf / tf2onnx do, with the
+    variance as E[x^2] - E[x]^2:
+
+    - `reduce`: "ReduceMean" (keepdims=1), or "ReduceSum" (keepdims=0, times 1/d, the axis given
+      back by Reshape + Expand as tf2onnx writes it), or "ReduceSum+Unsqueeze";
+    - `square`: x*x as "Mul", "Pow", or "ReduceSumSquare" (with ReduceSum only);
+    - `clamp`: Max(v, 0) "before" or "after" epsilon is added, or None;
+    - `inverse`: 1/sqrt as "Reciprocal", "Div1" (1 / sqrt), "Pow" (-0.5), or "divide" ((x - m) / sqrt);
+    - `order`: "gamma_after" ((x - m) * r * gamma + beta), "gamma_in" ((x - m) * (r * gamma) +
+      beta), "affine" (x * (r * gamma) + (beta - m * (r * gamma))), "affine_no_beta";
+    - `axis`: -1, or 1 with "ReduceMean" (gamma and beta of shape [d, 1]).
+    """
+    keep = reduce == "ReduceMean"
+    axes = g.ints(f"{name}.axes", [axis])
+
+    def mean_of(value: str, what: str) -> str:
+        if keep:
+            return g.node("ReduceMean", [value, axes], name=f"{name}/{what}")
+        if what == "ex2" and square == "ReduceSumSquare":
+            total = g.node("ReduceSumSquare", [x, axes], name=f"{name}/{what}_sum", keepdims=0)
+        else:
+            total = g.node("ReduceSum", [value, axes], name=f"{name}/{what}_sum", keepdims=0)
+        return g.node("Mul", [total, g.const(f"{name}.{what}_inv_n", value=np.float32(1.0 / d))], name=f"{name}/{what}")
+
+    def restore(value: str, what: str) -> str:  # the reduced axis back, as the reductions dropped it
+        if keep:
+            return value
+        if reduce.endswith("Unsqueeze"):
+            return g.node("Unsqueeze", [value, g.ints(f"{name}.{what}_axes", [2])], name=f"{name}/{what}_unsqueeze")
+        shaped = g.node("Reshape", [value, g.ints(f"{name}.{what}_shape", [0, 0, 1])], name=f"{name}/{what}_reshape")
+        lead = g.node("Shape", [x], name=f"{name}/{what}_shape_of", start=0, end=2)
+        target = g.node("Concat", [lead, g.ints(f"{name}.{what}_one", [1])], name=f"{name}/{what}_target", axis=0)
+        return g.node("Expand", [shaped, target], name=f"{name}/{what}_expand")
+
+    if square == "Pow":
+        sq = g.node("Pow", [x, g.const(f"{name}.two", value=np.float32(2.0))], name=f"{name}/square")
+    else:
+        sq = g.node("Mul", [x, x], name=f"{name}/square") if square == "Mul" else x
+    m = mean_of(x, "mean")
+    ex2 = mean_of(sq, "ex2")
+    m2 = g.node("Mul", [m, m], name=f"{name}/mean_squared")
+    v = g.node("Sub", [ex2, m2], name=f"{name}/variance")
+    zero = g.const(f"{name}.zero", value=np.float32(0.0))
+    if clamp == "before":
+        v = g.node("Max", [zero, v], name=f"{name}/clamp")
+    v = restore(v, "var")
+    v = g.node("Add", [v, g.const(f"{name}.eps", value=np.float32(eps))], name=f"{name}/add_eps")
+    if clamp == "after":
+        v = g.node("Max", [v, zero], name=f"{name}/clamp")
+    param = (d,) if axis == -1 else (d, 1)
+    gamma, beta = g.const(f"{name}.gamma", param), g.const(f"{name}.beta", param)
+    if inverse == "Pow":
+        r = g.node("Pow", [v, g.const(f"{name}.minus_half", value=np.float32(-0.5))], name=f"{name}/rsqrt")
+    else:
+        root = g.node("Sqrt", [v], name=f"{name}/sqrt")
+        if inverse == "Reciprocal":
+            r = g.node("Reciprocal", [root], name=f"{name}/rsqrt")
+        elif inverse == "Div1":
+            r = g.node("Div", [g.const(f"{name}.one", value=np.float32(1.0)), root], name=f"{name}/rsqrt")
+    m_b = restore(m, "mean")
+    if inverse == "divide":
+        n = g.node("Div", [g.node("Sub", [x, m_b], name=f"{name}/center"), root], name=f"{name}/normalize")
+        n = g.node("Mul", [n, gamma], name=f"{name}/gamma")
+        return g.node("Add", [n, beta], name=f"{name}/beta")
+    if order == "gamma_after":
+        n = g.node("Mul", [g.node("Sub", [x, m_b], name=f"{name}/center"), r], name=f"{name}/normalize")
+        n = g.node("Mul", [n, gamma], name=f"{name}/gamma")
+        return g.node("Add", [n, beta], name=f"{name}/beta")
+    q = g.node("Mul", [r, gamma], name=f"{name}/gamma")
+    if order == "gamma_in":
+        n = g.node("Mul", [g.node("Sub", [x, m_b], name=f"{name}/center"), q], name=f"{name}/normalize")
+        return g.node("Add", [n, beta], name=f"{name}/beta")
+    xq = g.node("Mul", [x, q], name=f"{name}/x_times")
+    mq = g.node("Mul", [m_b, q], name=f"{name}/mean_times")
+    if order == "affine_no_beta":
+        return g.node("Sub", [xq, mq], name=f"{name}/normalize")
+    return g.node("Add", [xq, g.node("Sub", [beta, mq], name=f"{name}/shift")], name=f"{name}/normalize")

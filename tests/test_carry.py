@@ -117,11 +117,29 @@ def test_reshape_flatten_keep_the_last_axis():
     fold_checked(g.model(), folded=1)
 
 
-def test_reshape_that_splits_the_axis_is_kept():
+def test_reshape_that_splits_the_axis_into_heads_folds_with_the_weight_centered_in_blocks():
+    """[.., 16] -> [.., 4, 4], an LN over the last 4: each block of 4 output columns of the
+    projection (and of its bias) is centered on its own (docs/DESIGN.md section 2.4)."""
     g = Graph()
     x = g.input("x", [2, 3, 8])
     h = g.linear(x, 8, 16, "proj")
     h = g.node("Reshape", [h, g.ints("shape", [2, 3, 4, 4])])
+    g.output(g.ln(h, 4, "ln"))
+    result = fold_checked(g.model(), folded=1)
+    assert {(e.tensor, e.axis, e.block, e.blocks) for e in result.plan.edits} == {
+        ("proj.weight", 1, 4, None),
+        ("proj.bias", 0, 4, None),
+    }
+    assert not result.plan.centerings
+
+
+def test_reshape_that_splits_the_axis_with_the_outer_part_normalized_is_kept():
+    """[.., 16] -> [.., 4, 4] -> swap the two: the LN's axis is every 4th column, not a block."""
+    g = Graph()
+    x = g.input("x", [2, 3, 8])
+    h = g.linear(x, 8, 16, "proj")
+    h = g.node("Reshape", [h, g.ints("shape", [2, 3, 4, 4])])
+    h = g.node("Transpose", [h], perm=[0, 1, 3, 2])
     g.output(g.ln(h, 4, "ln"))
     result = fold_checked(g.model(), folded=0, kept=1)
     assert "does not keep the normalized axis whole" in result.plan.kept[0].reason
@@ -424,3 +442,17 @@ def test_one_weight_centered_two_ways_gets_the_same_names_every_run():
         names.add(tuple((e.uses, e.new_name, e.weights is not None) for e in plan.edits))
     assert names == {((("a_plain:1",), "W.centered", False), (("b_scaled:1",), "W.centered_2", True))}
     fold_checked(model, folded=1)
+
+
+def test_parts_of_one_tensor_add_up_only_by_blocks_of_one_length():
+    """Two changes of one tensor (q's and k's heads of a fused projection) add up to one change
+    by blocks; by blocks of two lengths, or whole beside by blocks, they do not (docs/DESIGN.md
+    section 2.4)."""
+    from onnx_lnfold._parts import WHOLE, Part
+
+    q, k = Part(16, frozenset({0, 3})), Part(16, frozenset({1, 4}))
+    assert q.union(k) == Part(16, frozenset({0, 1, 3, 4}))
+    assert q.union(Part(16)) == Part(16)
+    assert q.union(Part(8)) is None and q.union(WHOLE) is None
+    rows = WHOLE.with_where({3: frozenset({0})}).union(WHOLE.with_where({3: frozenset({1}), 2: frozenset({0})}))
+    assert rows == WHOLE.with_where({3: frozenset({0, 1})})  # positions asked of one only are dropped

@@ -7,7 +7,7 @@ import pytest
 
 import onnx_lnfold
 
-from graphs import Graph, decomposed_ln, fold_checked, ops
+from graphs import Graph, decomposed_ln, fold_checked, moments_ln, ops
 
 
 @pytest.mark.parametrize("square", ["Pow", "Mul"])
@@ -24,6 +24,95 @@ def test_decomposed_layer_norm_variants_fold(square, divide, affine, opset):
     counts = ops(result.model_proto)
     assert counts["SimplifiedLayerNormalization"] == 1
     assert not {"ReduceMean", "Sqrt", "Pow", "Reciprocal", "Div"} & set(counts)
+
+
+def _moments_model(eps: float = 1e-6, **how) -> onnx.ModelProto:
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    g.output(moments_ln(g, h, 16, "ln", eps=eps, **how))
+    return g.model()
+
+
+# Every operation the form may be written with left behind would be a part not recognized.
+_MOMENTS_OPS = {"ReduceMean", "ReduceSum", "ReduceSumSquare", "Max", "Sqrt", "Reciprocal", "Pow", "Div", "Expand", "Unsqueeze", "Reshape"}
+
+
+@pytest.mark.parametrize(
+    "order, inverse",
+    [(o, i) for o in ("gamma_after", "gamma_in", "affine", "affine_no_beta") for i in ("Reciprocal", "Div1", "Pow")]
+    + [("gamma_after", "divide")],
+)
+@pytest.mark.parametrize("clamp", [None, "before", "after"])
+def test_layer_norm_as_moments_folds_in_every_order(order, inverse, clamp):
+    """jax2tf/tf2onnx's LayerNorm, var = E[x^2] - E[x]^2 [clamped by Max(., 0) before or after
+    epsilon], in each order of its last steps: one SimplifiedLayerNormalization with the
+    pattern's epsilon, exact through ONNX Runtime."""
+    result = fold_checked(_moments_model(eps=3e-6, order=order, inverse=inverse, clamp=clamp), folded=1)
+    (decision,) = result.plan.decisions
+    assert decision.op_type == "LayerNorm as E[x^2]-E[x]^2" and decision.epsilon == pytest.approx(3e-6)
+    counts = ops(result.model_proto)
+    assert counts["SimplifiedLayerNormalization"] == 1 and not _MOMENTS_OPS & set(counts)
+    (rms,) = [n for n in result.model_proto.graph.node if n.op_type == "SimplifiedLayerNormalization"]
+    assert onnx.helper.get_attribute_value(rms.attribute[1]) == pytest.approx(3e-6)
+
+
+@pytest.mark.parametrize(
+    "reduce, square",
+    [("ReduceMean", "Mul"), ("ReduceMean", "Pow"), ("ReduceSum", "Mul"), ("ReduceSum", "Pow"),
+     ("ReduceSum", "ReduceSumSquare"), ("ReduceSum+Unsqueeze", "Mul"), ("ReduceSum+Unsqueeze", "ReduceSumSquare")],
+)
+def test_layer_norm_as_moments_with_sums_and_dropped_axes_folds(reduce, square):
+    """Sums times 1/n, reductions that drop the axis and the Reshape + Expand (or Unsqueeze) that
+    give it back, x*x as Mul, Pow or ReduceSumSquare."""
+    result = fold_checked(_moments_model(reduce=reduce, square=square), folded=1)
+    assert not _MOMENTS_OPS & set(ops(result.model_proto))
+
+
+def test_layer_norm_as_moments_with_a_positive_clamp_is_no_layer_norm():
+    """Max(v, c) with c > 0 is not v on zero-mean input: not an LN, nothing folds."""
+    model = _moments_model(clamp="before")
+    for init in model.graph.initializer:
+        if init.name == "ln.zero":
+            init.CopyFrom(onnx.numpy_helper.from_array(np.array(1e-3, np.float32), "ln.zero"))
+    assert onnx_lnfold.fold(model).plan.decisions == []
+
+
+def test_layer_norm_as_moments_over_a_middle_axis_is_recognized_and_kept():
+    """As Magika's first LN: over axis 1 of 3, which RMSNorm ops (trailing axes) cannot do."""
+    g = Graph()
+    h = g.linear(g.input("x", ["b", 16, 8]), 8, 5, "proj")
+    g.output(moments_ln(g, h, 16, "ln", axis=1))
+    (decision,) = fold_checked(g.model(), folded=0, kept=1).plan.decisions
+    assert (decision.code, decision.stage, decision.axis) == ("not-last-axis", "form", 1)
+
+
+@pytest.mark.parametrize(
+    "read, moves, what",
+    [
+        ("ln/mean_out", True, "the mean"),
+        ("ln/mean_reshape_out", True, "the mean"),
+        ("ln/mean_squared_out", True, "the squared mean"),
+        ("ln/ex2_out", True, "E[x^2]"),
+        ("ln/variance_out", False, "the variance"),
+        ("ln/rsqrt_out", False, "1/std"),
+        ("ln/center_out", False, "the centered input"),
+    ],
+)
+def test_layer_norm_as_moments_with_an_intermediate_read_elsewhere_is_kept(read, moves, what):
+    """An intermediate read elsewhere keeps the pattern (`intermediate-read`). Those a shift of
+    the input moves (the mean and its copies, E[x^2]) also stop it removing a shift: the LN that
+    shares its input stays; those a shift leaves alone (the variance, x - m) do not."""
+    g = Graph()
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "proj")
+    g.output(g.ln(h, 16, "plain"))
+    g.output(moments_ln(g, h, 16, "ln", reduce="ReduceSum"))
+    g.output(read)
+    result = onnx_lnfold.fold(g.model())
+    kept = result.plan.decision_for("ln/mean_sum")
+    assert kept.code == "intermediate-read" and kept.stage == "form"
+    assert kept.reason.startswith(f"its intermediate '{read}' ({what}) is a graph output")
+    assert ("centering the input would change it" in kept.reason) == moves
+    assert result.plan.decision_for("plain").folded != moves
 
 
 def test_decomposed_layer_norm_is_a_sink_for_other_lns():

@@ -207,3 +207,68 @@ def test_export_script_reproduces_a_model(tmp_path):
     result = onnx_lnfold.fold(tmp_path / "gpt2.onnx")
     assert len(result.plan.folded) == 5
     assert result.report.verification.status == "passed"
+
+
+MAGIKA = "magika==1.0.3"  # its wheel ships models/standard_v3_3/model.onnx (jax2tf + tf2onnx)
+
+
+@pytest.mark.slow
+def test_magika_layer_norms_are_recognized_with_their_real_reasons(tmp_path):
+    """Google's Magika writes its two LayerNorms as E[x^2] - E[x]^2 with Max(0, .) (jax2tf): both
+    are recognized; neither folds, each for its own reason. The wheel is fetched and unzipped,
+    never installed."""
+    import zipfile
+
+    fetched = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", MAGIKA, "-d", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    wheels = sorted(tmp_path.glob("magika-*.whl"))
+    if fetched.returncode != 0 or not wheels:
+        pytest.skip(f"{MAGIKA} could not be fetched: {(fetched.stderr.strip().splitlines() or ['?'])[-1]}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extract("magika/models/standard_v3_3/model.onnx", tmp_path)
+    plan = onnx_lnfold.fold(tmp_path / "magika/models/standard_v3_3/model.onnx", verify=False).plan
+    assert [(d.op_type, d.status, d.axis) for d in plan.decisions] == [("LayerNorm as E[x^2]-E[x]^2", "kept", 1)] * 2
+    first, second = plan.decisions
+    assert first.node.endswith("MagikaV2/LayerNorm_0/Sum") and second.node.endswith("MagikaV2/LayerNorm_1/Sum")
+    # Over the 512 channels of [batch, 512, 256]: not the trailing axis an RMSNorm op normalizes.
+    assert (first.code, first.stage) == ("not-last-axis", "form") and "axis 1 of 3" in first.reason
+    # After the global max pooling: no weight edit makes a max zero-mean.
+    assert (second.code, second.stage) == ("not-carried", "proof")
+    assert "GlobalMaxPool" in second.reason and "does not carry a zero mean" in second.reason
+    assert plan.edits == [] and plan.centerings == []
+
+
+# name: (LNs, of which per-head q/k LNs over Dh of [.., Dh]); all fold, none through an explicit
+# centering (docs/DESIGN.md section 2.4)
+QK_LAYERNORM = {
+    "stablelm_dynamo": (21, 16),  # per head: 2 layers x (q, k) x 4 heads
+    "stablelm_torchscript": (21, 16),
+    "persimmon_dynamo": (9, 4),  # one LN over Dh: 2 layers x (q, k)
+    "persimmon_torchscript": (9, 4),
+}
+
+
+@pytest.mark.slow
+def test_per_head_qk_layer_norms_fold_without_explicit_centering(tmp_path):
+    """StableLM and Persimmon with qk_layernorm=True, exported by dynamo (opset 18) and TorchScript
+    (opset 17): every LN folds, the q/k projections centered head by head, v's never."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    subprocess.run([sys.executable, str(MODELS / "export_qk_layernorm_models.py"), "--out-dir", str(tmp_path)], check=True)
+    for name, (total, per_head) in QK_LAYERNORM.items():
+        result = onnx_lnfold.fold(tmp_path / f"{name}.onnx")
+        plan = result.plan
+        assert (len(plan.decisions), len(plan.folded)) == (total, total), (name, [(d.node, d.reason) for d in plan.kept])
+        assert plan.centerings == [], name
+        assert result.report.verification.status == "passed", name
+        blocked = [e for e in plan.edits if e.block is not None]
+        assert all(e.block == 16 for e in blocked), name
+        if name.startswith("stablelm"):  # q_proj and k_proj of each layer, every head
+            assert len(blocked) == 4 and all(e.blocks is None for e in blocked), name
+        else:  # the fused q/k/v weight and bias of each layer: q's and k's heads, not v's
+            q_and_k = tuple(3 * h + i for h in range(4) for i in (0, 1))
+            assert len(blocked) == 4 and all(e.blocks == q_and_k for e in blocked), name
+        assert sum(d.axis == 3 for d in plan.folded) == per_head, name  # the heads' LNs: over Dh of rank 4

@@ -10,8 +10,9 @@ from onnx_lnfold._forms.base import LnCandidate, LnForm, LnKind, RewriteSite
 from onnx_lnfold._forms.decomposed import DecomposedForm
 from onnx_lnfold._forms.embed_layer_norm import EmbedLayerNormForm
 from onnx_lnfold._forms.layer_norm import LayerNormForm
+from onnx_lnfold._forms.moments import MomentsForm
 from onnx_lnfold._forms.skip_layer_norm import SkipLayerNormForm, is_residual_sum, sum_terms
 
-FORMS = (LayerNormForm(), SkipLayerNormForm(), EmbedLayerNormForm(), DecomposedForm())
+FORMS = (LayerNormForm(), SkipLayerNormForm(), EmbedLayerNormForm(), DecomposedForm(), MomentsForm())
 
 __all__ = ["FORMS", "LnCandidate", "LnForm", "LnKind", "RewriteSite", "is_residual_sum", "sum_terms"]

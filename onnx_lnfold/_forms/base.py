@@ -11,7 +11,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._carry import Requirement
-from onnx_lnfold._ir import FLOAT_TYPES
+from onnx_lnfold._ir import FLOAT_TYPES, attr_or_input_ints, normalize_axis
 from onnx_lnfold._shapes import ShapeTable
 
 
@@ -21,6 +21,7 @@ class LnKind(str, enum.Enum):
     LAYER_NORM = "LayerNormalization"
     SKIP_LAYER_NORM = "com.microsoft::SkipLayerNormalization"
     DECOMPOSED = "decomposed LayerNorm"
+    MOMENTS = "LayerNorm as E[x^2]-E[x]^2"
     EMBED_LAYER_NORM = "com.microsoft::EmbedLayerNormalization"
 
     def __str__(self) -> str:
@@ -112,3 +113,49 @@ def check_float(cand: LnCandidate, shapes: ShapeTable) -> Blocked | None:
     if dtype is not None and dtype not in FLOAT_TYPES:
         return Blocked("not-float", f"its input is {dtype.name}, not a float type")
     return None
+
+
+# --- reading a pattern of ops (the forms written as several nodes) -----------------------------
+
+
+def only_use(value: ir.Value) -> tuple[ir.Node, int] | None:
+    """The one use (node, input index) of `value`; None if it has several or is a graph output."""
+    uses = value.uses()
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0]
+
+
+def other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    """The other operand of a binary `node` that reads `value`."""
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def first_use(value: ir.Value, match) -> tuple[ir.Node, int] | None:
+    """The first use (node, input index) of `value` that `match(node, index)` accepts."""
+    for node, index in value.uses():
+        if match(node, index):
+            return node, index
+    return None
+
+
+def reduce_axis(node: ir.Node, rank: int | None, keepdims: bool | None = True) -> int | None:
+    """The single axis a reduction reduces over (as written, if the rank is unknown), else None.
+    `keepdims`: the value its attribute must have (None: either)."""
+    if keepdims is not None and bool(node.attributes.get_int("keepdims", 1)) != keepdims:
+        return None
+    axes = attr_or_input_ints(node, "axes", 1)
+    if axes is None or len(axes) != 1:
+        return None
+    return axes[0] if rank is None else normalize_axis(axes[0], rank)
+
+
+def along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: ShapeTable) -> bool:
+    """A constant that varies only along `axis` (gamma / beta of an LN written as ops)."""
+    if value is None or value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
+        return False
+    shape = shapes.shape(value)
+    if shape is None:
+        return False
+    offset = rank - len(shape)
+    return all(d == 1 for i, d in enumerate(shape) if i + offset != axis)

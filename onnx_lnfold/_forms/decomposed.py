@@ -9,8 +9,18 @@ import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._carry import Requirement
-from onnx_lnfold._forms.base import LnCandidate, LnForm, LnKind, check_float
-from onnx_lnfold._ir import attr_or_input_ints, const_scalar, is_standard, node_label, normalize_axis
+from onnx_lnfold._forms.base import (
+    LnCandidate,
+    LnForm,
+    LnKind,
+    along_axis_constant,
+    check_float,
+    first_use,
+    only_use,
+    other_input,
+    reduce_axis,
+)
+from onnx_lnfold._ir import const_scalar, is_standard, node_label
 from onnx_lnfold._shapes import ShapeTable
 
 
@@ -27,15 +37,15 @@ class DecomposedForm(LnForm):
             return None
         x = mean.inputs[0]
         rank = shapes.rank(x)
-        axis = _reduce_axis(mean, rank)
+        axis = reduce_axis(mean, rank)
         if x is None or axis is None:
             return None
-        use = _use(mean.outputs[0], lambda n, i: n.op_type == "Sub" and i == 1 and n.inputs[0] is x)
+        use = first_use(mean.outputs[0], lambda n, i: n.op_type == "Sub" and i == 1 and n.inputs[0] is x)
         if use is None:
             return None
         sub = use[0]
         d = sub.outputs[0]
-        square = _use(
+        square = first_use(
             d,
             lambda n, i: (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0)
             or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d),
@@ -44,32 +54,32 @@ class DecomposedForm(LnForm):
             return None
         square = square[0]
         chain = [mean, sub, square]
-        step = _use(
-            square.outputs[0], lambda n, i: n.op_type == "ReduceMean" and i == 0 and _reduce_axis(n, rank) == axis
+        step = first_use(
+            square.outputs[0], lambda n, i: n.op_type == "ReduceMean" and i == 0 and reduce_axis(n, rank) == axis
         )
         if step is None:
             return None
         chain.append(step[0])
-        step = _use(
-            step[0].outputs[0], lambda n, i: n.op_type == "Add" and const_scalar(_other(n, n.inputs[i])) is not None
+        step = first_use(
+            step[0].outputs[0], lambda n, i: n.op_type == "Add" and const_scalar(other_input(n, n.inputs[i])) is not None
         )
         if step is None:
             return None
-        epsilon = const_scalar(_other(step[0], step[0].inputs[step[1]]))
+        epsilon = const_scalar(other_input(step[0], step[0].inputs[step[1]]))
         assert epsilon is not None
         chain.append(step[0])
-        step = _use(step[0].outputs[0], lambda n, i: n.op_type == "Sqrt")
+        step = first_use(step[0].outputs[0], lambda n, i: n.op_type == "Sqrt")
         if step is None:
             return None
         chain.append(step[0])
         root = step[0].outputs[0]
-        norm = _use(d, lambda n, i: n.op_type == "Div" and i == 0 and n.inputs[1] is root)
+        norm = first_use(d, lambda n, i: n.op_type == "Div" and i == 0 and n.inputs[1] is root)
         if norm is None:
-            recip = _use(root, lambda n, i: n.op_type == "Reciprocal")
+            recip = first_use(root, lambda n, i: n.op_type == "Reciprocal")
             if recip is None:
                 return None
             r = recip[0].outputs[0]
-            norm = _use(d, lambda n, i: n.op_type == "Mul" and i == 0 and n.inputs[1] is r)
+            norm = first_use(d, lambda n, i: n.op_type == "Mul" and i == 0 and n.inputs[1] is r)
             if norm is None:
                 return None
             chain.append(recip[0])
@@ -77,19 +87,19 @@ class DecomposedForm(LnForm):
         chain.append(norm)
         out = norm.outputs[0]
         scale = beta = None
-        step = _only_use(out)
+        step = only_use(out)
         if rank is None:  # recognized, and reported, but not folded: the axis is unknown
             cand = LnCandidate(self, mean, name, out, None, None, None, epsilon)
             cand.nodes = tuple(chain)
             cand.form_problem = Blocked("unknown-shape", f"the rank of input '{x.name}' is unknown, so the normalized axis is unknown")
             return cand
-        if step is not None and step[0].op_type == "Mul" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
-            scale = _other(step[0], out)
+        if step is not None and step[0].op_type == "Mul" and along_axis_constant(other_input(step[0], out), rank, axis, shapes):
+            scale = other_input(step[0], out)
             chain.append(step[0])
             out = step[0].outputs[0]
-            step = _only_use(out)
-        if step is not None and step[0].op_type == "Add" and _along_axis_constant(_other(step[0], out), rank, axis, shapes):
-            beta = _other(step[0], out)
+            step = only_use(out)
+        if step is not None and step[0].op_type == "Add" and along_axis_constant(other_input(step[0], out), rank, axis, shapes):
+            beta = other_input(step[0], out)
             chain.append(step[0])
             out = step[0].outputs[0]
         cand = LnCandidate(self, mean, name, out, scale, beta, axis, epsilon)
@@ -129,25 +139,6 @@ class DecomposedForm(LnForm):
         return {}
 
 
-def _only_use(value: ir.Value) -> tuple[ir.Node, int] | None:
-    uses = value.uses()
-    if len(uses) != 1 or value.is_graph_output():
-        return None
-    return uses[0]
-
-
-def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
-    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
-
-
-def _use(value: ir.Value, match) -> tuple[ir.Node, int] | None:
-    """The first use (node, input index) of `value` that `match(node, index)` accepts."""
-    for node, index in value.uses():
-        if match(node, index):
-            return node, index
-    return None
-
-
 # What each intermediate of a decomposed LN holds, in pattern order (for reasons).
 _INTERMEDIATES = (
     "the mean",
@@ -172,25 +163,3 @@ def _shared_intermediate(chain: list[ir.Node]) -> tuple[ir.Node, str, str] | Non
         if any(user not in inside for user, _ in out.uses()):
             return node, what, "is read outside the pattern"
     return None
-
-
-def _reduce_axis(node: ir.Node, rank: int | None) -> int | None:
-    """The single axis a keepdims ReduceMean reduces over (as written, if the rank is unknown),
-    else None."""
-    if node.attributes.get_int("keepdims", 1) == 0:
-        return None
-    axes = attr_or_input_ints(node, "axes", 1)
-    if axes is None or len(axes) != 1:
-        return None
-    return axes[0] if rank is None else normalize_axis(axes[0], rank)
-
-
-def _along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: ShapeTable) -> bool:
-    """A constant that varies only along `axis` (gamma / beta of a decomposed LN)."""
-    if value is None or value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
-        return False
-    shape = shapes.shape(value)
-    if shape is None:
-        return False
-    offset = rank - len(shape)
-    return all(d == 1 for i, d in enumerate(shape) if i + offset != axis)
