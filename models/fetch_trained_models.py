@@ -237,7 +237,7 @@ def whisper_model(ctx: Context):
     return ctx.cached("whisper", lambda: ct2_whisper.load_whisper(whisper_dir(ctx)))
 
 
-class _Encoder:
+class WhisperEncoder:
     """Whisper's encoder as a module returning last_hidden_state only."""
 
     @staticmethod
@@ -269,7 +269,7 @@ def _torch_export(module, args, path: Path, *, dynamo: bool, opset: int, input_n
 def make_whisper_encoder(ctx: Context, spec: Model, *, dynamo: bool) -> dict:
     import torch
 
-    module = _Encoder.wrap(whisper_model(ctx))
+    module = WhisperEncoder.wrap(whisper_model(ctx))
     features = whisper_log_mel()
     path = ctx.dest / spec.file
     if dynamo:
@@ -298,7 +298,7 @@ def whisper_encoder_output(ctx: Context) -> np.ndarray:
     return ctx.cached("whisper_encoder_output", build)
 
 
-def _whisper_decoder_module(model):
+def whisper_decoder_module(model):
     import torch
 
     class Decoder(torch.nn.Module):
@@ -321,7 +321,7 @@ def whisper_past_names(layers: int) -> list[str]:
             for kv in ("key", "value")]
 
 
-def _whisper_decoder_with_past_module(model):
+def whisper_decoder_with_past_module(model):
     import torch
     import transformers
 
@@ -380,7 +380,7 @@ def whisper_past(ctx: Context, model, past: int = WHISPER_PAST) -> dict[str, np.
 def make_whisper_decoder(ctx: Context, spec: Model) -> dict:
     import torch
 
-    module = _whisper_decoder_module(whisper_model(ctx))
+    module = whisper_decoder_module(whisper_model(ctx))
     feeds = {"input_ids": np.array([WHISPER_TOKENS], dtype=np.int64), "encoder_hidden_states": whisper_encoder_output(ctx)}
     batch = torch.export.Dim("batch_size", min=1, max=64)
     seq = torch.export.Dim("decoder_sequence_length", min=1, max=448)
@@ -397,7 +397,7 @@ def make_whisper_decoder_with_past(ctx: Context, spec: Model) -> dict:
     import torch
 
     model = whisper_model(ctx)
-    module = _whisper_decoder_with_past_module(model)
+    module = whisper_decoder_with_past_module(model)
     past = whisper_past(ctx, model)
     feeds = {"input_ids": np.array([WHISPER_TOKENS[WHISPER_PAST : WHISPER_PAST + 1]], dtype=np.int64), **past}
     layers = model.config.decoder_layers
@@ -476,7 +476,7 @@ def make_whisper_decoder_merged(ctx: Context, spec: Model) -> dict:
     step = {"input_ids": np.array([WHISPER_TOKENS[WHISPER_PAST : WHISPER_PAST + 1]], dtype=np.int64),
             "encoder_hidden_states": encoder_out, **past, "use_cache_branch": np.array([True])}
     with torch.no_grad():
-        step_out = _whisper_decoder_with_past_module(model)(torch.from_numpy(step["input_ids"]),
+        step_out = whisper_decoder_with_past_module(model)(torch.from_numpy(step["input_ids"]),
                                                             *[torch.from_numpy(v) for v in past.values()])
     names = ["logits"] + [f"present.{i}.decoder.{kv}" for i in range(layers) for kv in ("key", "value")]
     diffs = [check_export(path, dict(zip(names, (t.numpy() for t in step_out))), step)]
@@ -484,7 +484,7 @@ def make_whisper_decoder_merged(ctx: Context, spec: Model) -> dict:
     first = {"input_ids": np.array([WHISPER_TOKENS], dtype=np.int64), "encoder_hidden_states": encoder_out,
              **{n: np.zeros((1, 6, 1, 64), dtype=np.float32) for n in past}, "use_cache_branch": np.array([False])}
     with torch.no_grad():
-        logits = _whisper_decoder_module(model)(torch.from_numpy(first["input_ids"]), torch.from_numpy(encoder_out))
+        logits = whisper_decoder_module(model)(torch.from_numpy(first["input_ids"]), torch.from_numpy(encoder_out))
     diffs.append(check_export(path, {"logits": logits.numpy()}, first))
     return {"exporter": "optimum-cli export onnx --task automatic-speech-recognition-with-past (optimum-onnx 0.1.0, "
             "transformers 4.57, TorchScript exporter), its decoder_model_merged.onnx",
