@@ -434,6 +434,8 @@ def optimum_export(ctx: Context) -> Path | None:
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"optimum-cli failed ({done.returncode}): {done.stderr[-2000:]}")
+    for unused in ("decoder_model.onnx", "decoder_with_past_model.onnx"):  # 230 MB this script does not use
+        (out / unused).unlink(missing_ok=True)
     (out / ".complete").write_text(" ".join(cmd[2:]) + "\n")
     return out
 
@@ -700,7 +702,8 @@ def main(argv=None) -> int:
             if "ln_recognized_by_onnx_lnfold" not in recorded:  # written before onnx_lnfold was importable
                 recorded.update(onnx_summary(path))
                 manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
-            print(f"{spec.name}: present ({recorded['size_bytes']} bytes, {recorded['layernorm_count']} LNs), skipped")
+            lns = recorded.get("ln_recognized_by_onnx_lnfold", recorded["layernorm_count"])
+            print(f"{spec.name}: present ({recorded['size_bytes']} bytes, {lns} LNs), skipped")
             continue
         try:
             extra = spec.make(ctx, spec)
