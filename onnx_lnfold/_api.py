@@ -19,6 +19,7 @@ from onnx_lnfold._load import ModelSource, load_model
 from onnx_lnfold._options import FoldOptions, keywords_to_options, takes_option_keywords
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._shapes import ShapeTable
+from onnx_lnfold._verify import FLOAT64_BUDGET_S
 
 
 @takes_option_keywords
@@ -44,6 +45,7 @@ def fold(
     rtol: float | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
+    float64_budget: float = FLOAT64_BUDGET_S,
     options: FoldOptions | None = None,
     **option_keywords,
 ) -> _fold.FoldResult:
@@ -51,7 +53,8 @@ def fold(
 
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
     changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
-    model whose outputs differ beyond `rtol`, its subclass `NotVerified` when something was folded
+    model whose outputs differ beyond `rtol` (judged in float64: docs/DESIGN.md section 6; the
+    float64 evaluation may take `float64_budget` seconds, 0 for none), its subclass `NotVerified` when something was folded
     but the check could not run (no onnxruntime, the original does not run on the inputs: pass
     `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
     `LnFoldError` for bad input.
@@ -60,7 +63,9 @@ def fold(
     `FoldOptions`, whose docstring says what each does.
     """
     options = keywords_to_options(options, option_keywords, "fold")
-    check = _fold.VerifyRequest(enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs)
+    check = _fold.VerifyRequest(
+        enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs, float64_budget=float64_budget
+    )
     # The report carries the wall time, as the command line's does.
     started = time.monotonic()
     try:

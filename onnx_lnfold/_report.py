@@ -213,14 +213,7 @@ class FoldReport:
         elif self.size_before is not None:
             grows = f" (+{_mb(plan.untied_bytes)} MB of untied copies once written)" if plan.untied_bytes else ""
             parts.append(f"{_mb(self.size_before)} MB{grows}")
-        v = self.verification
-        if v.status == "passed":
-            parts.append(f"verified (worst relative diff {v.max_rel_diff:.2g})")
-        elif v.status == "failed":
-            worst = f" (worst relative diff {v.max_rel_diff:.2g} > rtol {v.rtol:g})" if v.outputs and v.rtol else ""
-            parts.append(f"verification FAILED{worst}")
-        else:
-            parts.append("not verified")
+        parts.append(self.verification.verdict())
         if self.elapsed_s is not None:
             parts.append(f"{self.elapsed_s:.1f} s")
         return "onnx_lnfold: " + ", ".join(parts)
@@ -285,8 +278,9 @@ class FoldReport:
     def _verification_lines(self) -> list[str]:
         first, *rest = self.verification.format_lines()
         lines = _wrap(first, "    ")
-        for line in rest:  # already indented by two
-            lines += _wrap(line.strip(), "    ", "  ")
+        for line in rest:  # already indented, by two or more
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += _wrap(line.strip(), indent + "  ", indent)
         return lines
 
     def format_text(self) -> str:
