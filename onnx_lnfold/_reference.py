@@ -46,7 +46,7 @@ class Float64Unavailable(Exception):
 
 # --------------------------------------------------------------------------- ops
 def _erf(x: np.ndarray) -> np.ndarray:
-    # math.erf is correctly rounded in double; one Python call an element (numpy has no erf).
+    # The C library's double erf (within an ulp or so), one Python call an element: numpy has none.
     flat = np.fromiter(map(math.erf, x.ravel().tolist()), dtype=np.float64, count=x.size)
     return flat.reshape(x.shape).astype(x.dtype, copy=False)
 
