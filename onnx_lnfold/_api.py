@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold import _analyze, _fold
 from onnx_lnfold._errors import VerificationFailed
 from onnx_lnfold._load import ModelSource, external_data_files, load_model
-from onnx_lnfold._options import FoldOptions, keywords_to_options, takes_option_keywords
+from onnx_lnfold._options import FLOAT64_BUDGET_S, FoldOptions, keywords_to_options, takes_option_keywords
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._report import model_bytes
 from onnx_lnfold._shapes import ShapeTable
@@ -45,6 +45,7 @@ def fold(
     rtol: float | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
+    float64_budget: float = FLOAT64_BUDGET_S,
     options: FoldOptions | None = None,
     **option_keywords,
 ) -> _fold.FoldResult:
@@ -52,7 +53,8 @@ def fold(
 
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
     changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
-    model whose outputs differ beyond `rtol`, its subclass `NotVerified` when something was folded
+    model whose outputs differ beyond `rtol` (judged in float64: docs/DESIGN.md section 6; the
+    float64 evaluation may take `float64_budget` seconds, 0 for none), its subclass `NotVerified` when something was folded
     but the check could not run (no onnxruntime, the original does not run on the inputs: pass
     `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
     `InvalidInput` for bad input (all three are `LnFoldError`s).
@@ -64,7 +66,9 @@ def fold(
     `FoldOptions`, whose docstring says what each does.
     """
     options = keywords_to_options(options, option_keywords, "fold")
-    check = _fold.VerifyRequest(enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs)
+    check = _fold.VerifyRequest(
+        enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs, float64_budget=float64_budget
+    )
     # The report carries the wall time, as the command line's does.
     started = time.monotonic()
     size_before = None  # bytes on disk, external data included, as the command line reports them

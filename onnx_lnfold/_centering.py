@@ -2,6 +2,10 @@
 through a weight (b + beta @ W). Both read their weight a block of rows at a time
 (`_tensor_io.row_blocks`) and work in float64, rounding once back to the tensor's dtype.
 
+Both also hand out their float64 values before that rounding (`exact_float64()`): verification
+builds a float64 twin of the fold with them, in which an exact fold differs from the original by
+float64 rounding alone (docs/DESIGN.md section 6). `exact_float64(tensor)` reads any tensor so.
+
 Both are lazy: nothing is computed until the model is written (or verified). A centered weight
 then streams its blocks straight to the file, so a multi-GB weight never exists whole in memory;
 the reads and arithmetic run in the writer threads, beside the kernel's copies of the untouched
@@ -67,45 +71,52 @@ class CenteredTensor(ir.LazyTensor):
         assert total is not None
         return total / self._source.shape[0]
 
-    def row_blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[Rows, np.ndarray]]:
-        """The centered tensor's (rows, block) pairs, in order; each block is a reused buffer."""
+    def _float64_blocks(self, block_bytes: int) -> Iterator[tuple[Rows, np.ndarray]]:
+        """The centered (rows, block) pairs in float64, before any rounding."""
         shape = tuple(self._source.shape)
-        dtype = raw_dtype(self.dtype)
         if not shape:  # a scalar: its own mean
-            yield ..., np.zeros((), dtype=dtype)
+            yield ..., np.zeros((), dtype=np.float64)
             return
         if shape[0] == 0:
             return
         axis = self._axis
         if axis is not None and self._block is not None:
-            yield from self._blocked_rows(shape, axis, dtype, block_bytes)
+            yield from self._blocked_float64(shape, axis, block_bytes)
             return
         if axis is None:
-            step = rows_per_block(shape, dtype.itemsize, block_bytes)
-            zeros = np.zeros((min(step, shape[0]), *shape[1:]), dtype=dtype)
+            step = rows_per_block(shape, 8, block_bytes)
             for start in range(0, shape[0], step):
-                yield slice(start, start + step), zeros[: min(step, shape[0] - start)]
+                yield slice(start, start + step), np.zeros((min(step, shape[0] - start), *shape[1:]))
             return
         row_mean = self._mean_over_rows(block_bytes) if axis == 0 else None
-        out = None
         for rows, block in row_blocks(self._source, block_bytes):
-            if out is None or out.shape[0] < block.shape[0]:
-                out = np.empty(block.shape, dtype=dtype)
-            target = out[: block.shape[0]]
+            wide = block.astype(np.float64)
             if self._weights is None:
-                # float64 mean, float64 subtraction, one rounding back
-                mean = row_mean if row_mean is not None else block.mean(axis=axis, dtype=np.float64, keepdims=True)
-                np.subtract(block, mean, out=target, casting="same_kind")
+                mean = row_mean if row_mean is not None else wide.mean(axis=axis, keepdims=True)
+                wide -= mean
             else:
                 w = _broadcast(self._weights[rows] if axis == 0 else self._weights, block.ndim, axis)
-                wide = block.astype(np.float64)
                 mean = row_mean if row_mean is not None else (wide * w).mean(axis=axis, keepdims=True)
-                target[...] = wide - mean / w
+                wide -= mean / w
+            yield rows, wide
+
+    def row_blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[Rows, np.ndarray]]:
+        """The centered tensor's (rows, block) pairs, in order; each block is a reused buffer."""
+        dtype = raw_dtype(self.dtype)
+        out = None
+        for rows, wide in self._float64_blocks(block_bytes):
+            if not wide.ndim:  # a scalar
+                yield rows, wide.astype(dtype)
+                continue
+            if out is None or out.shape[0] < wide.shape[0]:
+                out = np.empty(wide.shape, dtype=dtype)
+            target = out[: wide.shape[0]]
+            target[...] = wide  # the one rounding, float64 -> the weight's dtype
             yield rows, target
 
-    def _blocked_rows(self, shape: tuple, axis: int, dtype: np.dtype, block_bytes: int) -> Iterator[tuple[Rows, np.ndarray]]:
-        """`row_blocks` for a centering in blocks along `axis`: each chosen block minus its own
-        (weighted) mean, in float64, rounded once."""
+    def _blocked_float64(self, shape: tuple, axis: int, block_bytes: int) -> Iterator[tuple[Rows, np.ndarray]]:
+        """`_float64_blocks` for a centering in blocks along `axis`: each chosen block minus its
+        own (weighted) mean, in float64."""
         size = self._block
         assert size is not None and shape[axis] % size == 0
         count = shape[axis] // size
@@ -129,18 +140,14 @@ class CenteredTensor(ir.LazyTensor):
                 np.add.at(sums, np.arange(rows.start, rows.start + len(part)) // size, wide)
             means = sums / size
             means[~chosen] = 0.0
-        out = None
         for rows, part in row_blocks(self._source, block_bytes):
-            if out is None or out.shape[0] < part.shape[0]:
-                out = np.empty(part.shape, dtype=dtype)
-            target = out[: part.shape[0]]
             wide = part.astype(np.float64)
             if axis == 0:
                 index = np.arange(rows.start, rows.start + len(part)) // size
                 shift = means[index]  # type: ignore[index]
                 if weights is not None:
                     shift = shift / _broadcast(weights[rows], wide.ndim, 0)
-                target[...] = wide - shift
+                yield rows, wide - shift
             else:
                 blocked = split(wide)
                 scaled = blocked * along(weights, wide.ndim) if weights is not None else blocked
@@ -148,8 +155,14 @@ class CenteredTensor(ir.LazyTensor):
                 mean = scaled.mean(axis=axis + 1, keepdims=True) * mask
                 if weights is not None:
                     mean = mean / along(weights, wide.ndim)
-                target[...] = (blocked - mean).reshape(wide.shape)
-            yield rows, target
+                yield rows, (blocked - mean).reshape(wide.shape)
+
+    def exact_float64(self) -> np.ndarray:
+        """The centered values in float64, before rounding to the weight's dtype."""
+        out = np.empty(tuple(self.shape), dtype=np.float64)
+        for rows, wide in self._float64_blocks(BLOCK_BYTES):
+            out[rows] = wide
+        return out
 
     def _materialize(self) -> ir.Tensor:
         out = np.empty(tuple(self.shape), dtype=np.dtype(self.dtype.numpy()))
@@ -161,6 +174,14 @@ class CenteredTensor(ir.LazyTensor):
         """Stream the centered bytes (little-endian, as ONNX stores them) to a binary file."""
         for _, block in self.row_blocks():
             file.write(memoryview(block.reshape(-1).view(np.uint8)))
+
+
+def exact_float64(tensor: ir.TensorProtocol) -> np.ndarray:
+    """`tensor`'s values in float64: for a tensor this module computed, before its rounding."""
+    own = getattr(tensor, "exact_float64", None)
+    if own is not None:
+        return own()
+    return np.asarray(tensor.numpy()).astype(np.float64)
 
 
 def _times_weight(beta: np.ndarray, weight: ir.TensorProtocol, trans: bool) -> np.ndarray:
@@ -176,6 +197,49 @@ def _times_weight(beta: np.ndarray, weight: ir.TensorProtocol, trans: bool) -> n
     return out
 
 
+class BiasPlusBeta(ir.LazyTensor):
+    """bias + scale * (beta @ W) (beta @ W.T with `trans`), or without a bias just the second
+    term; computed once, when first read. W as written (a centered W rounded to its dtype): the
+    folded model computes with that W. `exact_float64` uses the unrounded values throughout."""
+
+    def __init__(
+        self,
+        bias: ir.TensorProtocol | None,
+        beta: np.ndarray,
+        weight: ir.TensorProtocol,
+        *,
+        trans: bool,
+        scale: float,
+        dtype: ir.DataType,
+        name: str,
+    ):
+        if bias is not None:
+            shape = tuple(bias.shape)
+        else:
+            shape = (weight.shape[0] if trans else weight.shape[1],)
+        super().__init__(self._materialize, dtype=dtype, shape=ir.Shape(shape), name=name, cache=True)
+        self._bias, self._beta, self._weight, self._trans, self._scale = bias, beta, weight, trans, scale
+
+    def __repr__(self) -> str:  # LazyTensor's would print its function, a method of this very object
+        return f"{self._repr_base()}(weight={self._weight!r}, trans={self._trans}, name={self.name!r})"
+
+    def _materialize(self) -> ir.Tensor:
+        delta = self._scale * _times_weight(self._beta, self._weight, self._trans)
+        if self._bias is None:
+            return ir.Tensor(delta.astype(self.dtype.numpy()), dtype=self.dtype, name=self.name)
+        data = np.asarray(self._bias.numpy())
+        summed = (data.astype(np.float64) + delta.reshape(data.shape)).astype(data.dtype)
+        return ir.Tensor(summed, dtype=self.dtype, name=self.name)
+
+    def exact_float64(self) -> np.ndarray:
+        weight = exact_float64(self._weight)
+        delta = self._scale * (weight @ self._beta if self._trans else self._beta @ weight)
+        if self._bias is None:
+            return delta
+        bias = exact_float64(self._bias)
+        return bias + delta.reshape(bias.shape)
+
+
 def bias_plus_beta(
     bias: ir.TensorProtocol | None,
     beta: np.ndarray,
@@ -185,20 +249,7 @@ def bias_plus_beta(
     scale: float = 1.0,
     dtype: ir.DataType,
     name: str,
-) -> ir.LazyTensor:
+) -> BiasPlusBeta:
     """bias + scale * (beta @ W) (beta @ W.T with `trans`), or without a bias just the second
     term; computed once, when first read."""
-    if bias is not None:
-        shape = tuple(bias.shape)
-    else:
-        shape = (weight.shape[0] if trans else weight.shape[1],)
-
-    def compute() -> ir.Tensor:
-        delta = scale * _times_weight(beta, weight, trans)
-        if bias is None:
-            return ir.Tensor(delta.astype(dtype.numpy()), dtype=dtype, name=name)
-        data = np.asarray(bias.numpy())
-        summed = (data.astype(np.float64) + delta.reshape(data.shape)).astype(data.dtype)
-        return ir.Tensor(summed, dtype=dtype, name=name)
-
-    return ir.LazyTensor(compute, dtype=dtype, shape=ir.Shape(shape), name=name, cache=True)
+    return BiasPlusBeta(bias, beta, weight, trans=trans, scale=scale, dtype=dtype, name=name)

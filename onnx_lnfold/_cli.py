@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
 from onnx_lnfold._errors import CannotWrite, InvalidInput, LnFoldError, VerificationFailed
-from onnx_lnfold._options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
+from onnx_lnfold._options import FLOAT64_BUDGET_S, FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 from onnx_lnfold._progress import Progress
 
 if TYPE_CHECKING:
@@ -101,7 +101,19 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "center, or for tied weights: they are untied)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
-    p.add_argument("--rtol", type=float, help="max |diff|/max|ref| allowed (default 1e-4 fp32, 1e-2 fp16)")
+    p.add_argument(
+        "--rtol",
+        type=float,
+        help="max |diff|/max|ref| of the fold from the original, judged in float64 (default 1e-4 fp32, 1e-2 fp16)",
+    )
+    p.add_argument(
+        "--float64-budget",
+        type=float,
+        default=FLOAT64_BUDGET_S,
+        metavar="SECONDS",
+        help=f"time the float64 reference may take (default {FLOAT64_BUDGET_S:g}); beyond it, or with 0, the fold "
+        "is judged against the original's own float32 sensitivity instead",
+    )
     p.add_argument(
         "--input-shape",
         action="append",
@@ -240,6 +252,8 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
     if args.rtol is not None and not args.rtol > 0:
         raise InvalidInput("--rtol must be a positive number")
+    if not args.float64_budget >= 0:
+        raise InvalidInput("--float64-budget must be a number of seconds, 0 or more")
     destination = _destination(args, source)
     if destination is not None:
         check_destination(source, destination, args.in_place)
@@ -269,6 +283,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         rtol=args.rtol,
         input_shapes=shapes,
         inputs=inputs,
+        float64_budget=args.float64_budget,
     )
     run = run_pipeline(
         model, source, options, check, dry_run=args.dry_run, proof=args.verbose, destination=destination, progress=progress

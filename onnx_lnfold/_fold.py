@@ -24,10 +24,11 @@ from onnx_lnfold._load import external_data_files
 from onnx_lnfold._options import FoldOptions
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._progress import Progress
+from onnx_lnfold._reference import exact_tensors
 from onnx_lnfold._report import FoldReport, count_ops, model_bytes
 from onnx_lnfold._save import StagedModel, release_mapped
 from onnx_lnfold._trace import explain
-from onnx_lnfold._verify import ModelBytesOrPath, OrtSource, Verification, check_equivalence
+from onnx_lnfold._verify import FLOAT64_BUDGET_S, ModelBytesOrPath, OrtSource, Verification, check_equivalence
 
 
 @dataclass
@@ -72,6 +73,7 @@ class VerifyRequest:
     rtol: float | None = None
     input_shapes: dict[str, tuple[int, ...]] | None = None
     inputs: dict[str, np.ndarray] | None = None
+    float64_budget: float = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none)
 
 
 @dataclass
@@ -128,6 +130,8 @@ def run_pipeline(
         release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
         skipped = Verification("skipped", check.disabled_because)
         report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
+        # The check's exact twin needs the computed constants as computed: staging rebinds them.
+        computed = exact_tensors(model) if check.enabled else {}
         staged = _stage(model, path, destination, plan, progress) if destination else None
         try:
             if check.enabled and not plan.folded:
@@ -135,7 +139,7 @@ def run_pipeline(
             elif check.enabled:
                 progress.phase("Verifying in onnxruntime")
                 original = path if path else original_src.source  # type: ignore[union-attr]
-                report.verification = _check_folded(model, original, staged, check, plan)
+                report.verification = _check_folded(model, original, staged, check, plan, computed)
         except BaseException:
             if staged is not None:
                 staged.discard()
@@ -155,13 +159,26 @@ def _stage(model: ir.Model, path: Path | None, destination: Path, plan: Centerin
 
 
 def _check_folded(
-    model: ir.Model, original: ModelBytesOrPath, staged: StagedModel | None, check: VerifyRequest, plan: CenteringPlan
+    model: ir.Model,
+    original: ModelBytesOrPath,
+    staged: StagedModel | None,
+    check: VerifyRequest,
+    plan: CenteringPlan,
+    computed: dict,
 ) -> Verification:
     folded_src = None if staged is not None else OrtSource(model)
     try:
         folded = staged.path if staged is not None else folded_src.source  # type: ignore[union-attr]
         return check_equivalence(
-            original, folded, model, rtol=check.rtol, input_shapes=check.input_shapes, inputs=check.inputs, plan=plan
+            original,
+            folded,
+            model,
+            rtol=check.rtol,
+            input_shapes=check.input_shapes,
+            inputs=check.inputs,
+            plan=plan,
+            float64_budget=check.float64_budget,
+            computed=computed,
         )
     finally:
         if folded_src is not None:

@@ -14,8 +14,12 @@ What a real export accepts is read from the graph, not guessed from input names:
 - integer inputs that index a table (Gather) are drawn inside its row count; other integers
   (attention masks) are ones; floats are standard normal; bools take the value asked for.
 
-`verification_input_sets` gives the sets `fold()` checks on: two sizes, and every bool input at
-both values (the `If` of a merged decoder runs both branches).
+`verification_input_sets` gives the sets `fold()` checks on: two small sizes, every bool input at
+both values (the `If` of a merged decoder runs both branches), and one set at the scale real use
+sees (`realistic=True`): one sequence of 64 positions (32 or 16 where the graph's tables hold
+fewer), token ids spread over the whole table (every region of the vocabulary, its first and last
+row included, where 16 draws touch a few rows), images as a preprocessor normalizes them (uniform
+pixels, ImageNet's mean and std per channel).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold._errors import InvalidInput
+from onnx_lnfold._ir import constant_of
 
 # Ops an index tensor may pass through on its way to a Gather without changing its values.
 _INDEX_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
@@ -52,6 +57,13 @@ _POOLS = {"MaxPool", "AveragePool", "LpPool"}
 # only one of the two where the graph fixes the other (a Split of the batch into fixed parts).
 FIRST_SIZE = (2, 8)
 SECOND_SIZES = ((3, 5), (2, 5), (3, 8))
+# The realistic-scale set: one long sequence, shorter where a position table holds fewer.
+REALISTIC_SIZES = ((1, 64), (1, 32), (1, 16))
+# The longest side of a patch grid the sizes above give an image without a position table.
+_MAX_GRID_SIDE = 16
+# How image preprocessors normalize pixels in [0, 1] (ImageNet's statistics, per RGB channel).
+_IMAGE_MEAN = (0.485, 0.456, 0.406)
+_IMAGE_STD = (0.229, 0.224, 0.225)
 
 
 class InputsUnavailable(InvalidInput):
@@ -239,9 +251,57 @@ def _conv_chain(conv: ir.Node) -> list[_ConvStep]:
     return chain
 
 
+# Ops between a patch convolution and the Add of its position table that keep the patches whole
+# (flattening the grid, moving the channels last, a class token concatenated in front).
+_TO_POSITIONS = {"Reshape", "Flatten", "Transpose", "Concat", "Identity", "Cast", "Unsqueeze", "Squeeze"}
+
+
+def _positions_rows(value: ir.Value) -> int | None:
+    """How many positions a constant position table added to the patches holds: a constant
+    `[1, T, C]` or `[T, C]`, or a Gather of a constant table by constant position ids (the ids'
+    count: a CLIP tower's `position_embedding(position_ids)`)."""
+    tensor = constant_of(value)
+    if tensor is not None:
+        shape = tuple(tensor.shape)
+        return shape[-2] if len(shape) in (2, 3) and (len(shape) == 2 or shape[0] == 1) else None
+    producer = value.producer()
+    if producer is None or producer.op_type != "Gather" or producer.attributes.get_int("axis", 0) != 0:
+        return None
+    table, ids = producer.inputs[0], producer.inputs[1]
+    if constant_of(table) is None:
+        return None
+    positions = constant_of(ids)
+    return positions.size if positions is not None and positions.size > 1 else None
+
+
+def _patch_positions(conv: ir.Node) -> int | None:
+    """The number of positions of the table the patch embeddings meet: from the patch conv's
+    output, through the layout ops that flatten the grid, to the Add of the positions."""
+    frontier, seen = [conv.outputs[0]], set()
+    while frontier and len(seen) < 16:
+        v = frontier.pop(0)
+        for node, index in v.uses():
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type == "Add":
+                other = node.inputs[1 - index] if len(node.inputs) == 2 else None
+                rows = _positions_rows(other) if other is not None else None
+                if rows is not None:
+                    return rows
+            elif node.op_type in _TO_POSITIONS:
+                frontier.extend(node.outputs)
+    return None
+
+
 def _position_grid(conv: ir.Node, model: ir.Model) -> int | None:
-    """The side of the patch grid a position table holds: a constant `[1, T, C]` or `[T, C]`
-    with the patch conv's C output channels and T (or T - 1, with a class token) a square."""
+    """The side of the patch grid a position table holds: T (or T - 1, with a class token) a
+    square. The table is the one the patches are added to; when no such Add is found, a constant
+    `[1, T, C]` or `[T, C]` with the patch conv's C output channels (a text tower's tables
+    could match that too, so it is the fallback only)."""
+    rows = _patch_positions(conv)
+    if rows is not None:
+        return _square_side(rows)
     weight = conv.inputs[1]
     if weight is None or weight.shape is None or not isinstance(weight.shape[0], int):
         return None
@@ -250,13 +310,20 @@ def _position_grid(conv: ir.Node, model: ir.Model) -> int | None:
         shape = init.shape
         if shape is None or len(shape) not in (2, 3) or shape[-1] != channels or (len(shape) == 3 and shape[0] != 1):
             continue
-        rows = shape[-2]
-        if not isinstance(rows, int) or rows < 2:
-            continue
-        for grid in (rows, rows - 1):
-            side = math.isqrt(grid)
-            if side > 1 and side * side == grid:
-                return side
+        side = _square_side(shape[-2])
+        if side is not None:
+            return side
+    return None
+
+
+def _square_side(rows) -> int | None:
+    """The side of a square grid of `rows` positions, or of `rows - 1` (a class token first)."""
+    if not isinstance(rows, int) or rows < 2:
+        return None
+    for grid in (rows, rows - 1):
+        side = math.isqrt(grid)
+        if side > 1 and side * side == grid:
+            return side
     return None
 
 
@@ -284,7 +351,8 @@ def _conv_dims(value: ir.Value, model: ir.Model, sequence_length: int) -> dict[i
         if side is not None:
             dims[axis] = chain[0].input_size(side, i)
             continue
-        size = sequence_length
+        # A sequence along each axis of an image is its square: 16 x 16 patches at most.
+        size = sequence_length if spatial == 1 else min(sequence_length, _MAX_GRID_SIDE)
         for step in reversed(chain):
             if len(step.kernel) == spatial:
                 size = step.input_size(size, i)
@@ -405,7 +473,10 @@ def synthesize_inputs(
     seed: int = 0,
     bool_value: bool = True,
     overrides: dict[tuple[str, int], DimExpr] | None = None,
+    realistic: bool = False,
 ) -> dict[str, np.ndarray]:
+    """Feeds for every graph input; `realistic`: ids spread over their whole table and images
+    normalized as a preprocessor does (see the module's docstring)."""
     shapes = dict(shapes or {})
     rng = np.random.default_rng(seed)
     graph_inputs = _graph_inputs(model)
@@ -427,18 +498,46 @@ def synthesize_inputs(
         if np_dtype is None:
             raise InputsUnavailable(f"graph input '{name}' is {dtype.name}, which has no numpy type")
         if dtype.is_floating_point():
-            feeds[name] = rng.standard_normal(dims).astype(np_dtype)
+            if realistic and _is_image(value, dims):
+                feeds[name] = _normalized_image(rng, dims).astype(np_dtype)
+            else:
+                feeds[name] = rng.standard_normal(dims).astype(np_dtype)
         elif dtype == ir.DataType.BOOL:
             feeds[name] = np.full(dims, bool_value, dtype=bool)
         elif dtype.is_integer():
             bound = _index_bound(value)
-            if bound is not None:
+            if bound is not None and realistic:
+                feeds[name] = _spread_ids(rng, bound, dims).astype(np_dtype)
+            elif bound is not None:
                 feeds[name] = rng.integers(0, bound, size=dims).astype(np_dtype)
             else:
                 feeds[name] = np.ones(dims, dtype=np_dtype)
         else:
             raise InputsUnavailable(f"graph input '{name}' is {dtype.name}")
     return feeds
+
+
+def _spread_ids(rng: np.random.Generator, bound: int, dims: tuple[int, ...]) -> np.ndarray:
+    """Ids over the whole table, in random order: evenly spaced from 0 to bound - 1 (every row,
+    repeated, where there are more ids than rows)."""
+    count = int(np.prod(dims, dtype=np.int64))
+    if count < 2:
+        return rng.integers(0, bound, size=dims)
+    ids = np.resize(np.arange(bound), count) if count >= bound else np.linspace(0, bound - 1, count).round()
+    return rng.permutation(ids.astype(np.int64)).reshape(dims)
+
+
+def _is_image(value: ir.Value, dims: tuple[int, ...]) -> bool:
+    """An [N, 3, H, W] input that a convolution over 3 channels reads: RGB pixels."""
+    conv = _first_conv(value) if len(dims) == 4 and dims[1] == 3 else None
+    weight = conv.inputs[1] if conv is not None and len(conv.inputs) > 1 else None
+    return weight is not None and weight.shape is not None and len(weight.shape) == 4 and weight.shape[1] == 3
+
+
+def _normalized_image(rng: np.random.Generator, dims: tuple[int, ...]) -> np.ndarray:
+    pixels = rng.uniform(0.0, 1.0, dims)
+    mean, std = (np.reshape(v, (1, 3, 1, 1)) for v in (_IMAGE_MEAN, _IMAGE_STD))
+    return (pixels - mean) / std
 
 
 @dataclass
@@ -450,10 +549,11 @@ class InputSet:
     feeds: dict[str, np.ndarray]
     alternatives: list[dict[str, np.ndarray]] = field(default_factory=list)
     required: bool = True
+    kind: str = ""  # what sets it apart, for the report ("realistic scale")
 
     @property
     def label(self) -> str:
-        return feeds_label(self.feeds)
+        return feeds_label(self.feeds) + (f" [{self.kind}]" if self.kind else "")
 
 
 def feeds_label(feeds: dict[str, np.ndarray]) -> str:
@@ -471,8 +571,9 @@ def verification_input_sets(
     shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
 ) -> list[InputSet]:
-    """Two sizes, each with every bool input True, then False; or the user's inputs as given,
-    then with their bools flipped (left out, with a note, if the original does not run so)."""
+    """Two sizes, each with every bool input True, then False, then one set at realistic scale
+    (bools True); or the user's inputs as given, then with their bools flipped. Every set but the
+    first size's is left out, with a note, if the original does not run on it."""
     has_bool = any(v.dtype == ir.DataType.BOOL for v in _graph_inputs(model))
     if inputs is not None:
         given = InputSet(dict(inputs))
@@ -490,6 +591,14 @@ def verification_input_sets(
                 for overrides in [None, *rereadings]
             ]
             sets.append(InputSet(candidates[0], candidates[1:], required=seed == 0))
+    candidates = [
+        synthesize_inputs(
+            model, shapes, batch_size=batch, sequence_length=seq, seed=2, overrides=overrides, realistic=True
+        )
+        for batch, seq in REALISTIC_SIZES
+        for overrides in [None, *rereadings]
+    ]
+    sets.append(InputSet(candidates[0], candidates[1:], required=False, kind="realistic scale"))
     return sets
 
 

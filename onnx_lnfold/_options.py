@@ -46,6 +46,10 @@ TIED_WEIGHTS = ("auto", "center", "untie")
 # The most an untied copy may add to the file under "auto", as a fraction of the weights.
 UNTIE_BUDGET = 0.01
 
+# Seconds the verification's float64 reference may take by default (0: none; the fold is then
+# judged against the original's own fp32 sensitivity). docs/DESIGN.md section 6.
+FLOAT64_BUDGET_S = 60.0
+
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
@@ -117,6 +121,7 @@ def takes_option_keywords(func: Callable) -> Callable:
 
 
 __all__ = [
+    "FLOAT64_BUDGET_S",
     "FUSE_RESIDUAL",
     "ONNX_RMS_OPSET",
     "TARGETS",

@@ -217,16 +217,7 @@ class FoldReport:
         return "no LayerNormalization"
 
     def _verdict(self, diff: str) -> str:
-        """The verification in a few words; a skipped check says why as the detail does."""
-        v = self.verification
-        if v.status == "passed":
-            return f"verified ({diff} {v.max_rel_diff:.2g})"
-        if v.status == "failed":
-            worst = f" ({diff} {v.max_rel_diff:.2g} > rtol {v.rtol:g})" if v.outputs and v.rtol else ""
-            return f"verification FAILED{worst}"
-        if v.status == "skipped":  # "nothing was folded: the model is unchanged" -> "nothing was folded"
-            return f"verification skipped ({v.reason.split(':')[0]})" if v.reason else "verification skipped"
-        return "not verified (the check could not run)"
+        return self.verification.verdict(diff)
 
     def _copy_kind(self) -> str:
         """How an output of a fold that changed nothing relates to the input."""
@@ -336,8 +327,9 @@ class FoldReport:
     def _verification_lines(self) -> list[str]:
         first, *rest = self.verification.format_lines()
         lines = _wrap(first, "    ")
-        for line in rest:  # already indented by two
-            lines += _wrap(line.strip(), "    ", "  ")
+        for line in rest:  # already indented, by two or more
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += _wrap(line.strip(), indent + "  ", indent)
         return lines
 
     def format_text(self) -> str:

@@ -196,15 +196,15 @@ def test_summary_and_decision_are_verbs_and_the_old_names_warn():
 
 def test_reprs_are_one_line_summaries_with_the_detail_one_attribute_away(tmp_path):
     result = onnx_lnfold.fold(MODELS / "gpt2.onnx", tied_weights="untie")  # an untied copy to show
-    rel = f"{result.report.verification.max_rel_diff:.2g}"
-    assert repr(result) == f"<FoldResult gpt2.onnx: 5/5 LNs folded, verified (rel {rel}), 0.86 MB, {result.report.elapsed_s:.1f} s>"
+    rel = f"{result.report.verification.decisive_rel_diff:.2g}"
+    assert repr(result) == f"<FoldResult gpt2.onnx: 5/5 LNs folded, verified (in float64, rel {rel}), 0.86 MB, {result.report.elapsed_s:.1f} s>"
     result.save(tmp_path / "g.onnx")
     after = (tmp_path / "g.onnx").stat().st_size / 1e6
-    assert repr(result).startswith(f"<FoldResult gpt2.onnx -> g.onnx: 5/5 LNs folded, verified (rel {rel}), 0.86 -> {after:.2f} MB, ")
+    assert repr(result).startswith(f"<FoldResult gpt2.onnx -> g.onnx: 5/5 LNs folded, verified (in float64, rel {rel}), 0.86 -> {after:.2f} MB, ")
     assert repr(result.report) == "<FoldReport " + repr(result)[len("<FoldResult ") :]
     assert repr(result.plan) == "<CenteringPlan: 5 LNs, 5 fold, 0 kept; 10 constants centered, 1 untied (+131,072 B)>"
     assert repr(result.plan.decision_for("node_layer_norm")) == "<LnDecision node_layer_norm: folded -> SimplifiedLayerNormalization>"
-    assert repr(result.report.verification).startswith(f"<Verification passed: worst relative diff {rel} <= rtol 0.0001, 1 output x 2 ")
+    assert repr(result.report.verification).startswith(f"<Verification passed: in float64, worst relative diff {rel} <= rtol 0.0001, 1 output x 3 ")
     lm_head = next(e for e in result.plan.edits if e.untie)
     assert repr(lm_head) == (
         "<CenteringEdit model.lm_head.weight: axis 1, embedding table, untied -> model.lm_head.weight.centered "

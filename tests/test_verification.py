@@ -46,7 +46,7 @@ def test_original_that_does_not_run_refuses_the_fold_in_the_api():
     with pytest.raises(onnx_lnfold.NotVerified) as info:
         onnx_lnfold.fold(_original_fails_model())
     message = str(info.value)
-    assert message.startswith("not verified: the original model does not run in onnxruntime on input set 1 of 2 (x(2, 8))")
+    assert message.startswith("not verified: the original model does not run in onnxruntime on input set 1 of 3 (x(2, 8))")
     assert "pass inputs={name: array} or input_shapes={name: shape}, or verify=False" in message
     assert info.value.report.verification.status == "unverified"
     assert isinstance(info.value, onnx_lnfold.VerificationFailed)  # callers catching the old error still do
@@ -149,7 +149,9 @@ def test_vit_with_every_input_dim_dynamic_gets_its_channels_and_patch_grid():
     result = onnx_lnfold.fold(model)
     verification = result.report.verification
     assert verification.status == "passed" and len(result.plan.folded) == 5
-    assert verification.input_sets == ["pixel_values(2, 3, 32, 32)", "pixel_values(3, 3, 32, 32)"]
+    assert verification.input_sets == [
+        "pixel_values(2, 3, 32, 32)", "pixel_values(3, 3, 32, 32)", "pixel_values(1, 3, 32, 32) [realistic scale]"
+    ]
 
 
 def _audio_model() -> onnx.ModelProto:
@@ -172,12 +174,13 @@ def _audio_model() -> onnx.ModelProto:
 
 
 def test_audio_is_long_enough_for_the_feature_extractor():
-    """8 frames out of the conv stack (kernels 10, 3, 2; strides 5, 2, 2) need 170 samples; 5 need 110."""
+    """8 frames out of the conv stack (kernels 10, 3, 2; strides 5, 2, 2) need 170 samples; 5 need
+    110; the realistic set's 64 need 1290."""
     model = _audio_model()
     sets = verification_input_sets(ir.serde.deserialize_model(model))
-    assert [s.label for s in sets] == ["input_values(2, 170)", "input_values(3, 110)"]
+    assert [s.label for s in sets] == ["input_values(2, 170)", "input_values(3, 110)", "input_values(1, 1290) [realistic scale]"]
     frames = [run_model(model.SerializeToString(), s.feeds)[model.graph.output[0].name].shape[1] for s in sets]
-    assert frames == [8, 5]
+    assert frames == [8, 5, 64]
     result = onnx_lnfold.fold(model)
     assert len(result.plan.folded) == 2 and result.report.verification.status == "passed"
 
@@ -201,7 +204,10 @@ def _if_on_a_bool_input() -> onnx.ModelProto:
 def test_every_bool_input_is_run_at_both_values_and_two_sizes():
     model = _if_on_a_bool_input()
     sets = verification_input_sets(ir.serde.deserialize_model(model))
-    assert [s.label for s in sets] == ["x(2, 8, 8), flag=True", "x(2, 8, 8), flag=False", "x(3, 5, 8), flag=True", "x(3, 5, 8), flag=False"]
+    assert [s.label for s in sets] == [
+        "x(2, 8, 8), flag=True", "x(2, 8, 8), flag=False", "x(3, 5, 8), flag=True", "x(3, 5, 8), flag=False",
+        "x(1, 64, 8), flag=True [realistic scale]",
+    ]  # fmt: skip
     result = onnx_lnfold.fold(model)
     assert len(result.plan.folded) == 2 and result.report.verification.status == "passed"
     assert result.report.verification.input_sets == [s.label for s in sets]
@@ -298,16 +304,17 @@ def test_kv_cache_decoder_folds_with_verification_passed(name):
 
 def test_dynamo_kv_cache_mask_is_past_plus_one():
     verification = onnx_lnfold.fold(MODELS / "gpt2_kv_cache.onnx").report.verification
-    first, second = verification.input_sets
+    first, second, realistic = verification.input_sets
     assert first.startswith("input_ids(2, 1), attention_mask(2, 9), past_key_values.0.key(2, 4, 8, 16)")
     assert second.startswith("input_ids(3, 1), attention_mask(3, 6), past_key_values.0.key(3, 4, 5, 16)")
+    assert realistic.startswith("input_ids(1, 1), attention_mask(1, 65), past_key_values.0.key(1, 4, 64, 16)")
 
 
 def test_merged_decoder_is_verified_on_both_branches():
     result = onnx_lnfold.fold(MODELS / "gpt2_merged_decoder.onnx")
     assert ops(result.model_proto) == {"If": 1}
     sets = result.report.verification.input_sets
-    assert [s.rsplit("use_cache_branch=", 1)[1] for s in sets] == ["True", "False", "True", "False"]
+    assert [s.rsplit("use_cache_branch=", 1)[1] for s in sets] == ["True", "False", "True", "False", "True [realistic scale]"]
     # The cached branch reads a mask of past + new tokens (what `present` declares), the other one
     # a mask of the new tokens: both read from the graph, not from the input's declared dims.
     assert "attention_mask(2, 16)" in sets[0] and "attention_mask(2, 8)" in sets[1]
@@ -345,9 +352,10 @@ def test_a_graph_that_runs_at_one_size_only_says_so():
     x = g.node("Reshape", [g.input("x", ["b", "s", 8]), g.ints("shape", [2, 8, 8])])
     g.output(g.linear(g.ln(g.linear(x, 8, 16, "proj"), 16, "ln"), 16, 4, "head"))
     verification = onnx_lnfold.fold(g.model()).report.verification
-    assert verification.status == "passed" and verification.input_sets == ["x(2, 8, 8)"]
+    # The realistic set's last fallback, one sequence of 16, holds the 2 x 8 x 8 values the Reshape wants.
+    assert verification.status == "passed" and verification.input_sets == ["x(2, 8, 8)", "x(1, 16, 8) [realistic scale]"]
     (note,) = verification.notes
-    assert note.startswith("left out: the original model does not run in onnxruntime on input set 2 of 2 (x(3, 5, 8))")
+    assert note.startswith("left out: the original model does not run in onnxruntime on input set 2 of 3 (x(3, 5, 8))")
 
 
 def test_original_that_onnxruntime_cannot_load_refuses_with_no_verify_as_the_way_out(tmp_path):
