@@ -27,6 +27,7 @@ input is tagged with its source (`GENERATED_PREFIX`): two sources can then never
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Union
 
 import onnx
@@ -384,15 +385,24 @@ def _outer_shape(
     return tuple(d if not isinstance(d, str) or _is_shared(d, shared) else None for d in declared), elem
 
 
+@dataclass(frozen=True)
+class _Carried:
+    """A Loop's carried value that its body does not type, given the rank of its initial value."""
+
+    output: str  # the body output that becomes this input on the next iteration
+    rank: int
+    elem: int
+
+
 def _body_types(
     model: ir.Model, body: ir.Graph, owner: ir.Node | None, paths: dict[int, tuple], sources: tuple[Inferred, ...],
     shared: set[str],
-) -> tuple[dict[str, onnx.ValueInfoProto], dict[str, str]]:
+) -> tuple[dict[str, onnx.ValueInfoProto], dict[str, str], dict[str, _Carried]]:
     """Types for a body's run of its own: for the outer values it reads, what the enclosing
     inferences found; for a Loop's carried values the body does not type, the rank of their
-    initial values (dims may change from one iteration to the next). Symbols of the enclosing
-    results that are not input dim names are given plain names for the run: (types, plain name ->
-    enclosing symbol)."""
+    initial values (no dims: those may change from one iteration to the next; the rank is checked
+    by the caller). Symbols of the enclosing results that are not input dim names are given plain
+    names for the run: (types, plain name -> enclosing symbol, carried values given a rank)."""
     given: dict[str, str] = {}
 
     def plain(shape: Shape | None) -> list | None:
@@ -410,15 +420,18 @@ def _body_types(
         shape, elem = _outer_shape(model, value, paths, sources, shared)
         if elem:
             typed[value.name] = onnx.helper.make_tensor_value_info(value.name, elem, plain(shape))
+    carried: dict[str, _Carried] = {}
     if owner is not None and owner.op_type == "Loop" and owner.domain in ("", "ai.onnx"):
-        for value, initial in zip(body.inputs[2:], owner.inputs[2:]):
+        # body inputs: iteration, condition, carried...; outputs: condition, carried..., scans
+        for value, initial, output in zip(body.inputs[2:], owner.inputs[2:], body.outputs[1:]):
             if value.shape is not None or initial is None:
                 continue
             shape, elem = _outer_shape(model, initial, paths, sources, shared)
             elem = int(value.dtype) if value.dtype is not None else elem
             if elem and shape is not None:
                 typed[value.name] = onnx.helper.make_tensor_value_info(value.name, elem, [None] * len(shape))
-    return typed, {v: k for k, v in given.items()}
+                carried[value.name] = _Carried(output.name, len(shape), elem)
+    return typed, {v: k for k, v in given.items()}, carried
 
 
 def _rebased(found: Inferred, path: tuple, outer: set[str], back: dict[str, str], source: str, shared: set[str]) -> Inferred:
@@ -439,6 +452,28 @@ def _rebased(found: Inferred, path: tuple, outer: set[str], back: dict[str, str]
     return out
 
 
+def _run_body(proto: onnx.ModelProto) -> tuple[Inferred, Inferred, bool]:
+    """Both inferences on a body's model: (ONNX's, ONNX Runtime's where ONNX's leaves a rank
+    unknown, whether the latter's symbols compare with the inputs')."""
+    found = onnx_inference(proto)
+    if not _lacks_rank(proto, found):
+        return found, {}, True
+    symbolic, comparable = ort_symbolic_inference(proto)
+    return found, symbolic, comparable
+
+
+def _rank_changes(carried: dict[str, _Carried], found: Inferred, symbolic: Inferred) -> list[str]:
+    """The carried values whose rank the body is not shown to keep: the output that feeds them
+    back has another rank, or none known. (Where every carried value keeps its rank, the ranks
+    hold on every iteration, by induction from the initial values.)"""
+    changes = []
+    for name, value in carried.items():
+        shape = found.get(((), value.output), (None, 0))[0] or symbolic.get(((), value.output), (None, 0))[0]
+        if shape is None or len(shape) != value.rank:
+            changes.append(name)
+    return changes
+
+
 def _infer_bodies(model: ir.Model, by_onnx: Inferred, by_ort: Inferred, by_hint: Inferred, shared: set[str]) -> None:
     """Infer again, each on its own, the If/Loop/Scan bodies the whole-model inference left some
     value of without a rank (see the module docstring); what that finds replaces what the
@@ -448,22 +483,25 @@ def _infer_bodies(model: ir.Model, by_onnx: Inferred, by_ort: Inferred, by_hint:
         if not path or not _body_lacks_rank(body, path, by_onnx):
             continue
         try:
-            typed, back = _body_types(model, body, owner, paths, (by_onnx, by_ort, by_hint), shared)
-            proto = subgraph_proto(model, body, typed)
+            typed, back, carried = _body_types(model, body, owner, paths, (by_onnx, by_ort, by_hint), shared)
+            while True:
+                found, symbolic, comparable = _run_body(subgraph_proto(model, body, typed))
+                changes = _rank_changes(carried, found, symbolic)
+                if not changes:
+                    break
+                for name in changes:  # as ONNX's own Loop inference does for every carried value
+                    typed[name] = onnx.helper.make_tensor_value_info(name, carried.pop(name).elem, None)
         except Exception as e:  # as for the whole model: a body the IR cannot write back keeps what it has
             logger.debug("body %s not inferred on its own: %s", path, e)
             continue
         outer = {v.name for v in outer_reads(body)}
         label = ".".join(f"{i}.{name}.{k}" for i, name, k in path)
-        found = onnx_inference(proto)
         for key, result in _rebased(found, path, outer, back, f"onnx@{label}", shared).items():
             if result[0] is not None or key not in by_onnx:  # never a known shape for an unknown one
                 by_onnx[key] = result
-        if _lacks_rank(proto, found):
-            symbolic, comparable = ort_symbolic_inference(proto)
-            # Run merging dims, its symbols rest on that: none compares with anything else.
-            ort_back, ort_shared = (back, shared) if comparable else ({}, set())
-            by_ort.update(_rebased(symbolic, path, outer, ort_back, f"ort@{label}", ort_shared))
+        # Run merging dims, ONNX Runtime's symbols rest on that: none compares with anything else.
+        ort_back, ort_shared = (back, shared) if comparable else ({}, set())
+        by_ort.update(_rebased(symbolic, path, outer, ort_back, f"ort@{label}", ort_shared))
 
 
 def infer(model: ir.Model) -> tuple[Inferred, Inferred, Inferred]:
