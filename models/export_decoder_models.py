@@ -12,10 +12,19 @@
   environment of its own::
 
       python -m venv /tmp/venv-optimum
-      /tmp/venv-optimum/bin/pip install 'torch==2.13.0' 'optimum-onnx==0.1.0' onnxruntime onnxscript
-      /tmp/venv-optimum/bin/python models/export_decoder_models.py --only gpt2_merged_decoder
+      /tmp/venv-optimum/bin/pip install 'torch==2.13.0' 'optimum-onnx==0.1.0' onnxruntime onnxscript accelerate
+      /tmp/venv-optimum/bin/python models/export_decoder_models.py --only gpt2_merged_decoder whisper_merged_decoder
 
-Both use the weights of ``export_models.py``'s GPT-2 config (hidden 64, 2 layers, 4 heads, vocab
+* ``whisper_merged_decoder``: what ``optimum-cli export onnx --task
+  automatic-speech-recognition-with-past`` writes as ``decoder_model_merged.onnx`` for a Whisper
+  (the file ONNX Runtime deployments of Whisper load): the decoder without and with past merged
+  in one ``If`` on ``use_cache_branch``, the shared weights in the outer graph, both branches
+  reusing value names, the LM head tied to the token table (read through a ``Transpose``: optimum
+  deduplicates tied weights when ``accelerate`` is installed, as it is here). Config: ``WhisperConfig`` with d_model 64, 2 decoder layers, 4 heads, vocab
+  512, 128 target positions (optimum's dummy audio needs ``max_source_positions`` 1500; the
+  encoder is not kept). Made in the same environment as ``gpt2_merged_decoder``.
+
+The GPT-2 models use the weights of ``export_models.py``'s GPT-2 config (hidden 64, 2 layers, 4 heads, vocab
 512), perturbed off their init the same way. Each model is checked in onnxruntime against torch at
 two sizes, saved as one file with ``<name>.inputs.npz`` / ``<name>.outputs.npz`` (batch 2; the
 merged decoder's reference inputs take the cached branch), and gets an entry in ``manifest.json``.
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -225,6 +235,113 @@ def export_gpt2_merged_decoder(out_dir: Path) -> dict:
     return _entry(name, merged, path, "optimum-onnx (TorchScript) + merge_decoders", diffs, note)
 
 
+WHISPER_LAYERS, WHISPER_HEADS = em.LAYERS, em.HEADS
+WHISPER_ENCODER_SEQ = 6  # frames of encoder_hidden_states in the reference inputs (any length works)
+
+
+def _build_whisper(name: str) -> transformers.WhisperForConditionalGeneration:
+    seed = em.seed_for(name)
+    torch.manual_seed(seed)
+    config = transformers.WhisperConfig(
+        vocab_size=em.VOCAB, d_model=em.HIDDEN, encoder_layers=em.LAYERS, decoder_layers=WHISPER_LAYERS,
+        encoder_attention_heads=em.HEADS, decoder_attention_heads=WHISPER_HEADS, encoder_ffn_dim=em.INTER,
+        decoder_ffn_dim=em.INTER, num_mel_bins=16, max_source_positions=1500, max_target_positions=em.MAX_POS,
+        pad_token_id=em.VOCAB - 1, bos_token_id=em.VOCAB - 2, eos_token_id=em.VOCAB - 1,
+        decoder_start_token_id=em.VOCAB - 2,
+    )
+    model = transformers.WhisperForConditionalGeneration(config).eval()
+    em.perturb(model, seed)
+    return model
+
+
+def export_whisper_merged_decoder(out_dir: Path) -> dict:
+    from optimum.exporters.onnx import main_export
+
+    name = "whisper_merged_decoder"
+    model = _build_whisper(name)
+    path = out_dir / f"{name}.onnx"
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(f"{tmp}/hf")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            main_export(
+                f"{tmp}/hf", output=f"{tmp}/onnx", task="automatic-speech-recognition-with-past", device="cpu"
+            )
+        shutil.copy(f"{tmp}/onnx/decoder_model_merged.onnx", path)
+    merged = em.finalize_onnx(path)
+
+    rng = np.random.default_rng(em.seed_for(name) + 10)
+    head_dim = em.HIDDEN // WHISPER_HEADS
+    kinds = [(i, part, kv) for i in range(WHISPER_LAYERS) for part in ("decoder", "encoder") for kv in ("key", "value")]
+
+    def feeds_for(batch: int, seq: int, past: int, use_cache: bool) -> dict[str, np.ndarray]:
+        feeds = {
+            "input_ids": rng.integers(0, em.VOCAB, size=(batch, seq), dtype=np.int64),
+            "encoder_hidden_states": rng.standard_normal((batch, WHISPER_ENCODER_SEQ, em.HIDDEN)).astype(np.float32),
+            "use_cache_branch": np.array([use_cache]),
+        }
+        for i, part, kv in kinds:
+            # Without the cache the past inputs are ignored (optimum feeds a length-1 placeholder).
+            length = (past if part == "decoder" else WHISPER_ENCODER_SEQ) if use_cache else 1
+            feeds[f"past_key_values.{i}.{part}.{kv}"] = rng.standard_normal((batch, WHISPER_HEADS, length, head_dim)).astype(np.float32)
+        return {k: feeds[k] for k in (i.name for i in merged.graph.input)}
+
+    def torch_outputs(feeds) -> dict[str, np.ndarray]:
+        """What the branch `use_cache_branch` selects computes: with the cache, the logits and the
+        decoder's presents (the merge pads the encoder's, which the cached branch does not make)."""
+        use_cache = bool(feeds["use_cache_branch"][0])
+        cache = transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
+        if use_cache:
+            for i in range(WHISPER_LAYERS):
+                past = {
+                    (part, kv): torch.from_numpy(feeds[f"past_key_values.{i}.{part}.{kv}"])
+                    for part in ("decoder", "encoder")
+                    for kv in ("key", "value")
+                }
+                cache.self_attention_cache.update(past["decoder", "key"], past["decoder", "value"], i)
+                cache.cross_attention_cache.update(past["encoder", "key"], past["encoder", "value"], i)
+                cache.is_updated[i] = True
+        with torch.no_grad():
+            out = model.model.decoder(
+                input_ids=torch.from_numpy(feeds["input_ids"]),
+                encoder_hidden_states=torch.from_numpy(feeds["encoder_hidden_states"]),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = model.proj_out(out.last_hidden_state)
+        result = {"logits": logits.numpy()}
+        presents = out.past_key_values
+        for i in range(WHISPER_LAYERS):
+            self_layer = presents.self_attention_cache.layers[i]
+            result[f"present.{i}.decoder.key"], result[f"present.{i}.decoder.value"] = self_layer.keys.numpy(), self_layer.values.numpy()
+            if not use_cache:
+                cross_layer = presents.cross_attention_cache.layers[i]
+                result[f"present.{i}.encoder.key"], result[f"present.{i}.encoder.value"] = cross_layer.keys.numpy(), cross_layer.values.numpy()
+        return result
+
+    ref_in = feeds_for(em.REF_BATCH, 3, 5, True)
+    expected = torch_outputs(ref_in)
+    diffs = {"batch2_seq3_past5_cache": _check(path, expected, ref_in)}
+    for batch, seq, label in ((em.REF_BATCH, em.REF_SEQ, "batch2_seq8_nocache"), (em.ALT_BATCH, em.ALT_SEQ, "batch3_seq5_nocache")):
+        feeds = feeds_for(batch, seq, 0, False)
+        diffs[label] = _check(path, torch_outputs(feeds), feeds)
+    np.savez(out_dir / f"{name}.inputs.npz", **ref_in)
+    np.savez(out_dir / f"{name}.outputs.npz", **expected)
+    note = (
+        "WhisperForConditionalGeneration decoder, optimum-cli's decoder_model_merged.onnx "
+        "(automatic-speech-recognition-with-past: If on use_cache_branch, branches reuse value names)"
+    )
+    entry = _entry(name, merged, path, "optimum-onnx (TorchScript) main_export, merged decoder", diffs, note)
+    entry["versions"]["optimum-onnx"] = _version("optimum-onnx")
+    return entry
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
 def _entry(name: str, model: onnx.ModelProto, path: Path, exporter: str, diffs: dict, note: str) -> dict:
     return {
         "file": path.name,
@@ -243,10 +360,18 @@ def _entry(name: str, model: onnx.ModelProto, path: Path, exporter: str, diffs: 
     }
 
 
-EXPORTS = {"gpt2_kv_cache": export_gpt2_kv_cache, "gpt2_merged_decoder": export_gpt2_merged_decoder}
+EXPORTS = {
+    "gpt2_kv_cache": export_gpt2_kv_cache,
+    "gpt2_merged_decoder": export_gpt2_merged_decoder,
+    "whisper_merged_decoder": export_whisper_merged_decoder,
+}
 
 
 def main(argv=None) -> int:
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # optimum's merge names the weights it deduplicates in set order: the same bytes every run
+        # only with string hashing fixed.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", choices=sorted(EXPORTS))
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent))

@@ -104,7 +104,7 @@ _SHAPE_BLIND_INPUTS: dict[str, set[int] | None] = {
     ),
     **dict.fromkeys(
         ("Gather", "GatherElements", "GatherND", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand",
-         "Slice", "Split", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"),
+         "Slice", "Split", "Tile", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"),
         {0},
     ),
 }

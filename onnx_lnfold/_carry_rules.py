@@ -679,6 +679,30 @@ def _positions_of_pieces(part: Part, along: int, offset: int | None, length, int
     return part.with_where(where)
 
 
+class _Tile(_Layout):
+    """Tile(input, repeats): an axis repeated once stays whole and in place, so a Tile along other
+    axes (TimeSformer's class token repeated over frames) carries the mean along the normalized
+    axis. Along the normalized axis itself it is refused (DESIGN.md section 2.2): exact for a
+    uniform shift, but the axis changes length under the per-channel weights and scales that are
+    indexed by position along it."""
+
+    non_data = "as repeats"
+
+    def axis_map(self, node, shapes):
+        rank = shapes.rank(node.inputs[0])
+        if rank is None:
+            return _unknown_around(node)
+        # Tile-1 (opsets 1-5) took a count and an axis as inputs; ONNX Runtime has no kernel for
+        # it (its CPU Tile starts at opset 6), so only `repeats` (one count per axis) is read.
+        repeats = const_ints(node.inputs[1]) if len(node.inputs) == 2 else None
+        if repeats is None or len(repeats) != rank:
+            return Blocked("axes-not-constant", f"{node_label(node)} repeats by counts that are not constants")
+        return {a: a for a in range(rank) if repeats[a] == 1}
+
+    def refusal(self, node, end):
+        return Blocked("axis-not-kept", f"{node_label(node)} repeats along the normalized axis")
+
+
 class _Gather(_Layout):
     """Gather(data, indices) along axis g: data axes before g stay, those after g move past the
     indices' axes; axis g itself is replaced by the indices. Constant indices pick positions of g:
@@ -731,6 +755,29 @@ class _Gather(_Layout):
         where = dict(part.where)
         where[g] = frozenset(picked)
         return part.with_where(where)
+
+
+class _GatherND(_Layout):
+    """GatherND(data, indices, batch_dims b): each index tuple (the indices' last axis, k long)
+    selects a slice of data's axes from b + k on, which move whole behind the indices' other
+    axes; the axes it indexes (and the batch axes, indexed per batch) are not kept. The dynamo
+    exporter writes `table[position_ids]` this way (Whisper's decoder positions): a constant
+    table whose rows are selected is centered like Gather's."""
+
+    non_data = "as indices"
+    roles: ClassVar[dict[int, str]] = {0: "embedding table"}
+
+    def axis_map(self, node, shapes):
+        data_rank, indices_shape = shapes.rank(node.inputs[0]), shapes.shape(node.inputs[1])
+        if data_rank is None or not indices_shape or not isinstance(indices_shape[-1], int):
+            return _unknown_around(node)
+        first = node.attributes.get_int("batch_dims", 0) + indices_shape[-1]
+        return {a: len(indices_shape) - 1 + a - first for a in range(first, data_rank)}
+
+    def refusal(self, node, end):
+        if isinstance(end, In):
+            return Blocked("axis-not-kept", f"{node_label(node)} indexes along the normalized axis")
+        return Blocked("axis-not-kept", f"the normalized axis of {node_label(node)} comes from its indices")
 
 
 class _Concat(Rule):
@@ -896,9 +943,11 @@ RULES: dict[str, Rule] = {
     **dict.fromkeys(("ReduceMean", "ReduceSum"), _Reduce()),
     "Slice": _Slice(),
     "Split": _Split(),
+    "Tile": _Tile(),
     "Concat": _Concat(),
     "Gather": _Gather(),
     "SplitToSequence": _SplitToSequence(),
     "SequenceAt": _SequenceAt(),
     "ConcatFromSequence": _ConcatFromSequence(),
+    "GatherND": _GatherND(),
 }

@@ -42,13 +42,14 @@ def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.N
 
 
 def _gather_outputs(members: list[tuple[Leaf, str]]) -> list[tuple[ir.Value, int]] | None:
-    """The (output, axis) of each Gather whose table the leaves center, when centering those
-    outputs is the same as centering the table for them: every leaf is a Gather's table (rows
-    gathered, so a row's mean is removed either way), unweighted, changing just that output."""
+    """The (output, axis) of each Gather (or GatherND) whose table the leaves center, when
+    centering those outputs is the same as centering the table for them: every leaf is such a
+    table (rows gathered, so a row's mean is removed either way), unweighted, changing just that
+    output."""
     outputs: dict[ir.Value, int] = {}
     for leaf, _ in members:
         node = leaf.node
-        if node.op_type != "Gather" or leaf.index != 0 or leaf.weights is not None or leaf.axis is None or not leaf.part.uniform:
+        if node.op_type not in ("Gather", "GatherND") or leaf.index != 0 or leaf.weights is not None or leaf.axis is None or not leaf.part.uniform:
             return None
         if len(leaf.seeds) != 1 or leaf.seeds[0][0] is not node.outputs[0] or leaf.seeds[0][2] is not None:
             return None

@@ -18,7 +18,18 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnx_lnfold._shape_infer import GENERATED_PREFIX, Dim, Inferred, Shape, factors, infer, input_symbols, tag
+from onnx_lnfold._shape_infer import (
+    GENERATED_PREFIX,
+    Dim,
+    Inferred,
+    Shape,
+    defining_graph,
+    factors,
+    infer,
+    input_symbols,
+    subgraphs,
+    tag,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,20 +93,6 @@ def _merge(inferred: list[Shape], hints: list[Shape]) -> Shape | None:
     return tuple(merged)
 
 
-def _graph_paths(graph: ir.Graph, path: tuple = ()) -> dict[int, tuple]:
-    """Where each (sub)graph sits, as `_infer` keys it: sibling If branches reuse value names
-    (optimum's merged decoders do), so a name alone does not say which value it is."""
-    paths = {id(graph): path}
-    for index, node in enumerate(graph):
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                paths.update(_graph_paths(attr.as_graph(), (*path, (index, attr.name, 0))))
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for k, sub in enumerate(attr.as_graphs()):
-                    paths.update(_graph_paths(sub, (*path, (index, attr.name, k))))
-    return paths
-
-
 # Ops whose output 0 has the rank of input 0.
 _SAME_RANK = {
     "FastGelu", "BiasGelu", "Gelu", "QuickGelu", "BiasAdd", "Attention", "MultiHeadAttention",
@@ -117,15 +114,13 @@ class ShapeTable:
         if self._inferred is None:
             self._inferred = infer(self._model)
             self._shared = input_symbols(self._model)
-            self._paths = _graph_paths(self._model.graph)
+            self._paths = {id(graph): path for path, graph, _ in subgraphs(self._model.graph)}
         return self._inferred
 
     def _key(self, value: ir.Value) -> tuple[tuple, str]:
         """(graph path, name), as `_shape_infer` keys results: sibling If branches reuse names."""
         self._sources()
-        producer = value.producer()
-        graph = producer.graph if producer is not None else value.graph
-        return self._paths.get(id(graph), ()), value.name or ""
+        return self._paths.get(id(defining_graph(value)), ()), value.name or ""
 
     def dtype(self, value: ir.Value | None) -> ir.DataType | None:
         if value is None:

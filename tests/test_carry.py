@@ -195,6 +195,37 @@ def test_gather_of_the_stream_along_another_axis():
     fold_checked(g.model(), folded=1)
 
 
+def test_tile_along_other_axes_carries_the_mean_and_the_shift():
+    """TimeSformer's divided space-time attention: the class token, a row of the stream, repeated
+    over the frames and joined to the patch tokens. The centered projection shifts the stream, and
+    the shift goes through the Tile to the LN (forward) as the zero mean does (backward)."""
+    g = Graph()
+    h = _stream(g)
+    cls = g.node("Slice", [h, g.ints("st", [0]), g.ints("en", [1]), g.ints("ax", [1])], name="cls")
+    frames = g.node("Tile", [cls, g.ints("repeats", [1, 3, 1])], name="repeat")
+    joined = g.node("Concat", [frames, h], axis=1)
+    g.output(g.ln(joined, 16, "ln"))
+    result = fold_checked(g.model(), folded=1)
+    assert [(e.tensor, e.untie) for e in result.plan.edits] == [("proj.bias", False), ("proj.weight", False)]
+
+
+def test_tile_along_the_normalized_axis_is_kept():
+    """Exact in principle (a repeated row has the row's mean) but refused: DESIGN.md 2.2."""
+    g = Graph()
+    h = g.node("Tile", [_stream(g), g.ints("repeats", [1, 1, 2])], name="repeat")
+    g.output(g.ln(h, 32, "ln"))
+    (kept,) = fold_checked(g.model(), folded=0, kept=1).plan.kept
+    assert kept.code == "axis-not-kept" and "Tile 'repeat' repeats along the normalized axis" in kept.reason
+
+
+def test_tile_by_counts_that_are_not_constants_is_kept():
+    g = Graph()
+    h = g.node("Tile", [_stream(g), g.input("repeats", [3], elem_type=7)], name="repeat")
+    g.output(g.ln(h, 16, "ln"))
+    (kept,) = onnx_lnfold.fold(g.model(), verify=False).plan.kept
+    assert kept.code == "axes-not-constant" and "repeats by counts that are not constants" in kept.reason
+
+
 @pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum"])
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_global_pooling_over_other_axes(op, keepdims):

@@ -279,6 +279,24 @@ def _gather(rng):
     return b.build("Gather", [b.weight(shape), b.ints(indices)], axis=axis)
 
 
+def _tile(rng):
+    b = _Node(rng)
+    shape = [1 if rng.random() < 0.2 else d for d in _dims(rng, int(rng.integers(1, 5)))]
+    repeats = [1 if rng.random() < 0.5 else int(rng.integers(2, 4)) for _ in shape]
+    return b.build("Tile", [b.data(shape), b.ints(repeats)])
+
+
+def _gather_nd(rng):
+    b = _Node(rng)
+    batch_dims = int(rng.integers(0, 2))
+    shape = _dims(rng, batch_dims + int(rng.integers(1, 4)))
+    k = int(rng.integers(0, len(shape) - batch_dims + 1))  # k == rank - batch_dims: single elements
+    lead = _dims(rng, int(rng.integers(0, 3)))
+    indices = rng.integers(0, 2, size=[*shape[:batch_dims], *lead, k])  # every dim is at least 2
+    data = b.weight(shape) if rng.random() < 0.5 else b.data(shape)  # a table, or a stream carried
+    return b.build("GatherND", [data, b.ints(indices)], batch_dims=batch_dims)
+
+
 MAKERS = {
     **{op: _unary(op) for op in ("Neg", "Identity", "Dropout", "Cast")},
     **{op: _elementwise(op) for op in ("Add", "Sub", "Sum", "Mul", "Div")},
@@ -294,11 +312,13 @@ MAKERS = {
     **{op: _reduce(op) for op in ("ReduceMean", "ReduceSum")},
     "Slice": _slice,
     "Split": _split,
+    "Tile": _tile,
     "Concat": _concat,
     "Gather": _gather,
     "SplitToSequence": _split_to_sequence,
     "SequenceAt": _sequence_at,
     "ConcatFromSequence": _concat_from_sequence,
+    "GatherND": _gather_nd,
 }
 
 

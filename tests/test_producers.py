@@ -82,6 +82,48 @@ def test_embedding_gather_rows_are_centered():
     assert (edit.tensor, edit.axis, edit.role, edit.untie) == ("table", 1, "embedding table", False)
 
 
+def _positions_by_gather_nd(g: Graph, ids: str, table: str, index_tuple: int = 1) -> str:
+    """The dynamo exporter's `table[position_ids]` (Whisper's decoder): positions 0..s-1 from the
+    ids' shape, repeated over the batch, looked up by GatherND with index tuples of one entry
+    (`index_tuple` entries: the last ones are 0)."""
+    shape = g.node("Shape", [ids])
+    seq = g.node("Gather", [shape, g.ints("one", 1)], axis=0)
+    batch = g.node("Gather", [shape, g.ints("zero", 0)], axis=0)
+    row = g.node("Unsqueeze", [g.node("Range", [g.ints("start", 0), seq, g.ints("step", 1)]), g.ints("ax0", [0])])
+    repeats = g.node("Concat", [g.node("Unsqueeze", [batch, g.ints("ax0b", [0])]), g.ints("once", [1])], axis=0)
+    positions = g.node("Unsqueeze", [g.node("Tile", [row, repeats]), g.ints("ax_last", [-1])])
+    if index_tuple > 1:  # [b, s, index_tuple - 1, 1] zeros beside: tuples (position, 0, ...)
+        zeros = g.node("Mul", [positions, g.ints("nought", 0)])
+        positions = g.node("Concat", [positions] + [zeros] * (index_tuple - 1), axis=-1)
+    return g.node("GatherND", [table, positions], name="positions")
+
+
+def test_position_rows_looked_up_by_gather_nd_are_centered():
+    """Before: the table was no producer, and the lookup's output was centered explicitly
+    (1 ReduceMean + 1 Sub per run) where that unlocked two LNs, else the LNs stayed."""
+    g = Graph()
+    ids = g.input("ids", ["b", "s"], elem_type=7)
+    h = g.node("Add", [g.node("Gather", [g.const("tokens", (50, 16)), ids]), _positions_by_gather_nd(g, ids, g.const("pos", (64, 16)))])
+    g.output(g.ln(h, 16, "ln"))
+    result = fold_checked(g.model(), folded=1)
+    assert [(e.tensor, e.axis, e.role, e.untie) for e in result.plan.edits] == [
+        ("pos", 1, "embedding table", False), ("tokens", 1, "embedding table", False),
+    ]
+    assert not result.plan.centerings
+
+
+def test_gather_nd_whose_normalized_axis_comes_from_its_indices_is_kept():
+    """Index tuples as long as the table's rank pick single entries: the normalized axis is one
+    of the indices' axes, and no edit of the table centers it."""
+    g = Graph()
+    h = g.linear(g.input("x", [4, 8]), 8, 16, "proj")
+    rows, cols = np.meshgrid(np.arange(4) * 3, np.arange(16), indexing="ij")
+    picked = g.node("GatherND", [g.const("pos", (64, 16)), g.ints("pairs", np.stack([rows, cols], -1))], name="pick")
+    g.output(g.ln(g.node("Add", [h, picked]), 16, "ln"))
+    (kept,) = fold_checked(g.model(), folded=0, kept=1).plan.kept
+    assert kept.code == "axis-not-kept" and "the normalized axis of GatherND 'pick' comes from its indices" in kept.reason
+
+
 def test_added_constant_broadcast_along_axis_becomes_zero():
     """A constant of size 1 along the normalized axis is a pure shift: it is zeroed."""
     g = Graph()
