@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._centering import CenteredTensor
+from onnx_lnfold._centering import CenteredTensor, RowMeans
 from onnx_lnfold._ir import MS_DOMAIN, constant_of
 from onnx_lnfold._names import fresh_name, taken_names
 from onnx_lnfold._plan import AuxCentering, CenteringEdit, CenteringPlan
@@ -22,12 +22,34 @@ from onnx_lnfold._targets import SKIP_RMS_OP
 logger = logging.getLogger(__name__)
 
 
+def _derived_copy(graph: ir.Graph, edit: CenteringEdit, source: ir.TensorProtocol) -> ir.Value:
+    """`source - row means` as a Sub of two constants at the top of the graph that holds the
+    source, which ONNX Runtime folds into the centered table at session start (docs/DESIGN.md
+    section 3.1)."""
+    value = edit._value
+    producer = value.producer()  # a Constant node, or none for an initializer
+    owner = producer.graph if producer is not None else value.graph or graph
+    means = new_constant(owner, RowMeans(source, edit.axis, edit.means_name or ""))  # type: ignore[arg-type]
+    centered = ir.Value(name=edit.new_name, shape=value.shape, type=value.type)
+    sub = ir.Node("", "Sub", [value, means], outputs=[centered], name=f"{edit.new_name}/sub")
+    if producer is not None:
+        owner.insert_after(producer, [sub])
+    else:
+        owner.insert_before(next(iter(owner)), [sub])
+    return centered
+
+
 def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
     value = edit._value
     tensor = constant_of(value)
     assert tensor is not None, edit.tensor
     if edit.untie:
-        copy = new_constant(graph, CenteredTensor(tensor, edit.axis, edit.new_name or "", edit.weights, edit.block, edit.blocks))
+        if edit.means_name:
+            copy = _derived_copy(graph, edit, tensor)
+        else:
+            copy = new_constant(
+                graph, CenteredTensor(tensor, edit.axis, edit.new_name or "", edit.weights, edit.block, edit.blocks)
+            )
         for node, index in edit._uses:
             node.replace_input_with(index, copy)
         return

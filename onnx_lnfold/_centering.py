@@ -176,6 +176,40 @@ class CenteredTensor(ir.LazyTensor):
             file.write(memoryview(block.reshape(-1).view(np.uint8)))
 
 
+class RowMeans(ir.LazyTensor):
+    """The mean of `source` along `axis`, that axis kept at size 1: what centering `source`
+    subtracts. A tied embedding table's Gathers read `source - means`, which ONNX Runtime folds
+    into the centered table at session start (docs/DESIGN.md section 3.1)."""
+
+    def __init__(self, source: ir.TensorProtocol, axis: int, name: str):
+        dims = list(source.shape)
+        self._axis = axis % len(dims)
+        dims[self._axis] = 1
+        super().__init__(self._materialize, dtype=source.dtype, shape=ir.Shape(dims), name=name)
+        self._source = source
+
+    def __repr__(self) -> str:
+        return f"{self._repr_base()}(source={self._source!r}, axis={self._axis}, name={self.name!r})"
+
+    def exact_float64(self) -> np.ndarray:
+        """The means in float64, before rounding to the source's dtype."""
+        if self._axis == 0:
+            total = None
+            for _, block in row_blocks(self._source):
+                part = block.astype(np.float64).sum(axis=0, keepdims=True)
+                total = part if total is None else total + part
+            assert total is not None
+            return total / self._source.shape[0]
+        out = np.empty(tuple(self.shape), dtype=np.float64)
+        for rows, block in row_blocks(self._source):
+            out[rows] = block.mean(axis=self._axis, dtype=np.float64, keepdims=True)
+        return out
+
+    def _materialize(self) -> ir.Tensor:
+        values = self.exact_float64().astype(np.dtype(self.dtype.numpy()))
+        return ir.Tensor(values, dtype=self.dtype, name=self.name)
+
+
 def exact_float64(tensor: ir.TensorProtocol) -> np.ndarray:
     """`tensor`'s values in float64: for a tensor this module computed, before its rounding."""
     own = getattr(tensor, "exact_float64", None)

@@ -41,6 +41,20 @@ def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.N
     return bool(others) and not value.is_graph_output() and all(n.op_type == "Transpose" for n in others)
 
 
+# Why a tied table's centered copy is what it is (the report prints these).
+_UNTIED_NOTE = (
+    "its other uses read it through a Transpose, which ONNX Runtime folds into a copy of its "
+    "own: no extra memory at run time; --tied-weights center avoids the copy for two nodes per run"
+)
+_DERIVED = "the Gathers read table - row means, a Sub of two constants that ONNX Runtime folds at session start"
+_DERIVED_NOTE = {
+    True: _DERIVED + ": no nodes at run time, no copy in the file, and the memory of the original, whose "
+    "Transpose ONNX Runtime folds into a copy of its own either way",
+    False: _DERIVED + ": no nodes at run time, no copy in the file, but a second table in memory (the head "
+    "reads the table itself; --tied-weights center holds none, for two nodes per run)",
+}
+
+
 def _gather_outputs(members: list[tuple[Leaf, str]]) -> list[tuple[ir.Value, int]] | None:
     """The (output, axis) of each Gather (or GatherND) whose table the leaves center, when
     centering those outputs is the same as centering the table for them: every leaf is such a
@@ -111,16 +125,15 @@ def plan_edits(
         tensor = constant_of(value)
         assert tensor is not None
         nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64) * tensor.dtype.itemsize)
-        gathered, note = None, None
+        gathered, note, derive = None, None, False
         if untie and tied_weights != "untie":
             gathered = _gather_outputs(members)
             small = nbytes <= UNTIE_BUDGET * model_bytes
-            if gathered and tied_weights == "auto" and small and _read_only_through_transpose(value, uses):
-                gathered = None
-                note = (
-                    "its other uses read it through a Transpose, which ONNX Runtime folds into a copy of its "
-                    "own: no extra memory at run time; --tied-weights center avoids the copy for two nodes per run"
-                )
+            transposed = _read_only_through_transpose(value, uses)
+            if gathered and tied_weights == "auto" and transposed and small:
+                gathered, note = None, _UNTIED_NOTE
+            elif gathered and (tied_weights == "derive" or (tied_weights == "auto" and transposed)):
+                gathered, derive, note = None, True, _DERIVED_NOTE[transposed]
         if gathered:
             for out, out_axis in gathered:
                 readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
@@ -129,6 +142,8 @@ def plan_edits(
                 )
             continue
         suffix = ".centered" if axis is not None else ".zeroed"
+        if derive:  # the table minus its row means: a Gather table, centered along its rows
+            nbytes //= max(int(tensor.shape.dims[axis]), 1)  # type: ignore[index]
         chosen = [leaf.part.blocks for leaf, _ in members]
         blocks = None if block is None or any(c is None for c in chosen) else tuple(sorted(frozenset().union(*chosen)))
         count = tensor.shape.dims[axis] // block if block is not None and axis is not None else None
@@ -146,6 +161,7 @@ def plan_edits(
                 required_by=required_by,
                 weights=weights,
                 note=note,
+                means_name=fresh_name(f"{value.name}.row_means", taken) if derive else None,
                 block=block,
                 blocks=blocks,
                 block_count=count,

@@ -35,14 +35,18 @@ FUSE_RESIDUAL = ("auto", "always", "never")
 
 # What to do with an embedding table that other uses need unchanged (a tied LM head): "untie"
 # centers a copy of the table (no nodes; the file grows by the table); "center" centers the
-# Gather's output, `x - ReduceMean(x)` (no copy; two small nodes per run over the embeddings, not
-# over the logits). "auto" unties only where the copy is small, at most `UNTIE_BUDGET` of the
-# model's weight bytes, and where the other uses read the table only through a Transpose (ONNX
-# Runtime constant-folds that Transpose into a copy of its own, so the untied copy costs file bytes
-# but no memory at run time); otherwise it centers. A deployment that ships the file should not
-# find it grown by a vocabulary-sized table it did not ask for (a Whisper decoder's tied head is
-# two thirds of the file). The run-time cost of "center" is in benchmarks/results.
-TIED_WEIGHTS = ("auto", "center", "untie")
+# Gather's output, `x - ReduceMean(x)` (no copy; two small nodes per run over the embeddings);
+# "derive" has the Gathers read `table - row means`, a Sub of two constants that ONNX Runtime folds
+# into a centered table at session start (no nodes at run time; the file grows by the means only). "auto" unties where the copy adds at most `UNTIE_BUDGET` of the model's
+# weight bytes and the other uses read the table only through a Transpose (which ONNX Runtime
+# constant-folds into a copy of its own, so the untied copy costs file bytes but no memory at run
+# time), derives where they read it through a Transpose and the copy would be larger (run-time
+# memory is then the original's: the folded Transpose and the folded Sub each hold one table, as
+# the original's Gather and folded Transpose do), and centers otherwise (a head that reads the
+# table itself would leave a derived table as a second one in memory). A deployment that ships the file should
+# not find it grown by a vocabulary-sized table it did not ask for (a Whisper decoder's tied head
+# is two thirds of the file). Run-time costs: benchmarks/results/INSTRUCTIONS.md.
+TIED_WEIGHTS = ("auto", "center", "untie", "derive")
 # The most an untied copy may add to the file under "auto", as a fraction of the weights.
 UNTIE_BUDGET = 0.01
 
@@ -65,9 +69,10 @@ class FoldOptions:
     ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
     `tied_weights` ("auto", "center", "untie") says how an embedding table the LM head shares is
     centered: as a copy ("untie": the file grows by the table; also what `auxiliary_centering=False`
-    does), by `x - ReduceMean(x)` after the Gather ("center"), or ("auto") the copy where it adds at
-    most 1% to the weights and ONNX Runtime would hold a transposed copy of its own anyway, the
-    centering elsewhere.
+    does), by `x - ReduceMean(x)` after the Gather ("center"), by the Gathers reading `table - row
+    means`, which ONNX Runtime folds at session start ("derive"), or ("auto") the copy where it adds
+    at most 1% to the weights and the head reads the table through a Transpose, the derived table
+    where the copy would be larger, the centering elsewhere.
     """
 
     target: str = "ort"

@@ -53,6 +53,11 @@ class CenteringEdit:
     block: int | None = None
     blocks: tuple[int, ...] | None = None  # which blocks (None: all)
     block_count: int | None = None  # how many blocks the axis holds
+    # An untied copy written as `tensor - row means` (a tied embedding table): a Sub of two
+    # constants that ONNX Runtime folds into the centered table at session start, so the file
+    # holds the means, not a second table (docs/DESIGN.md section 3.1). `copy_bytes` is then the
+    # means' bytes.
+    means_name: str | None = None  # the row means' initializer
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
 
@@ -70,6 +75,8 @@ class CenteringEdit:
 
     def __repr__(self) -> str:
         copy = f", untied -> {self.new_name} (+{self.copy_bytes:,} B)" if self.untie else ""
+        if self.means_name:
+            copy = f", untied, derived at load -> {self.new_name} (+{self.copy_bytes:,} B of row means)"
         return f"<CenteringEdit {self.tensor}: {self.centered_along}, {self.role}{copy}; for {_lns(self.required_by)}>"
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +94,7 @@ class CenteringEdit:
             "copy_bytes": self.copy_bytes,
             "required_by": list(self.required_by),
             "note": self.note,
+            "means_name": self.means_name,
         }
 
 

@@ -307,6 +307,8 @@ class FoldReport:
         width = max(len(e.tensor) for e in edits)
         for e in edits:
             copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
+            if e.means_name:
+                copy = f"  untied, derived at load (+{e.copy_bytes:,} B of row means)"
             lines.append(f"  {e.tensor:<{width}}  {e.centered_along:<7}  {e.role}{copy}")
             if e.note:
                 lines += _wrap(f"({e.note})", " " * 6, " " * 6)

@@ -32,7 +32,7 @@ def test_default_output_beside_the_input_and_report(gpt2):
     assert target.is_file()
     assert "LayerNorm nodes: 5 folded, 0 kept (of 5)" in out
     assert "LayerNormalization 5 -> 0" in out and "SimplifiedLayerNormalization 0 -> 4" in out
-    assert "ReduceMean 0 -> 1" in out  # the tied embeddings centered after the Gather
+    assert "Sub 2 -> 3" in out  # the tied embeddings' Gather reads table - row means
     assert "com.microsoft::SkipSimplifiedLayerNormalization 0 -> 1" in out
     assert "Verification (passed" in out and f"Wrote {target}" in out
     assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.lnfold.onnx", "gpt2.onnx"]  # no temp files left
@@ -45,9 +45,10 @@ def test_json_report(gpt2, tmp_path):
     assert report["folded"] == 5 and report["kept"] == 0
     assert {d["status"] for d in report["decisions"]} == {"folded"}
     assert all(d["op_type"] == "LayerNormalization" and d["reason"] for d in report["decisions"])
-    assert report["untied_bytes"] == 0 and not [e for e in report["edits"] if e["untie"]]
-    (centering,) = report["centerings"]
-    assert centering["instead_of_untie"] == "model.lm_head.weight" and centering["saved_bytes"] == 131072
+    assert report["untied_bytes"] == 2048 and not report["centerings"]
+    (derived,) = [e for e in report["edits"] if e["untie"]]
+    assert derived["tensor"] == "model.lm_head.weight" and derived["means_name"] == "model.lm_head.weight.row_means"
+    assert "a Sub of two constants that ONNX Runtime folds at session start" in derived["note"]
     assert report["verification"]["status"] == "passed"
     assert report["verification"]["outputs"][0]["name"] == "logits"
     assert report["ops_before"]["LayerNormalization"] == 5 and "LayerNormalization" not in report["ops_after"]
@@ -318,7 +319,7 @@ def test_summary_line_first_and_an_unchanged_copy_said_so(gpt2):
         f"onnx_lnfold: {gpt2} -> {target}, 5/5 LayerNorms folded, {size_before:.2f} -> {size_after:.2f} MB, "
         "verified (in float64, worst relative diff "
     )
-    assert first.endswith(" s") and out.splitlines()[1].startswith("Nodes: 161 -> 163; LayerNormalization 5 -> 0")
+    assert first.endswith(" s") and out.splitlines()[1].startswith("Nodes: 161 -> 162; LayerNormalization 5 -> 0")
     code, out, _ = _cli(target, "-o", gpt2.with_name("again.onnx"))
     assert code == 0
     assert "(unchanged copy), already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in out
