@@ -57,13 +57,16 @@ class FoldOptions:
     `tied_weights` ("auto", "center", "untie") says how an embedding table the LM head shares is
     centered: as a copy ("untie": the file grows by the table; also what `auxiliary_centering=False`
     does), by `x - ReduceMean(x)` after the Gather ("center"), or the copy where ONNX Runtime
-    would hold a transposed copy of its own anyway and the centering elsewhere ("auto").
+    would hold a transposed copy of its own anyway and the centering elsewhere ("auto");
+    `keep_ort_fusions=False` skips running ONNX Runtime's optimizers on weightless copies of the
+    graph, so no LN is kept because folding it would cost an ONNX Runtime fusion.
     """
 
     target: str = "ort"
     auxiliary_centering: bool = True
     fuse_residual: str = "auto"
     tied_weights: str = "auto"
+    keep_ort_fusions: bool = True
 
     def __post_init__(self) -> None:
         # In this order, so a call with several bad values names the same one as before.
