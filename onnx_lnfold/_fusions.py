@@ -312,7 +312,9 @@ class FusionCheck:
     gemm: GemmAdvice | None = None
     _folder: WeightlessFolder | None = None
     _original: Path | None = None
+    _original_bytes: int = 0  # weights the weightless original stands for
     _folded: Path | None = None
+    _optimizers: dict[Path, TransformersOptimizer] = field(default_factory=dict)  # per file: opt_level 1 once
     _made_by: dict[str, str] = field(default_factory=dict)
     _at: dict[str, str] = field(default_factory=dict)
 
@@ -333,6 +335,9 @@ class FusionCheck:
         return self
 
     def __exit__(self, *exc) -> None:
+        for optimizer in self._optimizers.values():
+            optimizer.close()
+        self._optimizers.clear()
         if self._folder is not None:
             self._folder.close()
             self._folder = None
@@ -349,6 +354,7 @@ class FusionCheck:
         if self._original is None:
             self._folder = WeightlessFolder()
             self._original = self._folder.write(weightless_clone(self.model, self._folder), "original.onnx")
+            self._original_bytes = self._folder.stripped_bytes
             graph = self.model.graph
             self._made_by = {v.name: n.op_type for n in graph for v in n.outputs if v is not None and v.name}
             names = display_names(graph)
@@ -359,7 +365,9 @@ class FusionCheck:
         key = ("optimizer", hashlib.sha256(path.read_bytes()).hexdigest(), model_type, level, heads, hidden)
         assert self._folder is not None
         folder = self._folder
-        return _cached(key, lambda: TransformersOptimizer(path, folder).run(model_type, level, heads, hidden))  # type: ignore[return-value]
+        weights = self._original_bytes
+        optimizer = self._optimizers.setdefault(path, TransformersOptimizer(path, folder, weights))
+        return _cached(key, lambda: optimizer.run(model_type, level, heads, hidden))  # type: ignore[return-value]
 
     def _session(self, path: Path) -> onnx.GraphProto:
         key = ("session", hashlib.sha256(path.read_bytes()).hexdigest())

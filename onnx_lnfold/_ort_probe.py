@@ -7,16 +7,21 @@ inference session (ORT_ENABLE_ALL, CPU). What ONNX Runtime made of the graph com
 Nothing here reads a real weight: the models are `_weightless` copies, their large constants
 references into one sparse file of zeros. The session writes its optimized model's initializers
 to /dev/null (the graph is all that is read back) and never prepacks weights. The transformers
-optimizer reads constants (a table's shape, Q/K/V weights to concatenate), so the zeros are
-loaded for it: memory of the model's size while it runs.
+optimizer reads constants (a table's shape, Q/K/V weights to concatenate, a bias), so it reads
+zeros: all of them loaded for a small model, and for a large one only those it asks for, in a
+child process (`TransformersOptimizer`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
+import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,11 +87,12 @@ def session_graph(path: Path, folder: WeightlessFolder) -> onnx.GraphProto:
     return _graph_only(_optimized_by_session(path, folder, "ORT_ENABLE_ALL", "session"))
 
 
-def _with_zeros(model: onnx.ModelProto, folder: WeightlessFolder) -> onnx.ModelProto:
-    """Every external reference pointed at the zero file (ORT's optimizer writes its own data
-    file, which went to /dev/null), then loaded: the transformers optimizer reads values."""
+def _pointed_at_zeros(path: Path, folder: WeightlessFolder) -> Path:
+    """A copy of `path` (written by an ONNX Runtime session, its data sent to /dev/null) whose
+    external references point at the zero file instead; no data is read or written."""
     from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
 
+    model = onnx.load(str(path), load_external_data=False)
     longest = 0
     for tensor in _get_all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -97,9 +103,90 @@ def _with_zeros(model: onnx.ModelProto, folder: WeightlessFolder) -> onnx.ModelP
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
     folder.reserve(longest)
-    onnx.external_data_helper.load_external_data_for_model(model, str(folder.path))
-    return model
+    out = path.with_name(f"{path.stem}.zeros.onnx")
+    out.write_bytes(model.SerializeToString())
+    return out
 
+
+def _nodes_only(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """The nodes of `graph` in a message of their own: what is read back, without the tensors."""
+    return onnx.GraphProto(node=graph.node, name=graph.name)
+
+
+# The child process: its working directory is the weightless copy's folder, and onnx reads an
+# external tensor relative to the working directory when no folder is given, which is how the
+# optimizer reads one (`numpy_helper.to_array`): so it reads only the constants the optimizer asks
+# for. One job per line on stdin (JSON: file, model_type, num_heads, hidden_size); per job, on
+# stdout, 8 bytes of length and b"OK" + the optimized graph's nodes (a GraphProto) or b"ER" + why.
+_CHILD = """
+import contextlib, io, json, logging, struct, sys, traceback
+import onnx
+from onnxruntime.transformers.optimizer import optimize_by_fusion
+logging.disable(logging.WARNING)
+out = sys.stdout.buffer
+sys.stdout = io.StringIO()
+for line in sys.stdin:
+    source, model_type, heads, hidden = json.loads(line)
+    model = None
+    try:
+        model = onnx.load(source, load_external_data=False)
+        graph = optimize_by_fusion(model, model_type, heads, hidden).model.graph
+        reply = b"OK" + onnx.GraphProto(node=graph.node, name=graph.name).SerializeToString()
+    except Exception as error:
+        reply = b"ER" + f"{type(error).__name__}: {error}".encode()
+    del model
+    sys.stdout = io.StringIO()
+    out.write(struct.pack(">Q", len(reply)) + reply)
+    out.flush()
+"""
+
+
+class _Child:
+    """The optimizer's child process for one folder, started on first use."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._process: subprocess.Popen | None = None
+
+    def run(self, source: Path, model_type: str, num_heads: int, hidden_size: int) -> onnx.GraphProto:
+        if self._process is None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD],
+                cwd=self.folder,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+        process = self._process
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write((json.dumps([source.name, model_type, num_heads, hidden_size]) + "\n").encode())
+        process.stdin.flush()
+        head = process.stdout.read(8)
+        if len(head) < 8:
+            self.close()
+            raise RuntimeError("the optimizer's process ended without an answer")
+        reply = process.stdout.read(struct.unpack(">Q", head)[0])
+        if reply[:2] != b"OK":
+            raise RuntimeError(reply[2:].decode(errors="replace"))
+        return onnx.GraphProto.FromString(reply[2:])
+
+    def close(self) -> None:
+        if self._process is not None:
+            with contextlib.suppress(OSError):
+                self._process.stdin.close()  # type: ignore[union-attr]
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+
+# Weights above which the optimizer runs in a child that reads only what it asks for: loading every
+# zero costs 5-7 times the weights' size at the optimizer's peak (2.2-3.1 GB for BERT-base, 4-6 s
+# of CPU per run) against 0.2-0.5 GB and 1-2 s in the child, whose start costs about 2 s of CPU
+# once per analysis.
+CHILD_ABOVE_BYTES = 64 << 20
 
 # `optimize_model`'s own settings for opt_level 1 (ConstantSharing disabled, CPU).
 _LEVEL1_DISABLED = ["ConstantSharing"]
@@ -110,35 +197,39 @@ class TransformersOptimizer:
     opt_level), as `optimize_model(path, model_type, opt_level=...)` runs: at opt_level 1 an
     ONNX Runtime session's basic optimizations first (shared by every model_type), then the
     Python fusions of that model_type, with the num_heads and hidden_size a user would pass (0:
-    the optimizer detects them)."""
+    the optimizer detects them). The fusions read the zeros: loaded here for a small model, read
+    on demand in a child process above `CHILD_ABOVE_BYTES` of weights."""
 
-    def __init__(self, path: Path, folder: WeightlessFolder):
+    def __init__(self, path: Path, folder: WeightlessFolder, weight_bytes: int = 0):
         self.path = path
         self.folder = folder
+        self._child = _Child(folder.path) if weight_bytes > CHILD_ABOVE_BYTES else None
         self._level1: Path | None = None
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.close()
 
     def _level1_path(self) -> Path:
         """What `optimize_by_onnxruntime(path, opt_level=1, disabled_optimizers=["ConstantSharing"])`
         writes (the session `optimize_model` runs at opt_level 1 on the CPU), with ONNX Runtime's
-        warnings off and the weights to /dev/null."""
+        warnings off, the weights to /dev/null and the references back to the zero file."""
         if self._level1 is None:
-            self._level1 = _optimized_by_session(self.path, self.folder, "ORT_ENABLE_BASIC", "o1", _LEVEL1_DISABLED)
+            written = _optimized_by_session(self.path, self.folder, "ORT_ENABLE_BASIC", "o1", _LEVEL1_DISABLED)
+            self._level1 = _pointed_at_zeros(written, self.folder)
         return self._level1
 
     def run(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> onnx.GraphProto:
-        """The optimized graph (initializers without their data)."""
+        """The optimized graph's nodes."""
+        source = self.path if opt_level == 0 else self._level1_path()
+        if self._child is not None:
+            return self._child.run(source, model_type, num_heads, hidden_size)
         from onnxruntime.transformers.optimizer import optimize_by_fusion
 
-        if opt_level == 0:
-            model = onnx.load(str(self.path))  # the zeros, loaded
-        else:
-            model = _with_zeros(onnx.load(str(self._level1_path()), load_external_data=False), self.folder)
+        model = onnx.load(str(source))  # the zeros, loaded from the folder the file is in
         with _quiet():
             optimized = optimize_by_fusion(model, model_type, num_heads, hidden_size)
-        graph = optimized.model.graph
-        for tensor in graph.initializer:  # drop the zeros: only the graph is read
-            tensor.ClearField("raw_data")
-        return graph
+        return _nodes_only(optimized.model.graph)
 
 
-__all__ = ["TransformersOptimizer", "ort_version", "session_graph"]
+__all__ = ["CHILD_ABOVE_BYTES", "TransformersOptimizer", "ort_version", "session_graph"]

@@ -50,6 +50,7 @@ class WeightlessFolder:
         self._zeros = self.path / ZEROS_FILE
         self._zeros.touch()
         self._size = 0
+        self.stripped_bytes = 0  # bytes of the constants replaced by zeros, over every strip
 
     def __enter__(self) -> WeightlessFolder:
         return self
@@ -70,6 +71,7 @@ class WeightlessFolder:
     def _zeros_like(self, tensor: ir.TensorProtocol, name: str) -> ir.ExternalTensor:
         nbytes = tensor.nbytes
         self.reserve(nbytes)
+        self.stripped_bytes += nbytes
         shape = ir.Shape(list(tensor.shape))
         return ir.ExternalTensor(ZEROS_FILE, 0, nbytes, tensor.dtype, shape=shape, name=name, base_dir=self.path)
 
