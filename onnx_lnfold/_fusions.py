@@ -33,13 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
 from onnx_lnfold._apply import apply_plan
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._forms import LnCandidate, LnKind
-from onnx_lnfold._ir import const_ints, constant_of, is_standard
+from onnx_lnfold._ir import is_standard
 from onnx_lnfold._names import display_names
 from onnx_lnfold._ort_probe import TransformersOptimizer, ort_version, session_graph
 from onnx_lnfold._plan import CenteringPlan
@@ -89,6 +90,33 @@ def _cached(key: tuple, compute: Callable[[], object]) -> object:
 # --------------------------------------------------------------------------- pre-filters
 
 
+def _constant(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """A true constant's tensor, looked at without `onnx_ir.convenience.get_const_tensor` (which
+    names the tensor it returns and may rewrite the value's shape: the check must change nothing)."""
+    if value is None or value.is_graph_input():
+        return None
+    if value.const_value is not None:
+        return value.const_value
+    node = value.producer()
+    if node is None or node.op_type != "Constant" or not is_standard(node) or len(node.attributes) != 1:
+        return None
+    ((key, attr),) = node.attributes.items()
+    if attr.is_ref():
+        return None
+    if key == "value":
+        return attr.value
+    if key in ("value_int", "value_ints"):
+        return ir.Tensor(np.array(attr.value, dtype=np.int64))
+    return None
+
+
+def _ints(value: ir.Value | None) -> list[int] | None:
+    tensor = _constant(value)
+    if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+        return None
+    return [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
+
+
 def _add_leaves(value: ir.Value, depth: int = 2) -> list[ir.Value]:
     """The addends of a sum `Add(Add(a, b), c)`, `Add(a, b)`, ... up to `depth` Adds deep."""
     node = value.producer()
@@ -106,7 +134,7 @@ def _is_embedding_gather(value: ir.Value) -> bool:
     node = value.producer()
     if node is None or node.op_type != "Gather" or not is_standard(node):
         return False
-    table = constant_of(node.inputs[0])
+    table = _constant(node.inputs[0])
     return table is not None and len(table.shape) == 2
 
 
@@ -144,15 +172,15 @@ def gemm_after_layer_norm(graph: ir.Graph, norms: set[ir.Node]) -> list[ir.Node]
 def _reshape_target(node: ir.Node) -> list[int | None] | None:
     """A Reshape's target shape, entries not known as constants None (a Concat of pieces)."""
     target = node.inputs[1] if len(node.inputs) > 1 else None
-    values = const_ints(target)
+    values = _ints(target)
     if values is not None:
-        return list(values)
+        return values
     concat = target.producer() if target is not None else None
     if concat is None or concat.op_type != "Concat":
         return None
     out: list[int | None] = []
     for piece in concat.inputs:
-        ints = const_ints(piece)
+        ints = _ints(piece)
         if ints is None:
             out.append(None)  # a dim computed from a shape: one entry, as exporters write them
         else:
@@ -212,13 +240,12 @@ def lost_fusions(
     lost = []
     for node in _fused_nodes(original, made_by):
         outputs = tuple(name for name in node.output if name)
+        if any(name in folded_outputs for name in outputs):
+            continue  # ORT names what it writes after what it fused: the same name is the same fusion
         known = [name for name in outputs if name in made_by]
-        if known:
-            if any(name in folded_outputs for name in known):
-                continue
-        elif (node.op_type, tuple(node.input)) in folded_by_inputs:
+        if not known and (node.op_type, tuple(node.input)) in folded_by_inputs:
             continue
-        place = next((at[name] for name in known if name in at), node.name)
+        place = next((at[name] for name in known if name in at), outputs[0] if outputs else node.name)
         lost.append(LostFusion(node.op_type, place, tuple(node.input), outputs))
     return lost
 
@@ -493,7 +520,7 @@ class FusionCheck:
 
 
 def _hidden(cand: LnCandidate) -> int:
-    scale = constant_of(cand.scale) if cand.scale is not None else None
+    scale = _constant(cand.scale)
     return int(scale.shape[-1]) if scale is not None and len(scale.shape) else 0
 
 
