@@ -2,7 +2,7 @@
 `onnx.ModelProto` or an `onnx_ir.Model`) and never change the caller's model.
 
 Both take the fields of `FoldOptions` as keywords (`target=`, `auxiliary_centering=`,
-`fuse_residual=`, `tied_weights=`), or a whole `options=FoldOptions(...)`; keywords given beside
+`fuse_residual=`, `tied_weights=`, `keep_ort_fusions=`), or a whole `options=FoldOptions(...)`; keywords given beside
 `options` replace its fields.
 """
 
@@ -56,7 +56,7 @@ def fold(
     `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
     `LnFoldError` for bad input.
 
-    The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`) are those of
+    The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`, `keep_ort_fusions`) are those of
     `FoldOptions`, whose docstring says what each does.
     """
     options = keywords_to_options(options, option_keywords, "fold")

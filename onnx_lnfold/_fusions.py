@@ -20,8 +20,9 @@ pre-filters here only skip running it on graphs where it has nothing to find.
   runs, so nothing is kept: the report advises the order instead (`_pipeline_order`), with ORT's
   node counts of both orders. Pre-filter: a folded LN feeding `Reshape -> Gemm`.
 
-Without onnxruntime (or with `keep_ort_fusions=False`) nothing is kept for a fusion, and the
-report says that nothing was checked.
+With `keep_ort_fusions=False` nothing runs and nothing is kept for a fusion. Without onnxruntime,
+or where ONNX Runtime fails on the copy, nothing is kept either, and the report's advice says that
+nothing was checked.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._forms import LnCandidate, LnKind
 from onnx_lnfold._ir import is_standard
 from onnx_lnfold._names import display_names
-from onnx_lnfold._ort_probe import TransformersOptimizer, ort_version, session_graph
+from onnx_lnfold._ort_probe import (
+    CHILD_ABOVE_BYTES,
+    OptimizerProcess,
+    TransformersOptimizer,
+    ort_version,
+    session_graph,
+)
 from onnx_lnfold._plan import CenteringPlan
 from onnx_lnfold._weightless import WeightlessFolder, clone_model, weightless_clone
 
@@ -341,7 +348,8 @@ class FusionCheck:
     _original: Path | None = None
     _original_bytes: int = 0  # weights the weightless original stands for
     _folded: Path | None = None
-    _optimizers: dict[Path, TransformersOptimizer] = field(default_factory=dict)  # per file: opt_level 1 once
+    _optimizers: dict[str, TransformersOptimizer] = field(default_factory=dict)  # by the file's digest
+    _process: OptimizerProcess | None = None  # the optimizer's child process, for a large model
     _made_by: dict[str, str] = field(default_factory=dict)
     _at: dict[str, str] = field(default_factory=dict)
 
@@ -362,8 +370,9 @@ class FusionCheck:
         return self
 
     def __exit__(self, *exc) -> None:
-        for optimizer in self._optimizers.values():
-            optimizer.close()
+        if self._process is not None:
+            self._process.close()
+            self._process = None
         self._optimizers.clear()
         if self._folder is not None:
             self._folder.close()
@@ -389,11 +398,14 @@ class FusionCheck:
         return self._original
 
     def _optimizer(self, path: Path, model_type: str, level: int, heads: int, hidden: int) -> onnx.GraphProto:
-        key = ("optimizer", hashlib.sha256(path.read_bytes()).hexdigest(), model_type, level, heads, hidden)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
         assert self._folder is not None
-        folder = self._folder
-        weights = self._original_bytes
-        optimizer = self._optimizers.setdefault(path, TransformersOptimizer(path, folder, weights))
+        if self._process is None and self._original_bytes > CHILD_ABOVE_BYTES:
+            self._process = OptimizerProcess(self._folder.path)  # reads only the zeros it asks for
+        if digest not in self._optimizers:  # one per file content: its opt_level 1 session runs once
+            self._optimizers[digest] = TransformersOptimizer(path, self._folder, self._process)
+        optimizer = self._optimizers[digest]
+        key = ("optimizer", digest, model_type, level, heads, hidden)
         return _cached(key, lambda: optimizer.run(model_type, level, heads, hidden))  # type: ignore[return-value]
 
     def _session(self, path: Path) -> onnx.GraphProto:

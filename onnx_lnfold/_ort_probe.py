@@ -141,8 +141,8 @@ for line in sys.stdin:
 """
 
 
-class _Child:
-    """The optimizer's child process for one folder, started on first use."""
+class OptimizerProcess:
+    """The optimizer's child process for one folder, started on first use (`_CHILD`)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -197,18 +197,14 @@ class TransformersOptimizer:
     opt_level), as `optimize_model(path, model_type, opt_level=...)` runs: at opt_level 1 an
     ONNX Runtime session's basic optimizations first (shared by every model_type), then the
     Python fusions of that model_type, with the num_heads and hidden_size a user would pass (0:
-    the optimizer detects them). The fusions read the zeros: loaded here for a small model, read
-    on demand in a child process above `CHILD_ABOVE_BYTES` of weights."""
+    the optimizer detects them). The fusions read the zeros: loaded here, or read on demand in
+    `child` (what to use above `CHILD_ABOVE_BYTES` of weights)."""
 
-    def __init__(self, path: Path, folder: WeightlessFolder, weight_bytes: int = 0):
+    def __init__(self, path: Path, folder: WeightlessFolder, child: OptimizerProcess | None = None):
         self.path = path
         self.folder = folder
-        self._child = _Child(folder.path) if weight_bytes > CHILD_ABOVE_BYTES else None
+        self._child = child  # None: in this process
         self._level1: Path | None = None
-
-    def close(self) -> None:
-        if self._child is not None:
-            self._child.close()
 
     def _level1_path(self) -> Path:
         """What `optimize_by_onnxruntime(path, opt_level=1, disabled_optimizers=["ConstantSharing"])`
@@ -232,4 +228,4 @@ class TransformersOptimizer:
         return _nodes_only(optimized.model.graph)
 
 
-__all__ = ["CHILD_ABOVE_BYTES", "TransformersOptimizer", "ort_version", "session_graph"]
+__all__ = ["CHILD_ABOVE_BYTES", "OptimizerProcess", "TransformersOptimizer", "ort_version", "session_graph"]

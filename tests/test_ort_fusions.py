@@ -318,7 +318,7 @@ def test_a_large_model_is_optimized_in_a_child_that_reads_only_what_it_asks_for(
 
     expected = onnx_lnfold.analyze(MODELS / "distilbert_torchscript.onnx").to_dict()
     _fusions._CACHE.clear()
-    monkeypatch.setattr(_ort_probe, "CHILD_ABOVE_BYTES", 0)
+    monkeypatch.setattr(_fusions, "CHILD_ABOVE_BYTES", 0)
     started = []
     popen = _ort_probe.subprocess.Popen
     monkeypatch.setattr(_ort_probe.subprocess, "Popen", lambda *a, **k: started.append(k["cwd"]) or popen(*a, **k))
