@@ -280,16 +280,30 @@ def _use_nodes(uses: tuple[str, ...]) -> set[str]:
     return {use.rsplit(":", 1)[0] for use in uses}
 
 
-def footprints(plan: CenteringPlan, names: dict[ir.Node, str]) -> dict[str, tuple[str, set[str]]]:
-    """For each folded LN, the name of its output and the (display) names of the nodes its rewrite
-    replaces or edits (its own, a residual Add it takes in, the consumers its beta goes into),
-    read before the plan is applied (the rewrite renames and removes them)."""
+@dataclass(frozen=True)
+class Footprint:
+    """What one folded LN's rewrite touches, by name (read before the plan is applied: the rewrite
+    renames and removes these)."""
+
+    output: str  # the LN's output tensor
+    anchor: str  # the node that normalizes (the LN op, a decomposed LN's first ReduceMean)
+    own: frozenset[str]  # the LN's own nodes (a decomposed LN's gamma Mul and beta Add among them)
+    touched: frozenset[str]  # its own nodes, a residual Add it takes in, the consumers its beta goes into
+
+
+def footprints(plan: CenteringPlan, names: dict[ir.Node, str]) -> dict[str, Footprint]:
+    """The footprint of each folded LN of `plan`, on the model it was made for (`names`)."""
     out = {}
     for decision in plan.folded:
         rewrite = decision._rewrite
         if rewrite is not None:
-            touched = {names[n] for n in (*rewrite.replaced, *rewrite.beta_consumers) if n in names}
-            out[decision.node] = (rewrite.cand.out.name or "", touched)
+            cand = rewrite.cand
+            out[decision.node] = Footprint(
+                cand.out.name or "",
+                names.get(cand.node, ""),
+                frozenset(names[n] for n in cand.nodes if n in names),
+                frozenset(names[n] for n in (*rewrite.replaced, *rewrite.beta_consumers) if n in names),
+            )
     return out
 
 
@@ -298,13 +312,18 @@ def attribute(
     graph: ir.Graph,
     plan: CenteringPlan,
     names: dict[ir.Node, str],
-    folds: dict[str, tuple[str, set[str]]],
-) -> dict[str, str]:
+    folds: dict[str, Footprint],
+) -> dict[str, str] | None:
     """The LNs whose fold touches the lost fusion's pattern (`graph`: the original), with how:
     an explicit centering that reads a tensor of it, a centered constant it reads, or the LN's
-    own nodes and output (`folds`, from `footprints`)."""
+    own nodes and output (`folds`). None when the fused node had taken in a folded LN's gamma
+    Mul or beta Add and not its normalization: the RMS op (or the rewrite's beta) does that work
+    now, so nothing is lost (a scalar gamma that MatMulScaleFusion had made a FusedMatMul's alpha)."""
     nodes, tensors = _region(graph, fusion)
     node_names = {names[n] for n in nodes if n in names}
+    for footprint in folds.values():
+        if footprint.own & node_names and footprint.anchor not in node_names:
+            return None
     why: dict[str, str] = {}
     for centering in plan.centerings:
         if centering.tensor in tensors:
@@ -314,8 +333,8 @@ def attribute(
         if _use_nodes(edit.uses) & node_names:
             for ln in edit.required_by:
                 why.setdefault(ln, f"it centers '{edit.tensor}', which the fused pattern reads")
-    for ln, (output, touched) in folds.items():
-        if output in tensors or touched & node_names:
+    for ln, footprint in folds.items():
+        if footprint.output in tensors or footprint.touched & node_names:
             why.setdefault(ln, "the fused pattern reads its output")
     return why
 
@@ -496,6 +515,8 @@ class FusionCheck:
         costs: dict[str, Blocked] = {}
         for fusion in lost_fusions(original, folded, self._made_by, self._at):
             why = attribute(fusion, graph, plan, names, folds)
+            if why is None:
+                continue  # the fold's own op does what the fused node did
             if not why:
                 logger.info("ONNX Runtime's %s fusion at '%s' is lost, by no LN's fold", fusion.op_type, fusion.at)
             for ln, how in why.items():
@@ -514,7 +535,8 @@ class FusionCheck:
     # ------------------------------------------------------------------ order advice
 
     def gemm_order(self, folded_norms: set[ir.Node]) -> GemmAdvice | None:
-        """The gpt2 optimizer on both weightless copies, where a folded LN feeds Reshape -> Gemm."""
+        """The gpt2 optimizer on both weightless copies, where a folded LN feeds Reshape -> Gemm: its
+    node counts when folding first leaves it more Gemms and more nodes, else None."""
         if not self.active or self._folded is None or not gemm_after_layer_norm(self.model.graph, folded_norms):
             return None
         try:
@@ -525,8 +547,8 @@ class FusionCheck:
             self._give_up("run its transformers optimizer (model_type gpt2) on a weightless copy", error)
             return None
         gemms = sum(n.op_type == "Gemm" for n in after.node) - sum(n.op_type == "Gemm" for n in before.node)
-        if gemms <= 0:
-            return None
+        if gemms <= 0 or len(after.node) <= len(before.node):
+            return None  # the order matters where folding first leaves the optimizer a larger graph
         self.gemm = GemmAdvice(len(before.node), len(after.node), gemms)
         return self.gemm
 
@@ -538,6 +560,7 @@ def _hidden(cand: LnCandidate) -> int:
 
 __all__ = [
     "EMBED_RUNS",
+    "Footprint",
     "FusionCheck",
     "GemmAdvice",
     "LostFusion",

@@ -194,6 +194,25 @@ def test_the_explicit_centering_goes_after_the_gelu_so_its_fusion_stays(tmp_path
     assert session_ops(unchecked.model_proto, tmp_path)["com.microsoft::BiasGelu"] == 0
 
 
+def test_a_fusion_that_took_in_a_decomposed_lns_gamma_is_not_a_loss(tmp_path):
+    """A decomposed LN with a scalar gamma: ONNX Runtime leaves the normalization as it is and
+    makes the gamma Mul the alpha of the next MatMul (FusedMatMul). The fold puts gamma into the
+    RMS op's scale, so that fused node goes, and nine nodes with it: nothing is lost, the LN folds
+    (found by the fuzz graphs)."""
+    from graphs import Graph, decomposed_ln
+
+    g = Graph(seed=3)
+    normalized = decomposed_ln(g, g.linear(g.input("x", ["b", "s", 16]), 16, 16, "proj"), 16, "ln", divide="Reciprocal", affine=False)
+    scaled = g.node("Mul", [normalized, g.const("ln.gamma", value=np.array([1.7], np.float32))], name="ln/gamma")
+    g.output(g.linear(scaled, 16, 16, "out", bias=False))
+    model = g.model()
+    result = onnx_lnfold.fold(model)
+    assert [d.folded for d in result.plan.decisions] == [True] and result.report.verification.status == "passed"
+    before, after = session_ops(model, tmp_path), session_ops(result.model_proto, tmp_path)
+    assert (before["com.microsoft::FusedMatMul"], after["com.microsoft::FusedMatMul"]) == (1, 0)
+    assert sum(after.values()) < sum(before.values()) - 5
+
+
 def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
     path = MODELS / "whisper_encoder_torchscript.onnx"
     result = onnx_lnfold.fold(path)
