@@ -401,7 +401,7 @@ class FusionCheck:
         while error.__cause__ is not None:  # onnx-ir wraps its errors in the call that raised them
             error = error.__cause__  # type: ignore[assignment]
         message = str(error).splitlines()[0][:200] if str(error) else ""
-        logger.warning("ONNX Runtime could not %s: %s: %s", what, type(error).__name__, message)
+        logger.info("ONNX Runtime could not %s: %s: %s", what, type(error).__name__, message)  # the advice says it
         self.unchecked = f"ONNX Runtime could not {what}: {type(error).__name__}: {message}"
         self.version = None
 
