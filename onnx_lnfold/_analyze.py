@@ -1,6 +1,6 @@
 """The analysis: which LayerNorms can become RMSNorm, and what to center. Mutates nothing.
 
-Following docs/DESIGN.md sections 2 and 3, in four steps, one module each:
+Following docs/DESIGN.md sections 2, 3 and 10, in five steps, one module each:
 
 1. **Recognize** (`_recognize`): every LN, in any form, as an `LnCandidate`.
 2. **Trace** (`_zero_mean`, backward, per LN): prove the LN input zero-mean along its axis by
@@ -9,6 +9,9 @@ Following docs/DESIGN.md sections 2 and 3, in four steps, one module each:
    tensor the edits change must reach only LNs over that axis; a violation blocks every LN whose
    edits reach it, until none remains; explicit centerings are kept only where they pay.
 4. **Edits** (`_edits`): the constants to center (in place or untied) and the centerings to insert.
+5. **Fusion cost** (`_fusions`): ONNX Runtime's own optimizers, on weightless copies of the graph
+   and of the plan applied to it, decide which LNs to keep because folding them would cost a
+   fusion; the plan is made again without them until it loses none.
 
 The result is a `CenteringPlan`; `apply_plan` carries it out.
 """
@@ -19,9 +22,11 @@ import logging
 
 import onnx_ir as ir
 
+from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._edits import plan_edits
 from onnx_lnfold._fold_set import fold_set, leaf_order, with_auxiliary_centering
-from onnx_lnfold._fusions import embed_layer_norm_costs
+from onnx_lnfold._forms import LnCandidate
+from onnx_lnfold._fusions import FusionCheck
 from onnx_lnfold._ir import weight_bytes
 from onnx_lnfold._names import display_names, taken_names
 from onnx_lnfold._options import FoldOptions, check_preconditions
@@ -38,17 +43,54 @@ __all__ = ["analyze"]
 
 
 def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> CenteringPlan:
-    """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing."""
+    """Decide, for every LayerNorm of `model`, whether it folds and how; mutate nothing.
+
+    LNs whose fold would cost an ONNX Runtime fusion stay LNs (`_fusions`, docs/DESIGN.md section
+    10): the transformers optimizer's EmbedLayerNormalization first, then the session fusions of
+    the plan, applied to a weightless clone, until the plan loses none."""
     check_preconditions(model, options)
-    graph = model.graph
     shapes = shapes or ShapeTable(model)
+    with FusionCheck.start(model, options.keep_ort_fusions) as fusions:
+        candidates = _candidates(model, shapes)
+        kept = fusions.embed_layer_norm_costs(candidates)
+        plan = _plan(model, options, shapes, candidates, kept)
+        while plan.folded and fusions.active:
+            lost = fusions.session_fusion_costs(lambda clone, kept=kept: _plan_clone(clone, options, shapes, kept))
+            lost = {name: blocked for name, blocked in lost.items() if name not in kept}
+            if not lost:
+                break
+            kept = {**kept, **lost}
+            plan = _plan(model, options, shapes, candidates, kept)
+        folded = {cand.node for cand in candidates if plan.decision_for(cand.name).folded}
+        plan.advice = order_advice(fusions, folded, [c for c in candidates if c.name in fusions.embed_kept], bool(plan.folded))
+    return plan
+
+
+def _candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
+    names = display_names(model.graph)
+    return find_layer_norms(model.graph, shapes, names) + find_in_functions(model, names)
+
+
+def _plan_clone(clone: ir.Model, options: FoldOptions, shapes: ShapeTable, kept: dict[str, Blocked]) -> CenteringPlan:
+    """The plan for a clone of the model (the same decisions, bound to the clone's IR objects)."""
+    clone_shapes = shapes.for_clone(clone)
+    return _plan(clone, options, clone_shapes, _candidates(clone, clone_shapes), kept)
+
+
+def _plan(
+    model: ir.Model,
+    options: FoldOptions,
+    shapes: ShapeTable,
+    candidates: list[LnCandidate],
+    kept: dict[str, Blocked],
+) -> CenteringPlan:
+    """The plan with the LNs of `kept` (by name) kept for the reason given."""
+    graph = model.graph
     names = display_names(graph)
-    candidates = find_layer_norms(graph, shapes, names) + find_in_functions(model, names)
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
-    # LNs whose fold would cost an ONNX Runtime fusion worth more than it saves stay LNs (they
-    # still absorb shifts, as every kept LN does).
-    costly = embed_layer_norm_costs(graph, candidates)
-    foldable = [cand for cand in candidates if cand not in costly]
+    # LNs whose fold would cost an ONNX Runtime fusion stay LNs (they still absorb shifts, as
+    # every kept LN does).
+    foldable = [cand for cand in candidates if cand.name not in kept]
 
     active, blocked = fold_set(foldable, shapes, sinks, names, None)
     if options.auxiliary_centering and blocked:
@@ -99,8 +141,7 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
                     status=KEPT,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
-                    blocked=blocked[cand] if cand in blocked else costly[cand].at_stage("cost"),
+                    blocked=blocked[cand] if cand in blocked else kept[cand.name].at_stage("cost"),
                 )
             )
-    advice = order_advice(graph, list(active), list(costly))
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target, advice=advice)
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)

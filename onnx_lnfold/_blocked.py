@@ -30,7 +30,8 @@ CODES: dict[str, str] = {
     "intermediate-read": "an intermediate of an LN written as ops (decomposed, E[x^2]-E[x]^2) is read elsewhere or is a graph output",
     "no-rms-form": "the op has no RMSNorm counterpart (EmbedLayerNormalization)",
     "in-function": "the LN is inside a model-local function",
-    "fusion-cost": "folding would cost an ONNX Runtime fusion worth more than the fold",
+    "fusion-cost": "ONNX Runtime's transformers optimizer fuses the LN into an op with no RMS form (EmbedLayerNormalization)",
+    "fusion-lost": "folding would cost a fusion an ONNX Runtime session makes on the original graph",
     # proving the input zero-mean (backward, through producers and carry ops)
     "not-carried": "an op on the way does not carry a zero mean",
     "axes-not-constant": "an op's axes are not constants",

@@ -100,6 +100,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="never insert an explicit x - ReduceMean(x) (to unlock LNs whose stream no weight edit can "
         "center, or for tied weights: they are untied)",
     )
+    p.add_argument(
+        "--ignore-ort-fusions",
+        action="store_true",
+        help="do not run ONNX Runtime's optimizers on weightless copies of the graph, so fold also the LNs "
+        "whose fold would cost an ONNX Runtime fusion (EmbedLayerNormalization, a session's Gelu or Attention)",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument(
         "--rtol",
@@ -276,6 +282,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         auxiliary_centering=not args.no_aux_centering,
         fuse_residual=args.fuse_residual,
         tied_weights=args.tied_weights,
+        keep_ort_fusions=not args.ignore_ort_fusions,
     )
     check = VerifyRequest(
         enabled=not args.no_verify,

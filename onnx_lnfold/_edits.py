@@ -9,7 +9,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._forms import FORMS
-from onnx_lnfold._ir import constant_of
+from onnx_lnfold._ir import constant_of, is_standard
 from onnx_lnfold._names import fresh_name
 from onnx_lnfold._options import UNTIE_BUDGET
 from onnx_lnfold._plan import AuxCentering, CenteringEdit
@@ -95,6 +95,30 @@ def _aux_centering(
     )
 
 
+def _past_scalings(
+    value: ir.Value, axis: int, uses: list[tuple[ir.Node, int]], names: dict[ir.Node, str]
+) -> tuple[ir.Value, list[tuple[ir.Node, int]]]:
+    """Where to put an explicit centering of `value` read by `uses`: after the scalar `Mul`s and
+    `Div`s those uses are, when they are its only planned reader. Exact: a scalar factor commutes
+    with removing a mean, and the scaled tensor changes as a whole either way. It keeps the
+    non-linearity the centering follows whole: the TorchScript exporter writes GELU as
+    `x * (erf(x / sqrt 2) + 1) * 0.5`, and ONNX Runtime's Gelu fusion wants the product before
+    the `* 0.5` read by that Mul alone (docs/DESIGN.md section 2.3)."""
+    while len(uses) == 1:
+        node, index = uses[0]
+        if not is_standard(node) or node.op_type not in ("Mul", "Div") or (node.op_type == "Div" and index != 0):
+            break
+        factor = constant_of(node.inputs[1 - index])
+        if factor is None or factor.size != 1 or len(factor.shape) > 1:
+            break
+        out = node.outputs[0]
+        if out.is_graph_output() or not out.uses():  # a factor of rank <= 1 keeps the rank, so the axis
+            break
+        value = out
+        uses = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
+    return value, uses
+
+
 def plan_edits(
     leaves: list[tuple[Leaf, str]],
     names: dict[ir.Node, str],
@@ -119,6 +143,8 @@ def plan_edits(
         uses = _sorted_uses(members, names)
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
+            if all(weights is None for leaf, _ in members for _, _, weights, _ in leaf.seeds):
+                value, uses = _past_scalings(value, axis, uses, names)  # type: ignore[arg-type]
             centerings.append(_aux_centering(value, axis, uses, required_by, names, taken))  # type: ignore[arg-type]
             continue
         untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()

@@ -73,12 +73,15 @@ class FoldOptions:
     means`, which ONNX Runtime folds at session start ("derive"), or ("auto") the copy where it adds
     at most 1% to the weights and the head reads the table through a Transpose, the derived table
     where the copy would be larger, the centering elsewhere.
+    `keep_ort_fusions=False` skips running ONNX Runtime's optimizers on weightless copies of the
+    graph, so no LN is kept because folding it would cost an ONNX Runtime fusion.
     """
 
     target: str = "ort"
     auxiliary_centering: bool = True
     fuse_residual: str = "auto"
     tied_weights: str = "auto"
+    keep_ort_fusions: bool = True
 
     def __post_init__(self) -> None:
         # In this order, so a call with several bad values names the same one as before.

@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 class LnFoldPass(ir.passes.InPlacePass):
     """Replace every exactly-foldable LayerNormalization with SimplifiedLayerNormalization.
 
-    In place, no verification (run `onnx_lnfold.fold` for that). Takes what `fold()` takes as
+    In place, no verification (run `onnx_lnfold.fold` for that); the analysis is `analyze()`'s, so
+    it keeps the LNs whose fold would cost an ONNX Runtime fusion, as `fold()` does (checked with
+    ONNX Runtime on weightless copies; `keep_ort_fusions=False` skips it). Takes what `fold()` takes as
     options: `FoldOptions`' fields as keywords, or `options=FoldOptions(...)`. A model the options
     do not fit (`target="onnx"` below opset 23) fails `requires()` with a `PreconditionError`. The
     plan of the last call is kept on `self.plan` so a pipeline can report why LNs were kept.

@@ -109,7 +109,28 @@ _KEPT_REASONS: list[tuple[str, frozenset[str] | None, re.Pattern[str], str, str]
         "a weight to center is also a graph input: it can be overridden at run time, so it is not a constant",
         "'{t}'{of}",
     ),
+    (
+        "cost",
+        frozenset({"fusion-cost"}),
+        re.compile(
+            r"kept: ONNX Runtime's transformers optimizer \((?P<how>[^)]*)\) fused it with the embedding Gathers "
+            r"of (?P<tables>.+?) into com\.microsoft::EmbedLayerNormalization .*"
+        ),
+        "ONNX Runtime's transformers optimizer fuses it into EmbedLayerNormalization, which has no RMS form: "
+        "run the optimizer first",
+        "{how}; the Gathers of {tables}",
+    ),
+    (
+        "cost",
+        frozenset({"fusion-lost"}),
+        re.compile(r"kept: folding it would cost ONNX Runtime's (?P<op>\S+) fusion at '(?P<at>[^']*)' \((?P<why>.*)\): .*"),
+        "folding it would cost a fusion an ONNX Runtime session makes on the original (checked on weightless copies)",
+        "{op} at '{at}': {why}",
+    ),
 ]
+
+# A name the reasons quote: between quotes that are not apostrophes ("ONNX Runtime's" is a word).
+_QUOTED = re.compile(r"(?<!\w)'[^']*'(?!\w)")
 
 
 def _explain(d: LnDecision) -> tuple[str, str]:
@@ -120,7 +141,7 @@ def _explain(d: LnDecision) -> tuple[str, str]:
         m = pattern.fullmatch(d.reason)
         if m:
             return headline, detail.format(**{k: v or "" for k, v in m.groupdict().items()})
-    template = re.sub(r"'[^']*'", "'...'", d.reason)
+    template = _QUOTED.sub("'...'", d.reason)
     return template, ("" if template == d.reason else d.reason)
 
 

@@ -117,6 +117,15 @@ class ShapeTable:
             self._paths = {id(graph): path for path, graph, _ in subgraphs(self._model.graph)}
         return self._inferred
 
+    def for_clone(self, clone: ir.Model) -> ShapeTable:
+        """This table for `clone`, an `onnx_ir.Model.clone()` of this model (same names, same
+        structure): the inference results are shared, not computed again."""
+        table = ShapeTable(clone)
+        table._inferred = self._sources()
+        table._shared = self._shared
+        table._paths = {id(graph): path for path, graph, _ in subgraphs(clone.graph)}
+        return table
+
     def _key(self, value: ir.Value) -> tuple[tuple, str]:
         """(graph path, name), as `_shape_infer` keys results: sibling If branches reuse names."""
         self._sources()

@@ -62,6 +62,11 @@ class OnnxLnFold(Pass):
             "auxiliary_centering": PassConfigParam(
                 type_=bool, default_value=_DEFAULTS.auxiliary_centering, description="allow an explicit x - ReduceMean(x) where no weight edit centers a stream"
             ),
+            "keep_ort_fusions": PassConfigParam(
+                type_=bool,
+                default_value=_DEFAULTS.keep_ort_fusions,
+                description="keep the LNs whose fold would cost an ONNX Runtime fusion (checked with ONNX Runtime on weightless copies)",
+            ),
             "verify": PassConfigParam(
                 type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
             ),
@@ -76,6 +81,7 @@ class OnnxLnFold(Pass):
             auxiliary_centering=config.auxiliary_centering,
             fuse_residual=config.fuse_residual,
             tied_weights=config.tied_weights,
+            keep_ort_fusions=config.keep_ort_fusions,
         )
         result = fold(model.model_path, verify=config.verify, options=options)
         for line in result.report.format_text().splitlines():

@@ -231,3 +231,47 @@ def moments_ln(
     if order == "affine_no_beta":
         return g.node("Sub", [xq, mq], name=f"{name}/normalize")
     return g.node("Add", [xq, g.node("Sub", [beta, mq], name=f"{name}/shift")], name=f"{name}/normalize")
+
+
+def bert_attention_block(d: int = 16, heads: int = 2) -> onnx.ModelProto:
+    """x -> Linear -> LN (decomposed, opset 12) -> BERT self-attention with its residual, written as
+    ONNX Runtime's session AttentionFusion (`attention_fusion.cc`) matches it: Q, K, V MatMul + Add
+    + Reshape + Transpose, the mask path `Unsqueeze(1) -> Unsqueeze(2) -> Cast -> Sub(1, .) ->
+    Mul(-10000)`, Softmax over axis 3, and the LN output added back. That fusion starts from a
+    LayerNormalization (ONNX Runtime's LayerNormFusion makes one of the pattern first), so folding
+    the LN costs it."""
+    g = Graph(seed=5)
+    x = g.input("x", ["b", "s", d])
+    mask = g.input("mask", ["b", "s"], TensorProto.INT64)
+    ln = decomposed_ln(g, g.linear(x, d, d, "proj"), d, "ln", opset=12)
+
+    def head(name: str, perm: list[int]) -> str:
+        y = g.node("Reshape", [g.linear(ln, d, d, name), g.ints(f"{name}.shape", [0, 0, heads, d // heads])], name=f"{name}/reshape")
+        return g.node("Transpose", [y], name=f"{name}/transpose", perm=perm)
+
+    q, k, v = head("q", [0, 2, 1, 3]), head("k", [0, 2, 3, 1]), head("v", [0, 2, 1, 3])
+    scores = g.node("Div", [g.node("MatMul", [q, k], name="qk"), g.const("sqrt_h", value=np.float32(np.sqrt(d // heads)))], name="qk_div")
+    m = g.node("Unsqueeze", [g.node("Unsqueeze", [mask], name="mask_u1", axes=[1])], name="mask_u2", axes=[2])
+    m = g.node("Cast", [m], name="mask_cast", to=TensorProto.FLOAT)
+    m = g.node("Sub", [g.const("one", value=np.float32(1.0)), m], name="mask_sub")
+    m = g.node("Mul", [m, g.const("minus_10000", value=np.float32(-10000.0))], name="mask_mul")
+    probs = g.node("Softmax", [g.node("Add", [scores, m], name="mask_add")], name="softmax", axis=3)
+    context = g.node("Transpose", [g.node("MatMul", [probs, v], name="qkv")], name="context_transpose", perm=[0, 2, 1, 3])
+    context = g.node("Reshape", [context, g.ints("context.shape", [0, 0, d])], name="context_reshape")
+    g.output(g.node("Add", [g.linear(context, d, d, "o"), ln], name="residual"))
+    return g.model(opset=12)
+
+
+def gelu_stem_stream(d: int = 16) -> onnx.ModelProto:
+    """x -> Linear -> GELU as the TorchScript exporter writes it, `x * (erf(x / sqrt 2) + 1) * 0.5`
+    -> + position table -> a pre-LN residual block -> a final LN. No weight edit centers a GELU
+    output, so the stream is centered explicitly right after it (two LNs unlocked)."""
+    g = Graph(seed=7)
+    h = g.linear(g.input("x", ["b", "s", 8]), 8, d, "stem")
+    erf = g.node("Erf", [g.node("Div", [h, g.const("sqrt2", value=np.float32(np.sqrt(2.0)))], name="gelu/div")], name="gelu/erf")
+    product = g.node("Mul", [h, g.node("Add", [erf, g.const("one", value=np.float32(1.0))], name="gelu/add")], name="gelu/mul")
+    h = g.node("Mul", [product, g.const("half", value=np.float32(0.5))], name="gelu/half")
+    h = g.node("Add", [h, g.const("positions", (d,))], name="positions")
+    h = g.node("Add", [h, g.linear(g.ln(h, d, "ln0"), d, d, "mlp0")], name="residual0")
+    g.output(g.ln(h, d, "ln_final"))
+    return g.model(opset=17)

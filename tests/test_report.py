@@ -227,6 +227,6 @@ def test_reprs_are_one_line_summaries_with_the_detail_one_attribute_away(tmp_pat
 
 def test_the_pass_repr_names_its_options_and_its_last_run():
     fold_pass = onnx_lnfold.LnFoldPass(tied_weights="center")
-    assert repr(fold_pass) == "<LnFoldPass target=ort auxiliary_centering=True fuse_residual=auto tied_weights=center; not run yet>"
+    assert repr(fold_pass) == "<LnFoldPass target=ort auxiliary_centering=True fuse_residual=auto tied_weights=center keep_ort_fusions=True; not run yet>"
     ir.passes.PassManager([fold_pass])(ir.load(str(MODELS / "opt_post_ln.onnx")))
     assert repr(fold_pass).endswith("; last run: 0/4 LNs folded, 4 kept>")
