@@ -199,6 +199,10 @@ def targets(results: dict) -> list[dict]:
         counts = {"met": 0, "not met": 0, CANT: 0, "noisy": 0, "SLOWER": 0}
         bad = []
         post = []
+        # Never slower holds every model, post-LN ones included: a fold there must not cost either.
+        slower = [f"{n} b{t['batch']} s{t['seq']}: x{ratio(t)['ratio']:.3f} [{ratio(t)['lo']:.3f}, {ratio(t)['hi']:.3f}]"
+                  + ("" if e["meta"]["pre_ln"] else " (post-LN)")
+                  for n, e in models.items() for t in e.get("timing", []) if t[key] == "SLOWER"]
         for n, e in models.items():
             if not e["meta"]["pre_ln"]:  # the fold leaves post-LN blocks alone: their bound is out of its reach
                 post += [f"{n} b{t['batch']} s{t['seq']} {t[key]}" for t in e.get("timing", [])]
@@ -216,8 +220,7 @@ def targets(results: dict) -> list[dict]:
                                f"{counts[CANT]} can't tell, {counts['noisy']} noisy (pre-LN models)"
                                + ("; " + "; ".join(bad) if bad else "")
                                + (f" (post-LN, not counted: {', '.join(post)})" if post else "")})
-        slower = [b for b in bad if "SLOWER" in b]
-        rows.append({"target": f"never slower than the original outside its interval ({clock})",
+        rows.append({"target": f"never slower than the original outside its interval, every model ({clock})",
                      "met": not slower, "figure": "; ".join(slower) or "no configuration significantly slower"})
     # 3, 4. fold cost
     wall, rss, wf, rf = True, True, [], []

@@ -81,9 +81,10 @@ MODELS = {
 }
 
 
-def prepare(name: str, work: Path, int8: bool) -> dict[str, str]:
+def prepare(name: str, work: Path, int8: bool, fold_with: Path | None = None) -> dict[str, str]:
     """original, re-saved (onnx_ir load + save: the path the fold writes through) and folded (the
-    defaults; verified) files of `name`, quantized after the fact with `int8`."""
+    defaults; verified) files of `name`, quantized after the fact with `int8`. `fold_with`: fold
+    with the onnx_lnfold of another checkout (an earlier commit: the "before" of a change), unverified."""
     import onnx_ir as ir
 
     src = TRAINED / MODELS[name][0]
@@ -92,8 +93,10 @@ def prepare(name: str, work: Path, int8: bool) -> dict[str, str]:
         ir.save(ir.load(src), files["resaved"])
     if not files["folded"].exists():
         feeds = work / f"{name}.feeds.npz"
-        subprocess.run([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(files["folded"]), "-q",
-                        "--inputs", str(feeds)], check=True, cwd=ROOT)
+        checkout = fold_with or ROOT
+        check = ["--no-verify"] if fold_with else ["--inputs", str(feeds)]
+        subprocess.run([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(files["folded"]), "-q", *check],
+                       check=True, cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)})
     if int8:
         from onnxruntime.quantization import quantize_dynamic
 
@@ -296,6 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-int8", action="store_true", help="fp32 only")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--out-dir", default=str(RESULTS))
+    ap.add_argument("--fold-with", metavar="CHECKOUT", help="fold with the onnx_lnfold of another checkout "
+                    "(e.g. `git worktree add /tmp/before COMMIT`): the figures of an earlier version")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -311,6 +316,10 @@ def main(argv=None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.trained " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.fold_with:
+        commit = subprocess.run(["git", "-C", args.fold_with, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        command += f"  (folded by onnx_lnfold at {commit or args.fold_with})"
     results = []
     with tempfile.TemporaryDirectory(prefix="lnfold-trained-") as tmp:
         work = Path(tmp)
@@ -319,7 +328,7 @@ def main(argv=None) -> int:
             np.savez(feeds, **MODELS[name][2]())
             for int8 in (False,) if args.no_int8 else (False, True):
                 precision = "int8 (quantize_dynamic)" if int8 else "fp32"
-                files = prepare(name, work, int8)
+                files = prepare(name, work, int8, Path(args.fold_with) if args.fold_with else None)
                 log(f"{name} {precision}: {args.processes} processes x {args.rounds} rounds")
                 timing = time_variants(files, str(feeds), work, f"{name}.{int8}", args.processes, args.rounds,
                                        args.warmup, args.threads)
