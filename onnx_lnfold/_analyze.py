@@ -15,10 +15,12 @@ The result is a `CenteringPlan`; `apply_plan` carries it out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import onnx_ir as ir
 
+from onnx_lnfold._costs import saving
 from onnx_lnfold._edits import plan_edits
 from onnx_lnfold._fold_set import fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold._fusions import embed_layer_norm_costs
@@ -29,7 +31,7 @@ from onnx_lnfold._plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._sinks import Sinks
-from onnx_lnfold._targets import choose_rewrite
+from onnx_lnfold._targets import choose_rewrite, cost_nodes, cost_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +48,33 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
     # LNs whose fold would cost an ONNX Runtime fusion worth more than it saves stay LNs (they
     # still absorb shifts, as every kept LN does).
-    costly = embed_layer_norm_costs(graph, candidates)
-    foldable = [cand for cand in candidates if cand not in costly]
+    embed = embed_layer_norm_costs(graph, candidates)
+    costly = dict(embed)
+    # And those whose fold would cost ONNX Runtime more than the LN by the measured kernel costs
+    # (beta left as an Add over the stream, say), unless asked to fold them all the same; the rest
+    # save what `_costs` says, which is what an explicit centering must pay for. The fold is judged
+    # as `auto` emits it: fusing residual Adds beyond that ("always") is asked for the providers
+    # whose fused kernel pays, not the CPU.
+    judged = dataclasses.replace(options, fuse_residual="auto") if options.fuse_residual == "always" else options
+    savings = {}
+    dearer: dict = {}
+    for cand in candidates:
+        if cand in costly or cand.form_problem:
+            continue
+        would_be = choose_rewrite(cand, judged, shapes, set())
+        refusal = cost_refusal(would_be, shapes)
+        original, emitted = cost_nodes(would_be, shapes)
+        savings[cand] = (saving(emitted, original), original[0][1])
+        if refusal is not None and not options.fold_costly:
+            dearer[cand] = refusal
+    foldable = [cand for cand in candidates if cand not in costly and cand not in dearer]
 
     active, blocked = fold_set(foldable, shapes, sinks, names, None)
     if options.auxiliary_centering and blocked:
-        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names)
+        # No centering reads the output of an LN kept for a fusion: the fusion would be lost all the same.
+        fused = frozenset(cand.out for cand in embed)
+        paid = None if options.fold_costly else savings  # asked to fold whatever it costs
+        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, fused)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
@@ -65,6 +88,16 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
         taken_names(graph),
         options.tied_weights if options.auxiliary_centering else "untie",  # no centering nodes at all, as asked
     )
+    # An LN that could not fold anyway is reported for what blocks it, not for what its fold would
+    # have cost: unless where its proof breaks is a stream the plan centers for other LNs.
+    _, unfoldable = fold_set(list(dearer), shapes, sinks, names, None)
+    centered = {c._value for c in centerings}
+    for cand, refusal in dearer.items():
+        why = unfoldable.get(cand)
+        if why is None or why.at in centered:
+            costly[cand] = refusal
+        else:
+            blocked[cand] = why
     claimed: set[ir.Node] = set()
     decisions = []
     for cand in candidates:
@@ -84,7 +117,8 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
                     axis=cand.axis,
                     epsilon=cand.epsilon,
                     rewrite=rewrite.op,
-                    beta=rewrite.beta,  # type: ignore[arg-type]
+                    beta=rewrite.beta.how,  # type: ignore[arg-type]
+                    beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
                     residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
                     _rewrite=rewrite,
                 )
@@ -100,5 +134,5 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
                     blocked=blocked[cand] if cand in blocked else costly[cand].at_stage("cost"),
                 )
             )
-    advice = order_advice(graph, list(active), list(costly))
+    advice = order_advice(graph, list(active), list(embed))
     return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target, advice=advice)

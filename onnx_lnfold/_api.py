@@ -2,7 +2,7 @@
 `onnx.ModelProto` or an `onnx_ir.Model`) and never change the caller's model.
 
 Both take the fields of `FoldOptions` as keywords (`target=`, `auxiliary_centering=`,
-`fuse_residual=`, `tied_weights=`), or a whole `options=FoldOptions(...)`; keywords given beside
+`fuse_residual=`, `tied_weights=`, `fold_costly=`), or a whole `options=FoldOptions(...)`; keywords given beside
 `options` replace its fields.
 """
 
@@ -56,8 +56,8 @@ def fold(
     `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
     `LnFoldError` for bad input.
 
-    The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`) are those of
-    `FoldOptions`, whose docstring says what each does.
+    The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`, `fold_costly`) are
+    those of `FoldOptions`, whose docstring says what each does.
     """
     options = keywords_to_options(options, option_keywords, "fold")
     check = _fold.VerifyRequest(enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs)

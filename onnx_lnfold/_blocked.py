@@ -31,6 +31,7 @@ CODES: dict[str, str] = {
     "no-rms-form": "the op has no RMSNorm counterpart (EmbedLayerNormalization)",
     "in-function": "the LN is inside a model-local function",
     "fusion-cost": "folding would cost an ONNX Runtime fusion worth more than the fold",
+    "costs-more": "its fold would run nodes that cost ONNX Runtime more than the LN (measured kernel costs)",
     # proving the input zero-mean (backward, through producers and carry ops)
     "not-carried": "an op on the way does not carry a zero mean",
     "axes-not-constant": "an op's axes are not constants",

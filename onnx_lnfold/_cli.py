@@ -99,6 +99,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="never insert an explicit x - ReduceMean(x) (to unlock LNs whose stream no weight edit can "
         "center, or for tied weights: they are untied)",
     )
+    p.add_argument(
+        "--fold-costly",
+        action="store_true",
+        help="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta left as an Add "
+        "over the stream, say; measured kernel costs): by default they are kept",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument("--rtol", type=float, help="max |diff|/max|ref| allowed (default 1e-4 fp32, 1e-2 fp16)")
     p.add_argument(
@@ -242,6 +248,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         auxiliary_centering=not args.no_aux_centering,
         fuse_residual=args.fuse_residual,
         tied_weights=args.tied_weights,
+        fold_costly=args.fold_costly,
     )
     check = VerifyRequest(
         enabled=not args.no_verify,

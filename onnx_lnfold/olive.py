@@ -62,6 +62,9 @@ class OnnxLnFold(Pass):
             "auxiliary_centering": PassConfigParam(
                 type_=bool, default_value=_DEFAULTS.auxiliary_centering, description="allow an explicit x - ReduceMean(x) where no weight edit centers a stream"
             ),
+            "fold_costly": PassConfigParam(
+                type_=bool, default_value=_DEFAULTS.fold_costly, description="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN"
+            ),
             "verify": PassConfigParam(
                 type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
             ),
@@ -76,6 +79,7 @@ class OnnxLnFold(Pass):
             auxiliary_centering=config.auxiliary_centering,
             fuse_residual=config.fuse_residual,
             tied_weights=config.tied_weights,
+            fold_costly=config.fold_costly,
         )
         result = fold(model.model_path, verify=config.verify, options=options)
         for line in result.report.format_text().splitlines():

@@ -17,10 +17,10 @@ from onnx_lnfold._verify import OutputDiff, Verification
 from conftest import MODELS
 
 
-def _report(name: str, **fields) -> FoldReport:
+def _report(name: str, options: dict | None = None, **fields) -> FoldReport:
     model = load_path(MODELS / name)
     ops = count_ops(model)
-    plan = onnx_lnfold.analyze(model)
+    plan = onnx_lnfold.analyze(model, **(options or {}))
     verification = fields.pop("verification", Verification("skipped", "dry run: nothing was changed"))
     return FoldReport(plan, ops, ops, verification, source=name, **fields)
 
@@ -63,13 +63,14 @@ def test_already_folded_model_says_so():
     again = onnx_lnfold.fold(folded.model_proto, verify=False).report
     again.output = "again.onnx"
     text = again.format_text()
-    assert "already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in text.splitlines()[0]
+    assert "already folded (5 SimplifiedLayerNormalization)" in text.splitlines()[0]
     assert "(unchanged copy)" in text.splitlines()[0]
     assert "Wrote again.onnx (an unchanged copy of the input: nothing was folded)" in text
 
 
 def test_identical_reasons_are_grouped_under_plain_words_in_graph_order():
-    text = _report("bert.onnx").format_text()
+    # without explicit centerings, the four post-LN LNs are kept for one reason
+    text = _report("bert.onnx", {"auxiliary_centering": False}).format_text()
     lines = text.splitlines()
     header = lines.index("  4 kept: post-LN: each reads the output of another LayerNorm, whose gamma*n+beta has a")
     members = [line.split()[0] for line in lines[header + 2 : header + 6]]
@@ -130,7 +131,8 @@ def test_json_carries_versions_absolute_paths_and_elapsed(monkeypatch):
 
 def test_verbose_trace_names_producers_carry_ops_and_blocks():
     model = load_path(MODELS / "bert.onnx")
-    plan = onnx_lnfold.analyze(model)
+    # as before the cost rule: the embeddings LN folded, no explicit centering
+    plan = onnx_lnfold.analyze(model, fold_costly=True, auxiliary_centering=False)
     lines = explain(model, plan)
     assert lines[0] == "node_layer_norm (LayerNormalization, axis 2): folded -> SimplifiedLayerNormalization"
     assert "  producer: embedding table 'model.embeddings.word_embeddings.weight' read by node_embedding: centered along axis 1" in lines
