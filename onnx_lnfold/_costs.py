@@ -32,6 +32,10 @@ SOURCE = "benchmarks/results/EMISSION_COSTS.md"
 
 # The measured range of token counts (batch x sequence) is 1x16 .. 8x1024; decisions are taken at its top.
 DECIDING_TOKENS = 8192
+# The narrowest width measured. Narrower tensors (test graphs; no model worth folding) are priced
+# at it: below it a fit of fixed, per-token and per-element parts would be extrapolated where the
+# per-token part takes over, which nothing measured says.
+NARROWEST = 64
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ CPU: dict[str, Cost] = {
 
 def total(nodes: list[tuple[str, int]], tokens: int = DECIDING_TOKENS) -> float:
     """Instructions per run of `nodes`, each (kind, width), at `tokens` tokens."""
-    return sum(CPU[kind].at(tokens, width) for kind, width in nodes)
+    return sum(CPU[kind].at(tokens, max(width, NARROWEST)) for kind, width in nodes)
 
 
 def costs_more(emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> bool:

@@ -18,7 +18,17 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnx_lnfold._shape_infer import GENERATED_PREFIX, Dim, Inferred, Shape, factors, infer, input_symbols, tag
+from onnx_lnfold._shape_infer import (
+    GENERATED_PREFIX,
+    Dim,
+    Inferred,
+    Shape,
+    factors,
+    infer,
+    input_symbols,
+    session_view,
+    tag,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +122,7 @@ class ShapeTable:
         self._inferred: tuple[Inferred, Inferred, Inferred] | None = None
         self._shared: set[str] | None = None
         self._memo: dict[ir.Value, Shape | None] = {}
+        self._session: Inferred | None = None
 
     def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
         if self._inferred is None:
@@ -157,6 +168,19 @@ class ShapeTable:
         shape = _merge(inferred, hints)
         self._memo[value] = shape
         return shape
+
+    def session_shape(self, value: ir.Value) -> Shape | None:
+        """`value`'s shape as ONNX Runtime's session optimizer sees it (`_shape_infer.session_view`):
+        a dim it cannot name is None. Main graph only."""
+        if value.const_value is not None:
+            return tuple(value.const_value.shape.dims)
+        if self._session is None:
+            self._session = session_view(self._model)
+        producer = value.producer()
+        graph = producer.graph if producer is not None else value.graph
+        if graph is not self._model.graph:
+            return None
+        return self._session.get(((), value.name or ""), (None, 0))[0]
 
     def declarable(self, shape: Shape | None) -> Shape | None:
         """`shape` as it may be written into the model: symbols made up by inference dropped."""

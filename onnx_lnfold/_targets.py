@@ -91,14 +91,20 @@ def _skip_able_add(cand: LnCandidate, shapes: ShapeTable) -> ir.Node | None:
 def ort_fuses_residual(cand: LnCandidate, shapes: ShapeTable) -> bool:
     """Whether ONNX Runtime fuses the original's `Add + LayerNormalization` into
     SkipLayerNormalization at session start (onnxruntime/core/optimizer/skip_layer_norm_fusion.cc:
-    3-D addends of one shape, the Add read by the LN alone and not a graph output)."""
+    3-D addends of one shape, every dim a value or a name both share as ORT's own shape inference
+    sees them, the Add read by the LN alone and not a graph output)."""
     if cand.kind is not LnKind.LAYER_NORM:
         return False  # a Skip form is fused already; ORT fuses no other form with its Add
     add = _skip_able_add(cand, shapes)
     if add is None:
         return False
     out = add.outputs[0]
-    return len(shapes.shape(add.inputs[0]) or ()) == 3 and len(out.uses()) == 1 and not out.is_graph_output()
+    if len(out.uses()) != 1 or out.is_graph_output():
+        return False
+    seen = [shapes.session_shape(v) for v in add.inputs]  # what ORT's own inference knows
+    if any(s is None or len(s) != 3 for s in seen):
+        return False
+    return all(a is not None and a == b for a, b in zip(*seen))  # every dim named, and alike
 
 
 def ln_width(cand: LnCandidate, shapes: ShapeTable) -> int | None:

@@ -95,13 +95,15 @@ def test_fuse_residual_always_takes_the_residual_and_its_bias_add():
 
 
 def test_beta_folds_into_gemm_bias_even_when_absent():
+    """A Gemm without C gets one (where it costs less than beta's Add: a narrower output)."""
     g = Graph()
     x = g.input("x", [4, 8])
-    h = g.node("Gemm", [x, g.const("w", (8, 16)), g.const("c", (16,))])
-    n = g.ln(h, 16, "ln")
-    g.output(g.node("Gemm", [n, g.const("w2", (6, 16))], transB=1, alpha=0.5, name="head"))
+    h = g.node("Gemm", [x, g.const("w", (8, 384)), g.const("c", (384,))])
+    n = g.ln(h, 384, "ln")
+    g.output(g.node("Gemm", [n, g.const("w2", (6, 384))], transB=1, alpha=0.5, name="head"))
     result = fold_checked(g.model(), folded=1)
     assert result.plan.decision("ln").beta == "consumers"
+    assert result.plan.decision("ln").beta_sites == ("head: a bias created for it",)
     head = next(n for n in result.model.graph if n.name == "head")
     assert len(head.inputs) == 3 and head.inputs[2].const_value is not None
 

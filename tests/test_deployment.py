@@ -68,11 +68,10 @@ def test_embeddings_layer_norm_that_ort_would_fuse_is_kept_with_a_reason():
     embeddings = result.plan.decisions[0]
     assert not embeddings.folded
     assert "EmbedLayerNormalization" in embeddings.reason and "optimizer first" in embeddings.reason
-    # Post-LN: the other four read LN outputs; each folds through an explicit centering of the one
-    # before it, ORT's SkipLayerNormalization (the LN with its residual Add) costing more on CPU;
-    # but the first: a centering of the kept LN's output would cost the fusion it was kept for.
-    assert len(result.plan.folded) == 3 and len(result.plan.centerings) == 3
-    assert result.plan.decisions[1].code == "normalization-output"
+    # Post-LN: the other four read LN outputs. (ORT fuses none of this export's residual Adds with
+    # its LN: its shape inference cannot name their dims. So an explicit centering would pay for
+    # none, and none reads the kept LN's output: that would cost the fusion it was kept for.)
+    assert len(result.plan.folded) == 0 and not result.plan.centerings
     (advice,) = result.plan.advice
     assert advice.startswith("Order:") and embeddings.node in advice
     assert advice in " ".join(result.report.format_text().split())  # the report wraps long lines
@@ -142,9 +141,8 @@ def test_optimizer_first_loses_no_fusion(name, model_type, tmp_path):
     """ORT's optimized graph of optimize -> fold has the nodes of optimize alone, plus the nodes
     the plan states: the beta Add of a bias-free LM head (README "Known limits") and, in BERT, the
     explicit centerings and beta Adds of its post-LN SkipLayerNormalizations, whose CPU kernel
-    costs more than they do. Folding BERT first now costs the optimizer's fusions (its post-LN LNs
-    fold through explicit centerings, which its attention patterns do not match): the advice says
-    to run the optimizer first."""
+    costs more than they do; and folding first costs nothing for BERT since the fusion-costing LN
+    is kept."""
     original = onnx.load(MODELS / f"{name}.onnx")
     optimized = optimize(original, model_type, tmp_path)
     opt_plan = fold(optimized)
@@ -156,9 +154,8 @@ def test_optimizer_first_loses_no_fusion(name, model_type, tmp_path):
     n_fold_opt = ort_optimized_nodes(fold_then_opt, tmp_path)
     assert n_opt_fold <= n_opt + max(1, stated)
     if name == "bert_torchscript":
-        assert n_fold_opt > n_opt
+        assert n_fold_opt == n_opt
         assert any(n.op_type == "EmbedLayerNormalization" for n in fold_then_opt.graph.node)
-        assert "run it first, then fold the optimized model" in fold(original).plan.advice[0]
     else:  # the advice is right: folding first leaves 4 Reshape -> Gemm -> Reshape unconverted
         assert n_fold_opt > n_opt_fold
         assert "4 Reshape -> Gemm -> Reshape" in fold(original).plan.advice[0]
