@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
-from onnx_lnfold._costs import DECIDING_TOKENS, costs_more, created_bias_pays, fused_residual_pays, total
+from onnx_lnfold._costs import DECIDING_TOKENS, NARROWEST, costs_more, created_bias_pays, fused_residual_pays, total
 from onnx_lnfold._costs import SOURCE as COST_SOURCE
 from onnx_lnfold._forms import LnCandidate, LnKind, RewriteSite
 from onnx_lnfold._ir import constant_of, is_standard, node_label, reads_only_shape
@@ -198,8 +198,10 @@ def _is_linear(node: ir.Node) -> bool:
     weight = constant_of(node.inputs[1]) if len(node.inputs) > 1 else None
     if weight is None or len(weight.shape) != 2 or not is_standard(node):
         return False
-    if node.op_type == "Gemm":  # one that ignores C (beta 0) could not take a bias
-        return not node.attributes.get_int("transA", 0) and node.attributes.get_float("beta", 1.0) != 0.0
+    if node.op_type == "Gemm":  # one that ignores C (beta 0), or whose C is not a row, takes no bias
+        if node.attributes.get_int("transA", 0) or node.attributes.get_float("beta", 1.0) == 0.0:
+            return False
+        return len(node.inputs) < 3 or node.inputs[2] is None or has_bias(node)
     return node.op_type == "MatMul"
 
 
@@ -322,10 +324,6 @@ def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, 
     return rewrite(SKIP_RMS_OP, _residual_site(add, bias_add), add, taken_in)
 
 
-# The width costs are read at when an LN's own is unknown: the narrowest measured, where the
-# fixed costs weigh most.
-_UNKNOWN_WIDTH = 384
-
 _NODE_WORDS = {
     "LayerNormalization": "LayerNormalization",
     "SkipLayerNormalization": "SkipLayerNormalization (ORT's fusion of the residual Add and the LN)",
@@ -342,7 +340,7 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
     counts as the SkipLayerNormalization ORT fuses it into (with the bias Add before it, which
     ORT takes in too); a residual Add that runs in both models is left out of both."""
     cand = rewrite.cand
-    d = ln_width(cand, shapes) or _UNKNOWN_WIDTH
+    d = ln_width(cand, shapes) or NARROWEST  # unknown: where the fixed costs weigh most
     fused = cand.form.has_skip or ort_fuses_residual(cand, shapes)
     original = [("SkipLayerNormalization" if fused else "LayerNormalization", d)]
     if rewrite.op == SKIP_RMS_OP:

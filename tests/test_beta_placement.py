@@ -243,3 +243,15 @@ def test_an_ln_is_priced_as_onnxruntime_runs_it(named, tmp_path):
     result = fold_checked(model, folded=int(named), kept=int(not named), fold_costly=False)
     if not named:
         assert result.plan.decision("ln").code == "costs-more"
+
+
+def test_a_gemm_whose_bias_is_a_block_takes_no_beta():
+    """beta @ W is one row: a Gemm whose C is an [M, N] block can neither take it nor get a bias
+    created beside it; beta stays an Add (folded here only because asked to: fold_costly)."""
+    g = Graph(seed=13)
+    x = g.input("x", [4, 8])
+    n = g.ln(g.node("Gemm", [x, g.const("w", (8, 384)), g.const("c", (384,))]), 384, "ln")
+    g.output(g.node("Gemm", [n, g.const("w2", (384, 6)), g.const("c2", (4, 6))], name="head"))
+    result = fold_checked(g.model(), folded=1)
+    assert result.plan.decision("ln").beta == "add"
+    assert "Gemm 'head' reads it" in onnx_lnfold.analyze(g.model()).decision("ln").reason
