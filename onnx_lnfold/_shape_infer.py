@@ -167,12 +167,12 @@ def onnx_inference(proto: onnx.ModelProto) -> Inferred:
 
 def session_view(model: ir.Model) -> Inferred:
     """The shapes ONNX Runtime's own session optimizer sees: ONNX inference on the model as given
-    (its declared shapes kept), without data propagation, dims it cannot name unnamed (None),
-    main graph only. ORT fuses `Add + LayerNormalization` only where these name every dim (a
+    (its declared shapes kept), without data propagation, dims it cannot name unnamed (None).
+    ORT fuses `Add + LayerNormalization` only where these name every dim (a
     value, or one dim name shared by both addends: onnxruntime/core/optimizer/skip_layer_norm_fusion.cc),
     and ONNX's `unk__N` names exist only in Python's output: in the session they are unnamed."""
     try:
-        inferred = _collect(onnx.shape_inference.infer_shapes(light_proto(model), data_prop=False), with_subgraphs=False)
+        inferred = _collect(onnx.shape_inference.infer_shapes(light_proto(model), data_prop=False))
     except Exception as e:
         logger.debug("ONNX shape inference failed: %s", e)
         return {}

@@ -171,16 +171,12 @@ class ShapeTable:
 
     def session_shape(self, value: ir.Value) -> Shape | None:
         """`value`'s shape as ONNX Runtime's session optimizer sees it (`_shape_infer.session_view`):
-        a dim it cannot name is None. Main graph only."""
+        a dim it cannot name is None."""
         if value.const_value is not None:
             return tuple(value.const_value.shape.dims)
         if self._session is None:
             self._session = session_view(self._model)
-        producer = value.producer()
-        graph = producer.graph if producer is not None else value.graph
-        if graph is not self._model.graph:
-            return None
-        return self._session.get(((), value.name or ""), (None, 0))[0]
+        return self._session.get(self._key(value), (None, 0))[0]
 
     def declarable(self, shape: Shape | None) -> Shape | None:
         """`shape` as it may be written into the model: symbols made up by inference dropped."""
