@@ -357,8 +357,10 @@ def run_kernels(device: Device, cfg: SweepConfig, gbps_nominal: float | None) ->
 # 2. End to end
 # --------------------------------------------------------------------------- #
 def _start_fold(src: Path, dst: Path, fuse: str) -> tuple[subprocess.Popen, Path]:
+    # --fold-costly: every LN folds in every variant (the final one, whose beta stays an Add, is
+    # kept by default: the CPU cost rule), so the variants differ by their residual fusion alone.
     proc = subprocess.Popen([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(dst), "--no-verify", "-q",
-                             "--fuse-residual", fuse, "--json", str(dst.with_suffix(".json"))],
+                             "--fuse-residual", fuse, "--fold-costly", "--json", str(dst.with_suffix(".json"))],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
     return proc, dst
 
