@@ -42,9 +42,14 @@ instead of passing as a saving; the row is then marked not trusted and the exit 
     share       = achieved / reachable
 
 Each is printed from the medians, with the range over every pairing of the counts behind it.
-The ideal model keeps ORT's own session fusions of the original (its `Add + LN` becomes an `Add` and a
-SimplifiedLayerNormalization, which ORT never fuses), while the fold chooses its emission per residual
-(`--fuse-residual`): the fold can save more than `reachable` on those nodes.
+The fused SkipLayerNormalization that ORT makes of the original's last `Add + LN` becomes an `Add` and a
+SimplifiedLayerNormalization in the ideal model (ORT never fuses `Add + SimplifiedLN`). The fold writes
+the same there (`--fuse-residual auto`): on ORT's CPU EP SkipSimplifiedLayerNormalization costs more
+instructions than `Add + SimplifiedLayerNormalization`, at every shape measured
+(benchmarks/results/EMISSION_COSTS.md). What the ideal model saves and no exact fold can is beta:
+the ideal drops it, the fold keeps it, in a consumer's bias where that is free and as an `Add` after
+the RMSNorm where nothing can take it (the final LN before a tied LM head: a bias over the vocabulary
+would cost more).
 """
 
 from __future__ import annotations
@@ -131,10 +136,27 @@ def _read_dumps(prefix: Path) -> list[dict]:
     return [by_dump[k] for k in sorted(by_dump)]
 
 
-def measure(sessions: list[dict], runs: int, singles: int, workdir: Path, tag: str, hash_seed: str = "0") -> dict:
+def _read_main_events(prefix: Path) -> list[dict[str, int]]:
+    """Per dump (in order): every event callgrind counted in the main thread (Ir, and with
+    --cache-sim=yes the data reads/writes and the first-level and last-level cache misses)."""
+    by_dump: dict[int, dict[str, int]] = {}
+    for p in prefix.parent.glob(prefix.name + ".*-01"):
+        names: list[str] = []
+        for line in p.read_text().splitlines():
+            if line.startswith("events:"):
+                names = line.split()[1:]
+            elif line.startswith("summary:") or line.startswith("totals:"):
+                by_dump[int(p.name[len(prefix.name) + 1:].split("-")[0])] = dict(zip(names, map(int, line.split()[1:])))
+                break
+    return [by_dump[k] for k in sorted(by_dump)]
+
+
+def measure(sessions: list[dict], runs: int, singles: int, workdir: Path, tag: str, hash_seed: str = "0",
+            cache_sim: bool = False) -> dict:
     """One valgrind process over several sessions: per session, its segments and the per-run figure
     (main thread: onnxruntime runs every kernel there with one intra-op thread; other threads'
-    instructions are reported apart)."""
+    instructions are reported apart). With `cache_sim`, callgrind also simulates the caches and
+    every main-thread event is reported per run (`events_per_run`)."""
     prefix = workdir / f"cg.{tag}"
     plan = workdir / f"plan.{tag}.json"
     plan.write_text(json.dumps({"sessions": sessions, "runs": runs, "singles": singles}))
@@ -142,6 +164,7 @@ def measure(sessions: list[dict], runs: int, singles: int, workdir: Path, tag: s
                OPENBLAS_NUM_THREADS="1")
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
            f"--zero-before={ZERO_FN}", f"--dump-before={DUMP_FN}", f"--callgrind-out-file={prefix}",
+           *(["--cache-sim=yes"] if cache_sim else []),
            sys.executable, "-m", "benchmarks.instructions", "--child", str(plan)]
     if shutil.which("setarch"):
         cmd = ["setarch", os.uname().machine, "-R"] + cmd
@@ -150,6 +173,7 @@ def measure(sessions: list[dict], runs: int, singles: int, workdir: Path, tag: s
     if proc.returncode != 0:
         raise RuntimeError(f"valgrind child failed for {tag}: {proc.stderr.strip()[-800:]}")
     dumps = _read_dumps(prefix)
+    events = _read_main_events(prefix)
     per = singles + 2
     if len(dumps) != per * len(sessions):
         raise RuntimeError(f"{tag}: expected {per * len(sessions)} callgrind dumps, found {len(dumps)}")
@@ -159,8 +183,13 @@ def measure(sessions: list[dict], runs: int, singles: int, workdir: Path, tag: s
         i_n, i_2n = seg[-2]["main"], seg[-1]["main"]
         out[item["name"]] = {"model": item["model"], "hash_seed": hash_seed, "process": tag, "runs": runs,
                              "singles": [d["main"] for d in seg[:singles]], "I_N": i_n, "I_2N": i_2n,
-                             "per_run": (i_2n - i_n) / runs, "naive_per_run": i_n / runs,
+                             # runs=0: a model too slow under valgrind for more than its single runs
+                             "per_run": (i_2n - i_n) / runs if runs else None,
+                             "naive_per_run": i_n / runs if runs else None,
                              "other_threads": [d["other_threads"] for d in seg]}
+        if cache_sim and runs:
+            ev_n, ev_2n = events[(i + 1) * per - 2], events[(i + 1) * per - 1]
+            out[item["name"]]["events_per_run"] = {k: (ev_2n[k] - ev_n[k]) / runs for k in ev_2n}
     return {"sessions": out, "seconds": time.perf_counter() - t0}
 
 

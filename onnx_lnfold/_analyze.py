@@ -18,11 +18,13 @@ The result is a `CenteringPlan`; `apply_plan` carries it out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._costs import saving
 from onnx_lnfold._edits import plan_edits
 from onnx_lnfold._fold_set import fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold._forms import LnCandidate
@@ -35,7 +37,7 @@ from onnx_lnfold._plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold._recognize import find_in_functions, find_layer_norms
 from onnx_lnfold._shapes import ShapeTable
 from onnx_lnfold._sinks import Sinks
-from onnx_lnfold._targets import choose_rewrite
+from onnx_lnfold._targets import choose_rewrite, cost_nodes, cost_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -88,13 +90,32 @@ def _plan(
     graph = model.graph
     names = display_names(graph)
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
-    # LNs whose fold would cost an ONNX Runtime fusion stay LNs (they still absorb shifts, as
-    # every kept LN does).
-    foldable = [cand for cand in candidates if cand.name not in kept]
+    # LNs whose fold would cost an ONNX Runtime fusion (`kept`) stay LNs (they still absorb shifts,
+    # as every kept LN does). And those whose fold would cost ONNX Runtime more than the LN by the
+    # measured kernel costs (beta left as an Add over the stream, say), unless asked to fold them
+    # all the same; the rest save what `_costs` says, which is what an explicit centering must pay
+    # for. The fold is judged as `auto` emits it: fusing residual Adds beyond that ("always") is
+    # asked for the providers whose fused kernel pays, not the CPU.
+    judged = dataclasses.replace(options, fuse_residual="auto") if options.fuse_residual == "always" else options
+    savings = {}
+    dearer: dict[LnCandidate, Blocked] = {}
+    for cand in candidates:
+        if cand.name in kept or cand.form_problem:
+            continue
+        would_be = choose_rewrite(cand, judged, shapes, set())
+        refusal = cost_refusal(would_be, shapes)
+        original, emitted = cost_nodes(would_be, shapes)
+        savings[cand] = (saving(emitted, original), original[0][1])
+        if refusal is not None and not options.fold_costly:
+            dearer[cand] = refusal
+    foldable = [cand for cand in candidates if cand.name not in kept and cand not in dearer]
 
     active, blocked = fold_set(foldable, shapes, sinks, names, None)
     if options.auxiliary_centering and blocked:
-        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names)
+        # No centering reads the output of an LN kept for a fusion: the fusion would be lost all the same.
+        fused = frozenset(cand.out for cand in candidates if cand.name in kept)
+        paid = None if options.fold_costly else savings  # asked to fold whatever it costs
+        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, fused)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
@@ -109,6 +130,17 @@ def _plan(
         options.tied_weights if options.auxiliary_centering else "untie",  # no centering nodes at all, as asked
         weight_bytes(model),
     )
+    # An LN that could not fold anyway is reported for what blocks it, not for what its fold would
+    # have cost: unless where its proof breaks is a stream the plan centers for other LNs.
+    _, unfoldable = fold_set(list(dearer), shapes, sinks, names, None)
+    centered = {c._value for c in centerings}
+    costly: dict[LnCandidate, Blocked] = {}
+    for cand, refusal in dearer.items():
+        why = unfoldable.get(cand)
+        if why is None or why.at in centered:
+            costly[cand] = refusal
+        else:
+            blocked[cand] = why
     claimed: set[ir.Node] = set()
     decisions = []
     for cand in candidates:
@@ -128,7 +160,8 @@ def _plan(
                     axis=cand.axis,
                     epsilon=cand.epsilon,
                     rewrite=rewrite.op,
-                    beta=rewrite.beta,  # type: ignore[arg-type]
+                    beta=rewrite.beta.how,  # type: ignore[arg-type]
+                    beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
                     residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
                     _rewrite=rewrite,
                 )
@@ -141,7 +174,7 @@ def _plan(
                     status=KEPT,
                     axis=cand.axis,
                     epsilon=cand.epsilon,
-                    blocked=blocked[cand] if cand in blocked else kept[cand.name].at_stage("cost"),
+                    blocked=blocked[cand] if cand in blocked else (costly.get(cand) or kept[cand.name]).at_stage("cost"),
                 )
             )
     return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)

@@ -106,6 +106,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="do not run ONNX Runtime's optimizers on weightless copies of the graph, so fold also the LNs "
         "whose fold would cost an ONNX Runtime fusion (EmbedLayerNormalization, a session's Gelu or Attention)",
     )
+    p.add_argument(
+        "--fold-costly",
+        action="store_true",
+        help="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta left as an Add "
+        "over the stream, say; measured kernel costs): by default they are kept",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument(
         "--rtol",
@@ -283,6 +289,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         fuse_residual=args.fuse_residual,
         tied_weights=args.tied_weights,
         keep_ort_fusions=not args.ignore_ort_fusions,
+        fold_costly=args.fold_costly,
     )
     check = VerifyRequest(
         enabled=not args.no_verify,

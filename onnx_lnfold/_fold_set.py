@@ -2,9 +2,11 @@
 whose edits have side effects until none do, and, with explicit centering allowed, keep only the
 centerings that pay for themselves. Mutates nothing.
 
-Cost model: an explicit centering costs one ReduceMean + Sub per run, while each LN it unlocks
-saves one mean reduction, so a root is kept only when it unlocks at least `AUX_MIN_UNLOCKED` LNs;
-roots that do not pay are denied and the fold set is recomputed without them.
+Cost model: an explicit centering costs one ReduceMean + Sub per run, and each LN it unlocks saves
+what its fold saves (LayerNormalization -> SimplifiedLayerNormalization, or ORT's slow fused
+SkipLayerNormalization replaced), by the measured kernel costs of `_costs`: a root is kept only when
+the LNs it unlocks save more than it costs over the whole measured range; roots that do not pay are
+denied and the fold set is recomputed without them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import _carry
 from onnx_lnfold._blocked import Blocked
+from onnx_lnfold._costs import centering_pays
 from onnx_lnfold._forms import LnCandidate
 from onnx_lnfold._ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold._shapes import ShapeTable
@@ -24,8 +27,23 @@ from onnx_lnfold._zero_mean import NORMALIZATIONS, Leaf, Tracer
 
 logger = logging.getLogger(__name__)
 
-# An explicit centering costs about one mean reduction; each LN it unlocks saves one.
+# A stream sum shared by fewer blocked LNs than this is not tried as a centering root (one LN's
+# fold pays for a centering only where it replaces ORT's fused SkipLayerNormalization, whose
+# residual Add is such a sum only where nothing else reads it); with `fold_costly`, the count a
+# centering must unlock.
 AUX_MIN_UNLOCKED = 2
+
+# What each LN's fold saves per run (`_costs.saving`), and its width; an LN without an entry saves
+# nothing. None: every LN folds whatever it costs (`fold_costly`), and a centering is used where
+# it unlocks at least `AUX_MIN_UNLOCKED` LNs.
+Savings = dict[LnCandidate, tuple[float, int | None]]
+
+
+def _centering_pays(cands, savings: Savings | None) -> bool:
+    if savings is None:
+        return len(cands) >= AUX_MIN_UNLOCKED
+    widths = [savings[c][1] for c in cands if c in savings and savings[c][1] is not None]
+    return centering_pays(widths[0] if widths else None, [savings[c][0] for c in cands if c in savings])
 
 
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:
@@ -75,9 +93,12 @@ def fold_set(
     return active, blocked
 
 
-def _junction_roots(blocked, shapes: ShapeTable, exclude: frozenset[ir.Value] = frozenset()) -> frozenset[ir.Value]:
+def _junction_roots(
+    blocked, shapes: ShapeTable, savings: Savings | None, exclude: frozenset[ir.Value] = frozenset()
+) -> frozenset[ir.Value]:
     """Stream sums (Add/Sub/Sum of two computed tensors) that the blocked LNs' inputs come from
-    through carry ops, each shared by at least `AUX_MIN_UNLOCKED` of them, most shared first.
+    through carry ops, each shared by at least `AUX_MIN_UNLOCKED` of them whose folds would pay
+    for its centering, most shared first.
 
     Centering such a sum explicitly can unlock LNs that no weight edit reaches: in a Wav2Vec2
     encoder the stream starts as `projection + GELU(grouped conv(projection))`; the GELU output
@@ -93,7 +114,8 @@ def _junction_roots(blocked, shapes: ShapeTable, exclude: frozenset[ir.Value] = 
     roots: set[ir.Value] = set()
     covered: set[LnCandidate] = set()
     for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
-        if value not in exclude and len(cands - covered) >= AUX_MIN_UNLOCKED:
+        new = cands - covered
+        if value not in exclude and len(new) >= AUX_MIN_UNLOCKED and _centering_pays(new, savings):
             roots.add(value)
             covered |= cands
     return frozenset(roots)
@@ -146,28 +168,29 @@ def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
 _JUNCTION_ROUNDS = 8
 
 
-def with_auxiliary_centering(candidates, shapes, sinks, names):
-    """Fold with explicit centering roots allowed, denying the roots that unlock too few LNs;
-    then, where LNs stay blocked, try centering the stream sums they share (`_junction_roots`)."""
-    active, blocked = _aux_fold(candidates, shapes, sinks, names, frozenset())
+def with_auxiliary_centering(candidates, shapes, sinks, names, savings: Savings | None, denied: frozenset = frozenset()):
+    """Fold with explicit centering roots allowed (but at `denied`), denying the roots whose LNs
+    save less than they cost; then, where LNs stay blocked, try centering the stream sums they share
+    (`_junction_roots`)."""
+    active, blocked = _aux_fold(candidates, shapes, sinks, names, frozenset(), savings, denied)
     # Rounds until no new sum helps: a sum shared by many blocked LNs can unlock only some of
     # them (the rest need a sum further down), and a fold must not leave for a second run what
     # a further round would find (folding a folded model changes nothing).
     junctions: frozenset[ir.Value] = frozenset()
     tried: frozenset[ir.Value] = frozenset()
     for _ in range(_JUNCTION_ROUNDS):
-        new = _junction_roots(blocked, shapes, exclude=tried)
+        new = _junction_roots(blocked, shapes, savings, exclude=tried)
         if not new:
             break
         tried |= new
-        with_junctions = _aux_fold(candidates, shapes, sinks, names, junctions | new)
+        with_junctions = _aux_fold(candidates, shapes, sinks, names, junctions | new, savings, denied)
         if set(active) <= set(with_junctions[0]) and len(with_junctions[0]) > len(active):
             (active, blocked), junctions = with_junctions, junctions | new
     return active, blocked
 
 
-def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value]):
-    denied: set[ir.Value] = set()
+def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value], savings: Savings | None, never=frozenset()):
+    denied: set[ir.Value] = set(never)
     while True:
         active, blocked = fold_set(candidates, shapes, sinks, names, denied, junctions)
         unlocked: dict[ir.Value, set[LnCandidate]] = {}
@@ -175,7 +198,7 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value]):
             for leaf in leaves:
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
-        poor = {root for root, cands in unlocked.items() if len(cands) < AUX_MIN_UNLOCKED}
+        poor = {root for root, cands in unlocked.items() if not _centering_pays(cands, savings)}
         poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
         poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:

@@ -302,7 +302,7 @@ def footprints(plan: CenteringPlan, names: dict[ir.Node, str]) -> dict[str, Foot
                 cand.out.name or "",
                 names.get(cand.node, ""),
                 frozenset(names[n] for n in cand.nodes if n in names),
-                frozenset(names[n] for n in (*rewrite.replaced, *rewrite.beta_consumers) if n in names),
+                frozenset(names[n] for n in (*rewrite.replaced, *(site.node for site in rewrite.beta.sites)) if n in names),
             )
     return out
 

@@ -1,4 +1,4 @@
-"""`FoldOptions`: the four choices that shape a fold, validated once, and the model's precondition.
+"""`FoldOptions`: the choices that shape a fold, validated once, and the model's precondition.
 
 Every internal step takes one `FoldOptions`; the public entry points (`fold()`, `analyze()`,
 `LnFoldPass`) also take its fields as keywords (`keywords_to_options`). Imports nothing heavy:
@@ -25,11 +25,12 @@ ONNX_RMS_OPSET = 23
 
 # Which residual Adds become SkipSimplifiedLayerNormalization (`fuse_residual`):
 # - "auto": those ONNX Runtime itself fuses with a LayerNormalization at session start (an Add
-#   whose only consumer is the LN, on 3-D tensors), so the folded model keeps every fusion the
-#   original had, and no more: on CPU the unfused Add + SimplifiedLayerNormalization runs faster
-#   than the fused kernel (python -m benchmarks.norm_kernels; figures in benchmarks/results);
+#   whose only consumer is the LN, on 3-D tensors), where the fused op costs less than the residual
+#   Add followed by SimplifiedLayerNormalization by the measured costs (`_costs`): nowhere on ORT's
+#   CPU EP, whose fused kernel costs more at every shape measured
+#   (python -m benchmarks.emission_costs; benchmarks/results/EMISSION_COSTS.md);
 # - "always": every residual Add of two same-shaped tensors (the sum kept as output 3 when read
-#   elsewhere), for providers whose fused kernel pays;
+#   elsewhere), for providers whose fused kernel pays (CUDA: one memory pass instead of two);
 # - "never": none.
 FUSE_RESIDUAL = ("auto", "always", "never")
 
@@ -75,6 +76,8 @@ class FoldOptions:
     where the copy would be larger, the centering elsewhere.
     `keep_ort_fusions=False` skips running ONNX Runtime's optimizers on weightless copies of the
     graph, so no LN is kept because folding it would cost an ONNX Runtime fusion.
+    `fold_costly=True` folds the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta
+    left as an Add over the stream, say), which are kept by default (stage "cost", code "costs-more").
     """
 
     target: str = "ort"
@@ -82,6 +85,7 @@ class FoldOptions:
     fuse_residual: str = "auto"
     tied_weights: str = "auto"
     keep_ort_fusions: bool = True
+    fold_costly: bool = False
 
     def __post_init__(self) -> None:
         # In this order, so a call with several bad values names the same one as before.

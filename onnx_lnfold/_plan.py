@@ -152,6 +152,9 @@ class LnDecision:
     proof: str | None = None  # folded: what made its input zero-mean
     rewrite: str | None = None  # op emitted for a folded LN
     beta: Literal["none", "add", "consumers"] | None = None  # where a folded LN's beta went
+    # With beta "consumers": each linear consumer and where its share went ("'k_proj': dropped, the
+    # Softmax over the keys removes it").
+    beta_sites: tuple[str, ...] = ()
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
     # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
     _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
@@ -198,6 +201,7 @@ class LnDecision:
             "epsilon": self.epsilon,
             "rewrite": self.rewrite,
             "beta": self.beta,
+            "beta_sites": list(self.beta_sites),
             "blocking_tensor": self.blocking_tensor,
             "residual_add": self.residual_add,
         }

@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import __version__
 from onnx_lnfold._plan import CenteringPlan, LnDecision
+from onnx_lnfold._targets import BETA_SITE_WORDS
 from onnx_lnfold._verify import Verification
 
 _WIDTH = 100  # long lines (reasons, lists of names) wrap here
@@ -127,6 +128,14 @@ _KEPT_REASONS: list[tuple[str, frozenset[str] | None, re.Pattern[str], str, str]
         "folding it would cost a fusion an ONNX Runtime session makes on the original (checked on weightless copies)",
         "{op} at '{at}': {why}",
     ),
+    (
+        "cost",
+        frozenset({"costs-more"}),
+        re.compile(r"kept: its beta would stay a separate Add over the LN's output \((?P<why>.+)\), and .+: (?P<fig>[^:]+) \(\S+\)"),
+        "its beta would stay an Add over the stream, which costs ONNX Runtime more than the LN saves "
+        "(measured kernel costs, benchmarks/results/EMISSION_COSTS.md)",
+        "{why}; {fig}",
+    ),
 ]
 
 # A name the reasons quote: between quotes that are not apostrophes ("ONNX Runtime's" is a word).
@@ -149,6 +158,8 @@ def _folded_what(d: LnDecision) -> str:
     what = f"-> {d.rewrite}"
     if d.residual_add:
         what += " with its residual Add"
+    if d.beta == "consumers" and any(site.endswith(BETA_SITE_WORDS["softmax"]) for site in d.beta_sites):
+        return what + ", beta into consumer biases (a key projection's share: dropped)"
     return what + {"add": ", beta as Add", "consumers": ", beta folded into consumer biases"}.get(d.beta or "", "")
 
 

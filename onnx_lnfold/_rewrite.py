@@ -119,9 +119,29 @@ def _add_beta_to_bias(
     node.replace_input_with(bias_index, new_constant(graph, summed))
 
 
-def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: np.ndarray, taken: set[str]) -> None:
-    """consumer(y + beta) == consumer(y) with bias += beta @ W, for every linear consumer."""
-    for node in consumers:
+def _created_bias(graph: ir.Graph, matmul: ir.Node, tensor: ir.TensorProtocol, taken: set[str]) -> ir.Node:
+    """An `Add(matmul output, bias)` after a MatMul that had no bias; its output takes over the
+    MatMul output's readers and name (a graph output stays one, under its name)."""
+    out = matmul.outputs[0]
+    name = out.name
+    summed = value_like(out, fresh_name(f"{name}.with_bias", taken))
+    out.replace_all_uses_with(summed, replace_graph_outputs=True)
+    add = ir.Node("", "Add", [out, new_constant(graph, tensor)], outputs=[summed],
+                  name=fresh_name(f"{matmul.name or 'matmul'}/bias_from_beta", taken))
+    matmul.graph.insert_after(matmul, [add])  # type: ignore[union-attr]
+    out.name = fresh_name(f"{name}.without_bias", taken)
+    summed.name = name
+    return add
+
+
+def _fold_beta_into_consumers(graph: ir.Graph, sites, beta: np.ndarray, taken: set[str]) -> None:
+    """consumer(y + beta) == consumer(y) with bias += beta @ W, for every linear consumer whose
+    site is a bias (its own or one created for it); a key projection whose share the attention's
+    Softmax removes is left as it is (`_softmax_shift`)."""
+    for site in sites:
+        if site.how == "softmax":
+            continue
+        node = site.node
         weight = constant_of(node.inputs[1])
         assert weight is not None
         attrs = node.attributes
@@ -140,6 +160,10 @@ def _fold_beta_into_consumers(graph: ir.Graph, consumers: list[ir.Node], beta: n
                 node.resize_inputs(3)
                 node.replace_input_with(2, new_constant(graph, tensor))
             continue
+        if site.how == "created":
+            name = fresh_name(f"{node.name or 'matmul'}.bias_from_beta", taken)
+            _created_bias(graph, node, bias_plus_beta(None, row, weight, dtype=weight.dtype, name=name), taken)
+            continue
         slot = bias_slot(node)
         assert slot is not None, node.name
         _add_beta_to_bias(graph, slot[0], slot[1], row, weight, taken)
@@ -155,12 +179,12 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, taken: set[str]) -
     y = rms.outputs[0]
     new_nodes = [rms]
     final = y
-    if rewrite.beta == "add":
+    if rewrite.beta.how == "add":
         final = value_like(out, fresh_name(f"{out_name}.beta", taken), rewrite.out_type)
         new_nodes.append(ir.Node("", "Add", [y, cand.bias], outputs=[final], name=fresh_name(f"{cand.name}/beta", taken)))
-    elif rewrite.beta == "consumers":
+    elif rewrite.beta.how == "consumers":
         beta = np.asarray(constant_of(cand.bias).numpy()).astype(np.float64)  # type: ignore[union-attr]
-        _fold_beta_into_consumers(graph, list(rewrite.beta_consumers), beta, taken)
+        _fold_beta_into_consumers(graph, rewrite.beta.sites, beta, taken)
     owner = site.anchor.graph  # the main graph, or the If/Loop body the LN lives in
     owner.insert_after(site.anchor, new_nodes)  # type: ignore[union-attr]
     out.replace_all_uses_with(final, replace_graph_outputs=True)

@@ -266,6 +266,24 @@ def onnx_inference(proto: onnx.ModelProto) -> Inferred:
         return {}
 
 
+def session_view(model: ir.Model) -> Inferred:
+    """The shapes ONNX Runtime's own session optimizer sees: ONNX inference on the model as given
+    (its declared shapes kept), without data propagation, dims it cannot name unnamed (None).
+    ORT fuses `Add + LayerNormalization` only where these name every dim (a
+    value, or one dim name shared by both addends: onnxruntime/core/optimizer/skip_layer_norm_fusion.cc),
+    and ONNX's `unk__N` names exist only in Python's output: in the session they are unnamed."""
+    try:
+        inferred = _collect(onnx.shape_inference.infer_shapes(light_proto(model), data_prop=False))
+    except Exception as e:
+        logger.debug("ONNX shape inference failed: %s", e)
+        return {}
+    named = input_symbols(model)
+    return {
+        key: (None if s is None else tuple(None if isinstance(d, str) and d.startswith("unk__") and d not in named else d for d in s), t)
+        for key, (s, t) in inferred.items()
+    }
+
+
 # Constant's scalar and list forms; ONNX Runtime's symbolic inference reads only `value`.
 _CONSTANT_FORMS = {
     "value_float": onnx.TensorProto.FLOAT,

@@ -27,6 +27,7 @@ from onnx_lnfold._shape_infer import (
     factors,
     infer,
     input_symbols,
+    session_view,
     subgraphs,
     tag,
 )
@@ -109,6 +110,7 @@ class ShapeTable:
         self._inferred: tuple[Inferred, Inferred, Inferred] | None = None
         self._shared: set[str] | None = None
         self._memo: dict[ir.Value, Shape | None] = {}
+        self._session: Inferred | None = None
 
     def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
         if self._inferred is None:
@@ -161,6 +163,15 @@ class ShapeTable:
         shape = _merge(inferred, hints)
         self._memo[value] = shape
         return shape
+
+    def session_shape(self, value: ir.Value) -> Shape | None:
+        """`value`'s shape as ONNX Runtime's session optimizer sees it (`_shape_infer.session_view`):
+        a dim it cannot name is None."""
+        if value.const_value is not None:
+            return tuple(value.const_value.shape.dims)
+        if self._session is None:
+            self._session = session_view(self._model)
+        return self._session.get(self._key(value), (None, 0))[0]
 
     def declarable(self, shape: Shape | None) -> Shape | None:
         """`shape` as it may be written into the model: symbols made up by inference dropped."""

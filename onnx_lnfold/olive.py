@@ -67,6 +67,9 @@ class OnnxLnFold(Pass):
                 default_value=_DEFAULTS.keep_ort_fusions,
                 description="keep the LNs whose fold would cost an ONNX Runtime fusion (checked with ONNX Runtime on weightless copies)",
             ),
+            "fold_costly": PassConfigParam(
+                type_=bool, default_value=_DEFAULTS.fold_costly, description="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN"
+            ),
             "verify": PassConfigParam(
                 type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
             ),
@@ -82,6 +85,7 @@ class OnnxLnFold(Pass):
             fuse_residual=config.fuse_residual,
             tied_weights=config.tied_weights,
             keep_ort_fusions=config.keep_ort_fusions,
+            fold_costly=config.fold_costly,
         )
         result = fold(model.model_path, verify=config.verify, options=options)
         for line in result.report.format_text().splitlines():

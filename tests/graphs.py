@@ -126,9 +126,14 @@ def assert_equivalent(original: onnx.ModelProto, folded: onnx.ModelProto, rtol: 
     return worst
 
 
-def fold_checked(model: onnx.ModelProto, folded: int, kept: int = 0, rtol: float = 1e-4) -> onnx_lnfold.FoldResult:
-    """Fold, assert the exact counts, and check equivalence through ONNX Runtime."""
-    result = onnx_lnfold.fold(model)
+def fold_checked(
+    model: onnx.ModelProto, folded: int, kept: int = 0, rtol: float = 1e-4, **options
+) -> onnx_lnfold.FoldResult:
+    """Fold, assert the exact counts, and check equivalence through ONNX Runtime. The rule tests
+    are about what can fold exactly: they fold the LNs the cost rule would keep too
+    (`fold_costly=True`) unless they ask otherwise; tests/test_beta_placement.py tests that rule."""
+    options.setdefault("fold_costly", True)
+    result = onnx_lnfold.fold(model, **options)
     plan = result.plan
     assert len(plan.folded) == folded, [(d.node, d.reason) for d in plan.decisions]
     assert len(plan.kept) == kept, [(d.node, d.reason) for d in plan.decisions]

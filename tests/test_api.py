@@ -73,7 +73,20 @@ def test_same_input_gives_byte_identical_output():
 def test_beta_folds_into_linear_consumers_or_stays_an_add():
     result = fold_checked(_pre_ln(), folded=2)
     assert result.plan.decision_for("ln1").beta == "consumers"  # ln1 feeds only fc (MatMul + bias Add)
-    assert result.plan.decision_for("ln_f").beta == "add"  # ln_f is a graph output
+    assert result.plan.decision_for("ln1").beta_sites == ("fc/matmul: its bias",)
+    # ln_f is a graph output: its beta stays an Add. It folds all the same: ORT runs the original's
+    # residual Add + ln_f as SkipLayerNormalization, which costs more than the residual Add,
+    # SimplifiedLayerNormalization and beta's Add together (_costs); `auto` leaves that Add
+    # unfused, SkipSimplifiedLayerNormalization costing more than Add + SimplifiedLayerNormalization.
+    assert result.plan.decision_for("ln_f").beta == "add"
+    assert result.plan.decision_for("ln_f").rewrite == "SimplifiedLayerNormalization"
+    assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"] + 1
+
+
+def test_fuse_residual_always_takes_the_residual_and_its_bias_add():
+    result = onnx_lnfold.fold(_pre_ln(), fuse_residual="always")
+    assert result.report.verification.status == "passed"
+    assert_equivalent(_pre_ln(), result.model_proto)
     # ln_f's beta Add is new; its residual Add became SkipSimplifiedLayerNormalization's sum and
     # the projection's bias Add before it the op's bias input (as ORT's own fusion does).
     assert ops(result.model_proto)["Add"] == ops(_pre_ln())["Add"] - 1
@@ -82,13 +95,15 @@ def test_beta_folds_into_linear_consumers_or_stays_an_add():
 
 
 def test_beta_folds_into_gemm_bias_even_when_absent():
+    """A Gemm without C gets one (where it costs less than beta's Add: a narrower output)."""
     g = Graph()
     x = g.input("x", [4, 8])
-    h = g.node("Gemm", [x, g.const("w", (8, 16)), g.const("c", (16,))])
-    n = g.ln(h, 16, "ln")
-    g.output(g.node("Gemm", [n, g.const("w2", (6, 16))], transB=1, alpha=0.5, name="head"))
+    h = g.node("Gemm", [x, g.const("w", (8, 384)), g.const("c", (384,))])
+    n = g.ln(h, 384, "ln")
+    g.output(g.node("Gemm", [n, g.const("w2", (6, 384))], transB=1, alpha=0.5, name="head"))
     result = fold_checked(g.model(), folded=1)
     assert result.plan.decision_for("ln").beta == "consumers"
+    assert result.plan.decision_for("ln").beta_sites == ("head: a bias created for it",)
     head = next(n for n in result.model.graph if n.name == "head")
     assert len(head.inputs) == 3 and head.inputs[2].const_value is not None
 
@@ -104,6 +119,9 @@ def test_beta_stays_an_add_before_a_gemm_that_ignores_its_bias(with_c):
     g.output(g.node("Gemm", inputs, beta=0.0, name="head"))
     result = fold_checked(g.model(), folded=1)
     assert result.plan.decision_for("ln").beta == "add"
+    # Left as an Add, beta costs more than the LN saves: by default the LN is kept.
+    d = onnx_lnfold.analyze(g.model()).decision_for("ln")
+    assert d.code == "costs-more" and "its beta would stay a separate Add over the LN's output (Gemm 'head' reads it)" in d.reason
 
 
 @pytest.mark.parametrize("dtype,rtol", [(np.float16, 1e-2), (np.float64, 1e-4)])
@@ -184,13 +202,21 @@ def test_emitted_op_attributes():
 
 
 def test_report_serializes_everything_a_pipeline_needs():
-    report = onnx_lnfold.fold(MODELS / "bert.onnx").report.to_dict()
-    assert report["folded"] == 1 and report["kept"] == 4
+    report = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.to_dict()
+    assert report["folded"] == 5 and report["kept"] == 0
     first = report["decisions"][0]
-    assert set(first) >= {"node", "op_type", "status", "reason"}
-    assert report["ops_before"]["LayerNormalization"] == 5 and report["ops_after"]["LayerNormalization"] == 4
+    assert set(first) >= {"node", "op_type", "status", "reason", "beta", "beta_sites", "stage", "code"}
+    assert first["beta"] == "consumers" and first["beta_sites"] == ["node_addmm: its bias"]
+    assert report["ops_before"]["LayerNormalization"] == 5 and "LayerNormalization" not in report["ops_after"]
     assert report["verification"]["status"] == "passed" and report["verification"]["max_rel_diff"] < 1e-5
-    assert report["untied_bytes"] == 0 and len(report["edits"]) == 3
+    assert report["untied_bytes"] == 2048 and len(report["edits"]) == 10  # the tied table derived: its row means
+    # BERT (post-LN): the embeddings LN would keep its beta as an Add: kept, for its cost. Each
+    # other LN reads the one before through a residual Add that ORT fuses with it into
+    # SkipLayerNormalization, whose CPU kernel costs more than an explicit centering of that LN's
+    # output, the Add, SimplifiedLayerNormalization and beta's Add together: each folds so.
+    bert = onnx_lnfold.fold(MODELS / "bert.onnx").report.to_dict()
+    assert bert["folded"] == 4 and bert["kept"] == 1 and len(bert["centerings"]) == 4
+    assert (bert["decisions"][0]["stage"], bert["decisions"][0]["code"]) == ("cost", "costs-more")
 
 
 # --- issue 11: analyze() takes what fold() takes; Verification.passed; the package ------------
@@ -207,7 +233,7 @@ def test_analyze_accepts_a_path_a_proto_and_an_ir_model(tmp_path):
     assert sum(n.op_type == "LayerNormalization" for n in model.graph) == 2  # read, not changed
     assert proto.SerializeToString() == onnx.load(path).SerializeToString()
     bert = onnx_lnfold.analyze(MODELS / "bert.onnx", auxiliary_centering=False)
-    assert len(bert.folded) == 1 and len(bert.kept) == 4
+    assert len(bert.folded) == 0 and [d.code for d in bert.kept][:2] == ["costs-more", "normalization-output"]
 
 
 @pytest.mark.parametrize("bad,message", [(42, "got int"), ("no/such.onnx", "no such file")])

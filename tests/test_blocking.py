@@ -237,9 +237,15 @@ def test_a_kept_layer_norm_still_absorbs_the_shift_of_a_folded_one():
     g.output(g.ln(emb, 16, "ln_e"))
     h = g.node("Add", [emb, g.node("Relu", [g.linear(x, 8, 16, "side")], name="act")])
     g.output(g.ln(h, 16, "ln_x"))
-    result = fold_checked(g.model(), folded=1, kept=1)
+    # Without explicit centering: one of 'act_out' would unlock ln_x, which ORT runs fused with its
+    # residual Add as SkipLayerNormalization, whose kernel costs more than the centering and the fold.
+    result = fold_checked(g.model(), folded=1, kept=1, auxiliary_centering=False)
     assert result.plan.decision_for("ln_e").folded
     assert "Relu 'act' does not carry a zero mean" in result.plan.decision_for("ln_x").reason
+    # By default: ln_e's beta would stay an Add (kept); ln_x folds through one centering.
+    plan = fold_checked(g.model(), folded=1, kept=1, fold_costly=False).plan
+    assert plan.decision_for("ln_x").folded and len(plan.centerings) == 1
+    assert plan.decision_for("ln_e").code == "costs-more"
 
 
 def test_every_code_in_a_report_is_a_documented_one():

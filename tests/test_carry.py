@@ -368,7 +368,9 @@ def test_contrib_ops_get_ranks_from_onnxruntimes_symbolic_inference():
     skip = g.node("SkipLayerNormalization", [branch, emb, g.const("sk.gamma", (16,)), g.const("sk.beta", (16,))],
                   name="skip", domain="com.microsoft", epsilon=1e-5)
     g.output(skip)
-    result = fold_checked(g.model(ms_domain=True), folded=0, kept=2)
+    # (An explicit centering of the EmbedLayerNormalization output would unlock it: replacing
+    # ORT's SkipLayerNormalization kernel pays for one. Not what this test is about.)
+    result = fold_checked(g.model(ms_domain=True), folded=0, kept=2, auxiliary_centering=False)
     reasons = {d.node: d.reason for d in result.plan.kept}
     assert "is the output of EmbedLayerNormalization 'embed_ln'" in reasons["skip"], reasons
 

@@ -25,6 +25,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, event, given, reject, settings
+from hypothesis import strategies as st
 from onnx import TensorProto
 
 import onnx_lnfold
@@ -116,12 +117,13 @@ def _norm_ops(model: onnx.ModelProto) -> Counter:
     )
 
 
-def check_fold(built: Built) -> onnx_lnfold.FoldResult:
-    """Every property the tool promises, on one model."""
+def check_fold(built: Built, fold_costly: bool = False) -> onnx_lnfold.FoldResult:
+    """Every property the tool promises, on one model; with `fold_costly`, on every LN the proof
+    allows (the cost rule keeps those whose beta stays an Add, most of the generated ones)."""
     model = built.model
     # Inputs with dims written as expressions ('s + 1') are fed as the checks below feed them.
     inputs = feeds(built, {"b": 2, "s": 4}, 13) if derived_dims(built) else None
-    result = onnx_lnfold.fold(model, inputs=inputs)  # VerificationFailed propagates: the test fails
+    result = onnx_lnfold.fold(model, inputs=inputs, fold_costly=fold_costly)  # VerificationFailed propagates
     plan = result.plan
     before = _norm_ops(model)
     assert Counter(d.op_type for d in plan.decisions) == built.forms, plan.to_dict()
@@ -143,7 +145,7 @@ def check_fold(built: Built) -> onnx_lnfold.FoldResult:
     for d in plan.decisions:  # the LN node (a decomposed LN's first ReduceMean) goes iff it folded
         assert (d.node in names) == (not d.folded), f"{d.node} {d.status} but present: {d.node in names}"
     _assert_same_outputs(model, folded, built)
-    again = onnx_lnfold.fold(folded, inputs=inputs)
+    again = onnx_lnfold.fold(folded, inputs=inputs, fold_costly=fold_costly)
     assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, (
         "second fold changed something: "
         + repr([(d.node, d.reason) for d in again.plan.folded] + [e.tensor for e in again.plan.edits])
@@ -152,10 +154,10 @@ def check_fold(built: Built) -> onnx_lnfold.FoldResult:
 
 
 @settings(settings.get_profile(PROFILE))
-@given(models())
-def test_fold_is_exact_or_refuses(built: Built):
+@given(models(), st.booleans())
+def test_fold_is_exact_or_refuses(built: Built, fold_costly: bool):
     try:
-        result = check_fold(built)
+        result = check_fold(built, fold_costly)
     except BaseException as e:
         if _numerical(e) and _degenerate(built):
             reject()  # an ill-conditioned example: the original's own output is rounding noise
@@ -285,11 +287,17 @@ def test_regression_second_fold_changes_nothing():
     h1 = g.node("Reshape", [h1, g.ints("shape", [0, 0, 16])], name="view")
     g.output(g.ln(h1, 16, "ln_b"))
     g.output(g.ln(h1, 16, "ln_c"))
-    first = onnx_lnfold.fold(g.model())
+    # (ln_b and ln_c are graph outputs: their betas stay Adds, folded as asked: fold_costly)
+    first = onnx_lnfold.fold(g.model(), fold_costly=True)
     # Since stream sums are tried as explicit centering roots, the first fold centers 'res2' once
     # for ln_b and ln_c itself; the second must still find nothing left to do.
     assert [d.node for d in first.plan.folded] == ["ln_a", "ln_b", "ln_c"]
     assert [c.tensor for c in first.plan.centerings] == ["res2_out"]
+    again = onnx_lnfold.fold(first.model_proto, fold_costly=True)
+    assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, again.plan.to_dict()
+    # By default ln_b and ln_c are kept for their cost, and a second fold finds nothing either.
+    first = onnx_lnfold.fold(g.model())
+    assert [d.node for d in first.plan.folded] == ["ln_a"] and not first.plan.centerings
     again = onnx_lnfold.fold(first.model_proto)
     assert not again.plan.folded and not again.plan.edits and not again.plan.centerings, again.plan.to_dict()
 

@@ -49,7 +49,7 @@ def test_a_bad_option_is_one_line_naming_the_choices(field, value, message):
 
 def test_options_are_frozen_with_the_documented_defaults_and_choices():
     options = FoldOptions()
-    assert dataclasses.astuple(options) == ("ort", True, "auto", "auto", True)
+    assert dataclasses.astuple(options) == ("ort", True, "auto", "auto", True, False)
     assert (TARGETS, FUSE_RESIDUAL, TIED_WEIGHTS) == (("ort", "onnx"), ("auto", "always", "never"), ("auto", "center", "untie", "derive"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.target = "onnx"  # type: ignore[misc]
@@ -129,8 +129,8 @@ def test_pass_requires_opset_23_for_the_onnx_target_inside_a_pass_manager():
         fold_pass(model)  # a pass called alone runs requires() too
     assert fold_pass.plan is None  # stopped before the analysis
     assert [n.op_type for n in model.graph].count("LayerNormalization") == 1  # and changed nothing
-    # The same model passes with the default target.
-    assert onnx_lnfold.LnFoldPass()(model).modified
+    # The same model passes with the default target (its beta stays an Add: folded as asked).
+    assert onnx_lnfold.LnFoldPass(fold_costly=True)(model).modified
 
 
 def test_fold_analyze_and_the_cli_give_the_same_one_line_error(tmp_path, capsys):
@@ -200,6 +200,7 @@ def test_the_skip_reasons_are_decided_in_one_place():
     assert run.report.verification.reason == "nothing was folded: the model is unchanged"
     run = _fold.run_pipeline(plain, None, options, _fold.VerifyRequest(enabled=False, disabled_because="disabled by --no-verify"))
     assert run.report.verification.reason == "disabled by --no-verify"
-    dry = _fold.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, options, _fold.VerifyRequest(), dry_run=True)
+    costly = FoldOptions(fold_costly=True)  # the model's one LN keeps its beta as an Add
+    dry = _fold.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, costly, _fold.VerifyRequest(), dry_run=True)
     assert dry.report.verification.reason == "dry run: nothing was changed" and dry.report.dry_run
     assert dry.report.ops_after == dry.report.ops_before and len(dry.report.plan.folded) == 1

@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import tempfile
+import uuid
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -46,7 +49,26 @@ def session_ops(model: onnx.ModelProto | str, tmp_path) -> Counter:
 
 def optimized(model: onnx.ModelProto | str, model_type: str = "bert", opt_level: int = 0) -> tuple[int, int]:
     """(nodes, EmbedLayerNormalization nodes) after `optimize_model` with the committed models'
-    4 heads and hidden size 64."""
+    4 heads and hidden size 64. Opt level 1 is composed as `optimize_model` composes it (a
+    basic-level CPU session without ConstantSharing, then `optimize_by_fusion`): its own
+    `optimize_by_onnxruntime` imports torch, which the test environment need not have."""
+    if opt_level == 1:
+        with tempfile.TemporaryDirectory() as scratch:
+            # beside a model file: the session's output refers to its external data by relative path
+            folder = Path(model).parent if isinstance(model, str) else Path(scratch)
+            out = folder / f"o1-{uuid.uuid4().hex}.onnx"
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.log_severity_level = 3
+            options.optimized_model_filepath = str(out)
+            source = model if isinstance(model, str) else model.SerializeToString()
+            try:
+                ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
+                                     disabled_optimizers=["ConstantSharing"])
+                model = onnx.load(str(out))
+            finally:
+                out.unlink(missing_ok=True)
+        opt_level = 0
     with contextlib.redirect_stdout(io.StringIO()):
         result = optimizer.optimize_model(model, model_type, 4, 64, opt_level=opt_level)
     nodes = result.model.graph.node
@@ -107,7 +129,8 @@ def test_zeros_change_none_of_onnx_runtimes_decisions(name, tmp_path):
 )
 def test_the_embeddings_ln_stays_exactly_where_onnx_runtime_fuses_it(name, folded, fused_by_ort, nodes):
     path = MODELS / f"{name}.onnx"
-    result = onnx_lnfold.fold(path, verify=False)
+    # Every LN that folds exactly (the cost rule is tests/test_beta_placement.py's): the fusion rule alone.
+    result = onnx_lnfold.fold(path, verify=False, fold_costly=True)
     embeddings = result.plan.decisions[0]
     assert [d.node for d in result.plan.folded] == folded
     assert (embeddings.code == "fusion-cost") == fused_by_ort
@@ -121,7 +144,7 @@ def test_the_embeddings_ln_stays_exactly_where_onnx_runtime_fuses_it(name, folde
         assert "opt_level 0, num_heads 4, hidden_size 64; onnxruntime " in embeddings.reason
         assert "stayed a LayerNorm" in result.plan.advice[0]
         # without the check the fold costs the optimizer its fusion (+2 to +5 nodes)
-        unchecked = onnx_lnfold.fold(path, verify=False, keep_ort_fusions=False)
+        unchecked = onnx_lnfold.fold(path, verify=False, keep_ort_fusions=False, fold_costly=True)
         assert unchecked.plan.decisions[0].folded
         lost = optimized(unchecked.model_proto)
         assert lost[1] == 0 and lost[0] > nodes[0]
@@ -133,7 +156,7 @@ def test_the_embeddings_ln_stays_exactly_where_onnx_runtime_fuses_it(name, folde
 def test_embedding_sums_the_optimizer_leaves_alone_fold(name):
     """GPT-Neo and the Pegasus decoder read their embedding sum with an LN (the structural
     likeness of ORT's matcher that the fold used to trust); the optimizer fuses none of them."""
-    plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx")
+    plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx", fold_costly=True)
     assert _fusions.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
     assert len(plan.folded) == len(plan.decisions) == 5 and plan.advice == []
     for model_type, level in _fusions.EMBED_RUNS:
@@ -156,7 +179,7 @@ def test_a_fold_that_would_lose_a_session_fusion_keeps_its_ln(tmp_path):
     under a BERT attention block costs the Attention op."""
     model = bert_attention_block()
     assert session_ops(model, tmp_path)["com.microsoft::Attention"] == 1
-    result = onnx_lnfold.fold(model)
+    result = onnx_lnfold.fold(model, fold_costly=True)  # the LN's beta would stay an Add: the fusion rule alone
     (decision,) = result.plan.decisions
     assert not decision.folded and (decision.code, decision.stage) == ("fusion-lost", "cost")
     assert decision.reason.startswith(
@@ -166,7 +189,7 @@ def test_a_fold_that_would_lose_a_session_fusion_keeps_its_ln(tmp_path):
     assert decision.blocking_tensor == "context_reshape"
     assert result.report.to_dict()["decisions"][0]["code"] == "fusion-lost"
     # with the check off the LN would fold, and the session would lose its Attention
-    unchecked = onnx_lnfold.fold(model, keep_ort_fusions=False)
+    unchecked = onnx_lnfold.fold(model, keep_ort_fusions=False, fold_costly=True)
     assert len(unchecked.plan.folded) == 1 and unchecked.report.verification.status == "passed"
     assert session_ops(unchecked.model_proto, tmp_path)["com.microsoft::Attention"] == 0
 
@@ -189,7 +212,7 @@ def test_the_explicit_centering_goes_after_the_gelu_so_its_fusion_stays(tmp_path
     assert "BiasGelu fusion at 'gelu/half' (its explicit centering reads 'gelu/mul_out', inside the fused pattern)" in (
         inside.plan.decisions[0].reason
     )
-    unchecked = onnx_lnfold.fold(model, keep_ort_fusions=False)
+    unchecked = onnx_lnfold.fold(model, keep_ort_fusions=False, fold_costly=True)
     assert [c.tensor for c in unchecked.plan.centerings] == ["gelu/mul_out"]
     assert session_ops(unchecked.model_proto, tmp_path)["com.microsoft::BiasGelu"] == 0
 
@@ -215,7 +238,7 @@ def test_a_fusion_that_took_in_a_decomposed_lns_gamma_is_not_a_loss(tmp_path):
 
 def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
     path = MODELS / "whisper_encoder_torchscript.onnx"
-    result = onnx_lnfold.fold(path)
+    result = onnx_lnfold.fold(path, fold_costly=True)
     assert len(result.plan.folded) == len(result.plan.decisions) == 5
     assert [c.tensor for c in result.plan.centerings] == ["/model/Mul_3_output_0"]  # after the stem's `* 0.5`
     assert result.report.verification.status == "passed"
@@ -231,9 +254,9 @@ def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatc
     calls = []
     session = _fusions.session_graph
     monkeypatch.setattr(_fusions, "session_graph", lambda path, folder: calls.append(path.name) or session(path, folder))
-    first = onnx_lnfold.analyze(model)
+    first = onnx_lnfold.analyze(model, fold_costly=True)
     assert calls == ["original.onnx", "folded.onnx"]
-    assert onnx_lnfold.analyze(model).to_dict() == first.to_dict() and len(calls) == 2  # cached by the file's bytes
+    assert onnx_lnfold.analyze(model, fold_costly=True).to_dict() == first.to_dict() and len(calls) == 2  # cached
     assert ir.to_proto(model).SerializeToString() == before
 
 
@@ -242,20 +265,20 @@ def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatc
 
 def test_without_onnxruntime_everything_folds_and_the_advice_says_nothing_was_checked(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime.transformers.optimizer", None)  # `import` raises ImportError
-    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx")
+    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", fold_costly=True)
     assert [d.node for d in plan.folded] == ["/model/embeddings/LayerNorm/LayerNormalization"]
     assert plan.advice == [
         "Fusions: not checked (onnxruntime (with its transformers optimizer) is not installed): folding may cost "
         "fusions that ONNX Runtime's transformers optimizer (onnxruntime.transformers.optimizer.optimize_model) or "
         "a session would make on the original; run the optimizer first, then fold the optimized model."
     ]
-    fold_pass = onnx_lnfold.LnFoldPass()
+    fold_pass = onnx_lnfold.LnFoldPass(fold_costly=True)
     fold_pass(ir.from_proto(bert_attention_block()))
     assert len(fold_pass.plan.folded) == 1 and fold_pass.plan.advice[0].startswith("Fusions: not checked")
 
 
 def test_switched_off_nothing_is_checked_and_nothing_is_said():
-    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", keep_ort_fusions=False)
+    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", keep_ort_fusions=False, fold_costly=True)
     assert len(plan.folded) == 1 and plan.advice == []
 
 

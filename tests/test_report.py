@@ -17,10 +17,10 @@ from onnx_lnfold._verify import OutputDiff, Verification
 from conftest import MODELS
 
 
-def _report(name: str, tied_weights: str = "auto", **fields) -> FoldReport:
+def _report(name: str, options: dict | None = None, **fields) -> FoldReport:
     model = load_path(MODELS / name)
     ops = count_ops(model)
-    plan = onnx_lnfold.analyze(model, tied_weights=tied_weights)
+    plan = onnx_lnfold.analyze(model, **(options or {}))
     verification = fields.pop("verification", Verification("skipped", "dry run: nothing was changed"))
     return FoldReport(plan, ops, ops, verification, source=name, **fields)
 
@@ -43,7 +43,7 @@ def test_summary_line_of_a_failed_and_of_a_dry_run():
     failed = Verification("failed", "output 'logits' differs", 1e-15, {}, [OutputDiff("logits", (2,), 3e-7, 1.0)])
     line = _report("gpt2.onnx", verification=failed, size_before=860_897).format_summary()
     assert "(nothing written)" in line and "verification FAILED (worst relative diff 3e-07 > rtol 1e-15)" in line
-    dry = _report("gpt2.onnx", "untie", dry_run=True, size_before=860_897)
+    dry = _report("gpt2.onnx", {"tied_weights": "untie"}, dry_run=True, size_before=860_897)
     assert dry.format_summary() == (
         "onnx_lnfold: gpt2.onnx (dry run, nothing written), would fold 5/5 LayerNorms, "
         "0.86 MB (+0.13 MB of untied copies once written), verification skipped (dry run)"
@@ -63,7 +63,7 @@ def test_every_refusal_says_nothing_written_the_same_way():
 
 def test_nothing_folded_summary_and_detail_agree_on_verification():
     skipped = Verification("skipped", "nothing was folded: the model is unchanged")
-    text = _report("opt_post_ln.onnx", verification=skipped).format_text()
+    text = _report("opt_post_ln.onnx", {"auxiliary_centering": False}, verification=skipped).format_text()
     assert "0/4 LayerNorms folded" in text.splitlines()[0]
     assert text.splitlines()[0].endswith("verification skipped (nothing was folded)")
     assert "Verification: skipped (nothing was folded: the model is unchanged)" in text
@@ -82,7 +82,7 @@ def test_already_folded_model_says_so():
     again = onnx_lnfold.fold(folded.model_proto, verify=False).report
     again.output, again.output_identical = "again.onnx", True  # the input file's bytes (the CLI)
     text = again.format_text()
-    assert "already folded (4 SimplifiedLayerNormalization, 1 SkipSimplifiedLayerNormalization)" in text.splitlines()[0]
+    assert "already folded (5 SimplifiedLayerNormalization)" in text.splitlines()[0]
     assert "(unchanged copy)" in text.splitlines()[0]
     assert "Wrote again.onnx (an unchanged copy of the input: nothing was folded)" in text
     again.output_identical = False  # re-serialized (result.save(), or a model with external data)
@@ -92,7 +92,8 @@ def test_already_folded_model_says_so():
 
 
 def test_identical_reasons_are_grouped_under_plain_words_in_graph_order():
-    text = _report("bert.onnx").format_text()
+    # without explicit centerings, the four post-LN LNs are kept for one reason
+    text = _report("bert.onnx", {"auxiliary_centering": False}).format_text()
     lines = text.splitlines()
     header = lines.index("  4 kept: post-LN: each reads the output of another LayerNorm, whose gamma*n+beta has a")
     members = [line.split()[0] for line in lines[header + 2 : header + 6]]
@@ -133,7 +134,7 @@ def test_long_lines_wrap_at_100_columns():
 
 @pytest.mark.parametrize("name,phrase", [("gpt2.onnx", "(1 untied copy,"), ("bert.onnx", "(0 untied copies,")])
 def test_untied_copy_count_is_singular_or_plural(name, phrase):
-    assert phrase in _report(name, "untie").format_text()
+    assert phrase in _report(name, {"tied_weights": "untie"}).format_text()
 
 
 def test_json_carries_versions_absolute_paths_and_elapsed(monkeypatch):
@@ -153,7 +154,8 @@ def test_json_carries_versions_absolute_paths_and_elapsed(monkeypatch):
 
 def test_verbose_trace_names_producers_carry_ops_and_blocks():
     model = load_path(MODELS / "bert.onnx")
-    plan = onnx_lnfold.analyze(model)
+    # as before the cost rule: the embeddings LN folded, no explicit centering
+    plan = onnx_lnfold.analyze(model, fold_costly=True, auxiliary_centering=False)
     lines = explain(model, plan)
     assert lines[0] == "node_layer_norm (LayerNormalization, axis 2): folded -> SimplifiedLayerNormalization"
     assert "  producer: embedding table 'model.embeddings.word_embeddings.weight' read by node_embedding: centered along axis 1" in lines
@@ -210,7 +212,7 @@ def test_reprs_are_one_line_summaries_with_the_detail_one_attribute_away(tmp_pat
         "<CenteringEdit model.lm_head.weight: axis 1, embedding table, untied -> model.lm_head.weight.centered "
         "(+131,072 B); for 5 LNs>"
     )
-    kept = onnx_lnfold.analyze(MODELS / "opt_post_ln.onnx")
+    kept = onnx_lnfold.analyze(MODELS / "opt_post_ln.onnx", auxiliary_centering=False)
     assert repr(kept) == "<CenteringPlan: 4 LNs, 0 fold, 4 kept (normalization-output 3, mixes-shift 1)>"
     assert repr(kept.kept[0]).startswith("<LnDecision node_layer_norm: kept, side-effect/mixes-shift: tensor 'add_88' would")
     centered = onnx_lnfold.analyze(MODELS / "gpt2.onnx", tied_weights="center")
@@ -226,7 +228,10 @@ def test_reprs_are_one_line_summaries_with_the_detail_one_attribute_away(tmp_pat
 
 
 def test_the_pass_repr_names_its_options_and_its_last_run():
-    fold_pass = onnx_lnfold.LnFoldPass(tied_weights="center")
-    assert repr(fold_pass) == "<LnFoldPass target=ort auxiliary_centering=True fuse_residual=auto tied_weights=center keep_ort_fusions=True; not run yet>"
+    fold_pass = onnx_lnfold.LnFoldPass(tied_weights="center", auxiliary_centering=False)
+    assert repr(fold_pass) == (
+        "<LnFoldPass target=ort auxiliary_centering=False fuse_residual=auto tied_weights=center keep_ort_fusions=True "
+        "fold_costly=False; not run yet>"
+    )
     ir.passes.PassManager([fold_pass])(ir.load(str(MODELS / "opt_post_ln.onnx")))
     assert repr(fold_pass).endswith("; last run: 0/4 LNs folded, 4 kept>")
