@@ -11,7 +11,7 @@ import onnx_ir as ir
 
 from onnx_lnfold._blocked import Blocked
 from onnx_lnfold._carry import Requirement
-from onnx_lnfold._ir import FLOAT_TYPES, attr_or_input_ints, normalize_axis
+from onnx_lnfold._ir import FLOAT_TYPES, attr_or_input_ints, node_label, normalize_axis
 from onnx_lnfold._shapes import ShapeTable
 
 
@@ -159,3 +159,31 @@ def along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: Sh
         return False
     offset = rank - len(shape)
     return all(d == 1 for i, d in enumerate(shape) if i + offset != axis)
+
+
+def check_unrolled(cand: LnCandidate, shapes: ShapeTable, x: ir.Value, axis: int, rank: int,
+                   scale: ir.Value | None, axis_text: str) -> None:
+    """The form checks an LN written out in ops (decomposed, moments) shares: a float input, the
+    last axis (`axis_text` says which it is), and without a gamma a known width and type, for the
+    ones the RMSNorm op needs as its scale. Sets `cand.form_problem` or `cand.ones_scale`."""
+    if cand.form_problem is None:
+        cand.form_problem = check_float(cand, shapes)
+    if cand.form_problem is None and axis != rank - 1:
+        cand.form_problem = Blocked("not-last-axis", f"it normalizes over {axis_text}, not the last one; RMSNorm ops normalize trailing axes")
+    if cand.form_problem is None and scale is None:
+        dim, dtype = (shapes.shape(x) or (None,) * rank)[axis], shapes.dtype(x)
+        if not isinstance(dim, int) or dtype is None:
+            cand.form_problem = Blocked("unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown")
+        else:
+            cand.ones_scale = (dim, dtype)
+
+
+def absorbs_own_reads(cand: LnCandidate, node: ir.Node, index: int, axis: int) -> Blocked | dict | None:
+    """`LnForm.absorbs` of an unrolled LN: the reads of x inside its pattern (`cand.sink_uses`)
+    together remove a shift of x along the LN's axis, whatever else reads its shift-free
+    intermediates; any other read is not the LN's."""
+    if cand.axis is None or (node, index) not in cand.sink_uses:
+        return None
+    if axis != cand.axis:
+        return Blocked("normalizes-other-axis", f"it feeds {node_label(node)}, a LayerNorm over another axis")
+    return {}

@@ -13,14 +13,15 @@ from onnx_lnfold._forms.base import (
     LnCandidate,
     LnForm,
     LnKind,
+    absorbs_own_reads,
     along_axis_constant,
-    check_float,
+    check_unrolled,
     first_use,
     only_use,
     other_input,
     reduce_axis,
 )
-from onnx_lnfold._ir import const_scalar, is_standard, node_label
+from onnx_lnfold._ir import const_scalar, is_standard
 from onnx_lnfold._shapes import ShapeTable
 
 
@@ -117,26 +118,11 @@ class DecomposedForm(LnForm):
             )
         # The pattern removes a shift of x whatever else reads its shift-free intermediates.
         cand.sink_uses = ((mean, 0), (sub, 0))
-        if cand.form_problem is None:
-            cand.form_problem = check_float(cand, shapes)
-        if cand.form_problem is None and axis != rank - 1:
-            cand.form_problem = Blocked("not-last-axis", f"it normalizes over axis {axis}, not the last one; RMSNorm ops normalize trailing axes")
-        if cand.form_problem is None and scale is None:
-            dim, dtype = (shapes.shape(x) or (None,) * rank)[axis], shapes.dtype(x)
-            if not isinstance(dim, int) or dtype is None:
-                cand.form_problem = Blocked("unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown")
-            else:
-                cand.ones_scale = (dim, dtype)
+        check_unrolled(cand, shapes, x, axis, rank, scale, f"axis {axis}")
         return cand
 
     def absorbs(self, cand, node, index, axis, shapes):
-        # The pattern removes a shift of x (read by its mean and its Sub) whatever else reads its
-        # shift-free intermediates; its other inputs are its own intermediates.
-        if cand.axis is None or (node, index) not in cand.sink_uses:
-            return None
-        if axis != cand.axis:
-            return Blocked("normalizes-other-axis", f"it feeds {node_label(node)}, a LayerNorm over another axis")
-        return {}
+        return absorbs_own_reads(cand, node, index, axis)
 
 
 # What each intermediate of a decomposed LN holds, in pattern order (for reasons).

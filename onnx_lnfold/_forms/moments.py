@@ -32,12 +32,13 @@ from onnx_lnfold._forms.base import (
     LnCandidate,
     LnForm,
     LnKind,
+    absorbs_own_reads,
     along_axis_constant,
-    check_float,
+    check_unrolled,
     other_input,
     reduce_axis,
 )
-from onnx_lnfold._ir import attr_or_input_ints, const_scalar, is_standard, node_label, normalize_axis
+from onnx_lnfold._ir import attr_or_input_ints, const_scalar, is_standard, normalize_axis
 from onnx_lnfold._reshape import shape_entries
 from onnx_lnfold._shapes import ShapeTable
 
@@ -412,27 +413,12 @@ class MomentsForm(LnForm):
             )
         # Every read of x in the pattern: together they remove a shift of x.
         cand.sink_uses = tuple((node, i) for node in chain for i, value in enumerate(node.inputs) if value is x)
-        if cand.form_problem is None:
-            cand.form_problem = check_float(cand, shapes)
-        if cand.form_problem is None and axis != rank - 1:
-            cand.form_problem = Blocked(
-                "not-last-axis", f"it normalizes over axis {axis} of {rank}, not the last one; RMSNorm ops normalize trailing axes"
-            )
-        if cand.form_problem is None and scale is None:
-            dim, dtype = (shapes.shape(x) or (None,) * rank)[axis], shapes.dtype(x)
-            if not isinstance(dim, int) or dtype is None:
-                cand.form_problem = Blocked("unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown")
-            else:
-                cand.ones_scale = (dim, dtype)
+        check_unrolled(cand, shapes, x, axis, rank, scale, f"axis {axis} of {rank}")
         return cand
 
     def absorbs(self, cand, node, index, axis, shapes):
         # Every read of x inside the pattern together: the shift they see leaves the output alone.
-        if cand.axis is None or (node, index) not in cand.sink_uses:
-            return None
-        if axis != cand.axis:
-            return Blocked("normalizes-other-axis", f"it feeds {node_label(node)}, a LayerNorm over another axis")
-        return {}
+        return absorbs_own_reads(cand, node, index, axis)
 
 
 def _only_user(value: ir.Value) -> ir.Node | None:
