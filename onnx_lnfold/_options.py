@@ -68,7 +68,7 @@ class FoldOptions:
     `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
     `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
     ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
-    `tied_weights` ("auto", "center", "untie") says how an embedding table the LM head shares is
+    `tied_weights` ("auto", "center", "untie", "derive") says how an embedding table the LM head shares is
     centered: as a copy ("untie": the file grows by the table; also what `auxiliary_centering=False`
     does), by `x - ReduceMean(x)` after the Gather ("center"), by the Gathers reading `table - row
     means`, which ONNX Runtime folds at session start ("derive"), or ("auto") the copy where it adds

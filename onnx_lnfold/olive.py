@@ -57,7 +57,7 @@ class OnnxLnFold(Pass):
                 type_=str, default_value=_DEFAULTS.fuse_residual, description="which residual Adds become SkipSimplifiedLayerNormalization: auto, always, never"
             ),
             "tied_weights": PassConfigParam(
-                type_=str, default_value=_DEFAULTS.tied_weights, description="a tied embedding table: auto, center (x - ReduceMean(x)), untie (a centered copy)"
+                type_=str, default_value=_DEFAULTS.tied_weights, description="a tied embedding table: auto, center (x - ReduceMean(x)), untie (a centered copy), derive (table - row means, folded by ONNX Runtime at load)"
             ),
             "auxiliary_centering": PassConfigParam(
                 type_=bool, default_value=_DEFAULTS.auxiliary_centering, description="allow an explicit x - ReduceMean(x) where no weight edit centers a stream"
