@@ -14,7 +14,7 @@ separate process per variant (ORT's profiler, the kernel time of every node, sum
 median over runs).
 
 The instruction counts of the same models are `python -m benchmarks.instructions --file MODEL FEEDS`
-(this script writes each model's feeds next to its results, `--feeds-dir`).
+(`--feeds-dir DIR` keeps the feeds this script runs each model with).
 """
 
 from __future__ import annotations
@@ -271,20 +271,22 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['model']}\n{r['precision']}" for r in results]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(results)), 3.6))
-    for offset, key, color in ((-0.18, "original/folded", "tab:blue"), (0.18, "resaved/folded", "tab:orange")):
+    # one row per model and precision, top to bottom in the table's order: long names stay readable
+    labels = [f"{r['model']} ({'int8' if r['precision'].startswith('int8') else r['precision']})" for r in results]
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.42 * len(results)))
+    for offset, key, color in ((-0.15, "original/folded", "tab:blue"), (0.15, "resaved/folded", "tab:orange")):
         rs = [r["timing"]["ratios"][key] for r in results]
-        x = np.arange(len(rs)) + offset
-        y = [q["ratio"] for q in rs]
+        y = np.arange(len(rs)) + offset
+        x = [q["ratio"] for q in rs]
         err = [[q["ratio"] - q["lo"] for q in rs], [q["hi"] - q["ratio"] for q in rs]]
-        ax.errorbar(x, y, yerr=err, fmt="o", color=color, capsize=3, label=key)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(np.arange(len(results)))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("speed-up (x), 95% interval")
-    ax.set_title("Folded vs original and vs re-saved original, ONNX Runtime CPU")
-    ax.legend(fontsize=8)
+        ax.errorbar(x, y, xerr=err, fmt="o", color=color, capsize=3, label=key)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(np.arange(len(results)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up (x) of the folded model, median and bootstrap 95% interval")
+    ax.set_title("Folded vs original and vs re-saved original, ONNX Runtime CPU", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -301,6 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(RESULTS))
     ap.add_argument("--fold-with", metavar="CHECKOUT", help="fold with the onnx_lnfold of another checkout "
                     "(e.g. `git worktree add /tmp/before COMMIT`): the figures of an earlier version")
+    ap.add_argument("--feeds-dir", help="also keep each model's feeds here (NAME.feeds.npz), for "
+                    "`python -m benchmarks.instructions --file MODEL FEEDS`")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -324,7 +328,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="lnfold-trained-") as tmp:
         work = Path(tmp)
         for name in args.models:
-            feeds = work / f"{name}.feeds.npz"
+            feeds = (Path(args.feeds_dir) if args.feeds_dir else work) / f"{name}.feeds.npz"
+            feeds.parent.mkdir(parents=True, exist_ok=True)
             np.savez(feeds, **MODELS[name][2]())
             for int8 in (False,) if args.no_int8 else (False, True):
                 precision = "int8 (quantize_dynamic)" if int8 else "fp32"
