@@ -269,7 +269,7 @@ class FoldReport:
         if self.size_before is not None and self.size_after is not None:
             parts.append(f"{_mb(self.size_before)} -> {_mb(self.size_after)} MB")
         elif self.size_before is not None:
-            grows = f" (+{_mb(plan.untied_bytes)} MB of untied copies once written)" if plan.untied_bytes else ""
+            grows = f" (+{_mb(plan.untied_bytes)} MB once written)" if plan.untied_bytes else ""
             parts.append(f"{_mb(self.size_before)} MB{grows}")
         parts.append(self._verdict("worst relative diff"))
         if self.elapsed_s is not None:
@@ -328,11 +328,14 @@ class FoldReport:
         plan = self.plan
         if not plan.edits:
             return []
-        untied = [e for e in plan.edits if e.untie]
-        lines = [
-            f"Centered constants: {len(plan.edits)} ({_plural(len(untied), 'untied copy', 'untied copies')}, "
-            f"+{plan.untied_bytes:,} bytes)"
-        ]
+        # A derived table (the Gathers read `table - row means`) is no copy in the file: it is
+        # counted apart, so the count never says "copy" where the detail says "no copy".
+        derived = [e for e in plan.edits if e.untie and e.means_name]
+        copies = [e for e in plan.edits if e.untie and not e.means_name]
+        parts = [_plural(len(copies), "untied copy", "untied copies")]
+        if derived:
+            parts.append(f"{len(derived)} derived at load")
+        lines = [f"Centered constants: {len(plan.edits)} ({', '.join(parts)}, +{plan.untied_bytes:,} bytes)"]
         # In graph order of the first LN each edit serves, then by name.
         position = {d.node: i for i, d in enumerate(plan.decisions)}
         edits = sorted(plan.edits, key=lambda e: (min((position.get(n, 0) for n in e.required_by), default=0), e.tensor))

@@ -46,7 +46,7 @@ def test_summary_line_of_a_failed_and_of_a_dry_run():
     dry = _report("gpt2.onnx", {"tied_weights": "untie"}, dry_run=True, size_before=860_897)
     assert dry.format_summary() == (
         "onnx_lnfold: gpt2.onnx (dry run, nothing written), would fold 5/5 LayerNorms, "
-        "0.86 MB (+0.13 MB of untied copies once written), verification skipped (dry run)"
+        "0.86 MB (+0.13 MB once written), verification skipped (dry run)"
     )
     assert "LayerNorm nodes: 5 would fold, 0 kept (of 5)" in dry.format_text()
     assert "Verification: skipped (dry run: nothing was changed)" in dry.format_text()
