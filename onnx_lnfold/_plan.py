@@ -250,10 +250,12 @@ class CenteringPlan:
         why = " (" + ", ".join(f"{code} {n}" for code, n in codes.most_common()) + ")" if kept else ""
         text = f"{_plural(len(self.decisions), 'LN')}, {len(self.folded)} fold, {len(kept)} kept{why}"
         if self.edits:
-            untied = [e for e in self.edits if e.untie]
+            copies = sum(e.untie and not e.means_name for e in self.edits)
+            derived = sum(bool(e.untie and e.means_name) for e in self.edits)
             text += f"; {_plural(len(self.edits), 'constant')} centered"
-            if untied:
-                text += f", {len(untied)} untied (+{self.untied_bytes:,} B)"
+            if copies or derived:
+                kinds = [f"{copies} untied"] * bool(copies) + [f"{derived} derived at load"] * bool(derived)
+                text += f", {', '.join(kinds)} (+{self.untied_bytes:,} B)"
         if self.centerings:
             text += f"; {_plural(len(self.centerings), 'explicit centering')}"
         if self.target != "ort":
