@@ -156,11 +156,16 @@ def int8(names: list[str], sets: int, controls: int, tmp: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="*", choices=["order", "fp16", "int8"], default=["order", "fp16", "int8"])
+    # checked by hand: argparse (3.11) tests an empty nargs="*" list against `choices` and refuses it
+    parser.add_argument("what", nargs="*", help="order, fp16, int8: the parts to run (default: all three)")
     parser.add_argument("--sets", type=int, default=8, help="input sets per model")
     parser.add_argument("--controls", type=int, default=10, help="re-signed originals per model (int8)")
     parser.add_argument("--models", nargs="+", default=None)
     args = parser.parse_args(argv)
+    args.what = args.what or ["order", "fp16", "int8"]
+    unknown = sorted(set(args.what) - {"order", "fp16", "int8"})
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}: choose from order, fp16, int8")
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         if "order" in args.what:
