@@ -255,3 +255,18 @@ def test_a_gemm_whose_bias_is_a_block_takes_no_beta():
     result = fold_checked(g.model(), folded=1)
     assert result.plan.decision_for("ln").beta == "add"
     assert "Gemm 'head' reads it" in onnx_lnfold.analyze(g.model()).decision_for("ln").reason
+
+
+def test_an_ln_the_plans_centering_unlocks_is_kept_for_its_cost_not_for_the_broken_proof():
+    """TorchScript's Whisper encoder: the explicit centering sits after the GELU's trailing `* 0.5`
+    (so ONNX Runtime still fuses the Gelu), one scalar Mul past where the final LN's proof breaks.
+    That LN is kept because its beta would stay an Add before a graph output, and its reason must
+    say so, not that no edit can center its input: `--fold-costly` folds it with the same centering."""
+    from conftest import MODELS
+
+    plan = onnx_lnfold.analyze(MODELS / "whisper_encoder_torchscript.onnx")
+    [kept] = plan.kept
+    assert (kept.node, kept.code, kept.stage) == ("/model/layer_norm/LayerNormalization", "costs-more", "cost")
+    assert "is a graph output" in kept.reason
+    costly = onnx_lnfold.analyze(MODELS / "whisper_encoder_torchscript.onnx", fold_costly=True)
+    assert len(costly.folded) == 5 and [c.tensor for c in costly.centerings] == [c.tensor for c in plan.centerings]
