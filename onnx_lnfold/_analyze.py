@@ -29,7 +29,7 @@ from onnx_lnfold._edits import plan_edits
 from onnx_lnfold._fold_set import fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold._forms import LnCandidate
 from onnx_lnfold._fusions import FusionCheck
-from onnx_lnfold._ir import constant_of, is_standard, weight_bytes
+from onnx_lnfold._ir import weight_bytes
 from onnx_lnfold._names import display_names, taken_names
 from onnx_lnfold._options import FoldOptions, check_preconditions
 from onnx_lnfold._pipeline_order import order_advice
@@ -133,7 +133,7 @@ def _plan(
     # An LN that could not fold anyway is reported for what blocks it, not for what its fold would
     # have cost: unless where its proof breaks is a stream the plan centers for other LNs.
     _, unfoldable = fold_set(list(dearer), shapes, sinks, names, None)
-    centered = {root for c in centerings for root in _centered_roots(c._value)}
+    centered = {v for c in centerings for v in (c._value, c._root) if v is not None}
     costly: dict[LnCandidate, Blocked] = {}
     for cand, refusal in dearer.items():
         why = unfoldable.get(cand)
@@ -178,21 +178,3 @@ def _plan(
                 )
             )
     return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)
-
-
-def _centered_roots(value: ir.Value) -> list[ir.Value]:
-    """An explicit centering's tensor and the ones it scales by constant scalars: the plan places a
-    centering after the scalar Muls and Divs that follow its root (`_edits._past_scalings`), so an
-    LN whose proof breaks at the root is unlocked by it all the same."""
-    roots = [value]
-    node = value.producer()
-    while node is not None and is_standard(node) and node.op_type in ("Mul", "Div") and len(node.inputs) == 2:
-        scalar = [i for i in (1, 0) if (f := constant_of(node.inputs[i])) is not None and f.size == 1 and len(f.shape) <= 1]
-        scalar = [i for i in scalar if node.op_type == "Mul" or i == 1]  # x / s scales; s / x does not
-        if not scalar or node.inputs[1 - scalar[0]] is None:
-            break
-        value = node.inputs[1 - scalar[0]]
-        roots.append(value)
-        node = value.producer()
-    return roots
-

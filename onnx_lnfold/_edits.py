@@ -143,9 +143,13 @@ def plan_edits(
         uses = _sorted_uses(members, names)
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
+            root = value
             if all(weights is None for leaf, _ in members for _, _, weights, _ in leaf.seeds):
                 value, uses = _past_scalings(value, axis, uses, names)  # type: ignore[arg-type]
-            centerings.append(_aux_centering(value, axis, uses, required_by, names, taken))  # type: ignore[arg-type]
+            centering = _aux_centering(value, axis, uses, required_by, names, taken)  # type: ignore[arg-type]
+            if value is not root:
+                centering._root = root
+            centerings.append(centering)
             continue
         untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()
         tensor = constant_of(value)

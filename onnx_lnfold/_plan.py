@@ -113,6 +113,9 @@ class AuxCentering:
     saved_bytes: int = 0
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
+    # The stream root the LNs needed centered, when the centering was placed past scalar factors
+    # of it (`_edits._past_scalings`); None when it is `_value` itself.
+    _root: ir.Value | None = field(repr=False, compare=False, default=None)
 
     @property
     def cost(self) -> str:

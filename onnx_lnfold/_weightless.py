@@ -159,10 +159,10 @@ def clone_model(model: ir.Model) -> ir.Model:
     in topological order (the fp16 converter appends its Casts at the end), which onnx-ir's
     cloner refuses: that one is cloned in a topological order and put back in its own, which the
     names the analysis gives unnamed nodes follow."""
-    if list(model.graph) == _topological(model.graph):
-        return model.clone()
     graph = model.graph
     order = _topological(graph)
+    if list(graph) == order:
+        return model.clone()
     view = ir.GraphView(
         graph.inputs,
         graph.outputs,
