@@ -1,6 +1,5 @@
 """The Python API: fold() on every kind of input, the onnx-ir pass, beta placement, dtypes, idempotence."""
 
-import shutil
 import sys
 
 import numpy as np
@@ -275,50 +274,3 @@ def test_verification_passed_beside_status():
         onnx_lnfold.fold(_pre_ln(), rtol=1e-12)
     assert info.value.report.verification.passed is False
     assert info.value.report.elapsed_s > 0
-
-
-def _pyproject() -> dict:
-    import tomllib
-
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
-
-
-def test_package_metadata():
-    meta = _pyproject()
-    project = meta["project"]
-    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]  # SPDX, PEP 639
-    assert "setuptools>=77" in meta["build-system"]["requires"]  # the first to read the SPDX form
-    assert not [c for c in project["classifiers"] if c.startswith("License ::")]  # forbidden beside SPDX
-    assert "Programming Language :: Python :: 3" in project["classifiers"] and "onnx" in project["keywords"]
-    assert project["scripts"]["onnx-lnfold"] == "onnx_lnfold.__main__:main"
-    assert project["version"] == onnx_lnfold.__version__
-    assert (ROOT / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
-
-
-def test_wheel_builds_cleanly_and_holds_the_license(tmp_path):
-    """`pip wheel .` on a copy of the sources (the build writes beside them), with the
-    environment's setuptools: no network, and the same warnings a user would see."""
-    import subprocess
-    import zipfile
-
-    setuptools = pytest.importorskip("setuptools")
-    if int(setuptools.__version__.split(".")[0]) < 77:
-        pytest.skip("needs setuptools >= 77 installed")
-    src = tmp_path / "src"
-    shutil.copytree(ROOT / "onnx_lnfold", src / "onnx_lnfold", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, src / name)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(src), "-w", str(tmp_path / "dist"), "--no-deps", "--no-build-isolation"],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
-    (wheel,) = (tmp_path / "dist").glob("onnx_lnfold-*.whl")
-    with zipfile.ZipFile(wheel) as z:
-        names = z.namelist()
-        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
-    assert "onnx_lnfold/_cli.py" in names and "onnx_lnfold/__main__.py" in names
