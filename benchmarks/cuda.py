@@ -346,7 +346,7 @@ def run_kernels(device: Device, cfg: SweepConfig, info: dict, deadline: Deadline
 def _equivalence(original: dict[str, np.ndarray], got: dict[str, np.ndarray], out_types: dict[str, int]) -> dict:
     """onnx_lnfold's own comparison and tolerances: every output, max|diff| / max|ref| <= rtol of the
     type the output is computed in."""
-    from onnx_lnfold._verify import compare, rtol_for
+    from onnx_lnfold.verify.check import compare, rtol_for
 
     outputs = {}
     for d in compare(original, got):
@@ -386,7 +386,7 @@ def measure_model(device: Device, prep: Prepared, configs: list[tuple[int, int]]
     """Every variant of one model at every configuration: equivalence, kernel time, wall clock."""
     import onnx_ir as ir
 
-    from onnx_lnfold._verify import output_types
+    from onnx_lnfold.verify.check import output_types
 
     out_types = output_types(ir.load(prep.paths["original"]))
     sessions = {k: device.session(p, f"{prep.name} {k}", strict=False,

@@ -203,7 +203,7 @@ def added_costs(shape: dict) -> dict[str, float]:
     }
 
 
-# The node kinds of onnx_lnfold._costs.CPU, each as a function of one shape's variant means: what
+# The node kinds of onnx_lnfold.emit.costs.CPU, each as a function of one shape's variant means: what
 # the node itself costs per run. R (the run's fixed cost: session.run, feeds, fetches) is the one-Add
 # graph less what that Add costs, and is taken out of the one-node graphs.
 KINDS = {

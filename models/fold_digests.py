@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))  # this checkout's onnx_lnfold, not whichev
 sys.path.insert(0, str(HERE.parent / "tests"))  # the fuzz generator
 
 import onnx_lnfold  # noqa: E402
-from onnx_lnfold._trace import explain  # noqa: E402
+from onnx_lnfold.report.trace import explain  # noqa: E402
 
 OPTION_SETS: dict[str, dict] = {
     "default": {},
@@ -81,7 +81,7 @@ def fingerprint(model, options: dict, dump: Path | None, case: str) -> dict:
 
 
 def _load(model):
-    from onnx_lnfold._load import load_model
+    from onnx_lnfold.load.model import load_model
 
     return load_model(model)[0]
 

@@ -33,9 +33,9 @@ import onnxruntime as ort  # noqa: E402
 from onnxruntime.transformers.optimizer import optimize_model  # noqa: E402
 
 import onnx_lnfold  # noqa: E402
-from onnx_lnfold._fusions import attention_heads, embedding_sums  # noqa: E402
-from onnx_lnfold._load import load_model  # noqa: E402
-from onnx_lnfold._weightless import WeightlessFolder, weightless_clone  # noqa: E402
+from onnx_lnfold.load.model import load_model  # noqa: E402
+from onnx_lnfold.ort_fusions.check import attention_heads, embedding_sums  # noqa: E402
+from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, weightless_clone  # noqa: E402
 
 DEFAULT = [
     "bert", "bert_torchscript", "bert_ort_opt0", "bert_ort_opt1", "distilbert_torchscript",
@@ -83,10 +83,10 @@ def figures(path: Path) -> None:
     off = onnx_lnfold.fold(path, verify=False, keep_ort_fusions=False)
     codes = Counter(d.code for d in checked.kept if d.code in ("fusion-cost", "fusion-lost"))
     model, _ = load_model(path)
-    from onnx_lnfold._analyze import _candidates
-    from onnx_lnfold._shapes import ShapeTable
+    from onnx_lnfold.analysis.planner import candidates
+    from onnx_lnfold.shapes.table import ShapeTable
 
-    sums = embedding_sums(_candidates(model, ShapeTable(model)))
+    sums = embedding_sums(candidates(model, ShapeTable(model)))
     hidden = max((int(c.scale.shape[-1]) for c in sums if c.scale is not None and c.scale.shape), default=0)
     heads = attention_heads(model.graph, hidden) if hidden else 0
     print(f"{name}: folded {len(on.plan.folded)}/{len(on.plan.decisions)} (unchecked {len(off.plan.folded)}), "

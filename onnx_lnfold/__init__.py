@@ -22,19 +22,19 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "CannotWrite": "onnx_lnfold._errors",
-    "CenteringEdit": "onnx_lnfold._plan",
-    "CenteringPlan": "onnx_lnfold._plan",
-    "FoldReport": "onnx_lnfold._report",
-    "FoldOptions": "onnx_lnfold._options",
-    "FoldResult": "onnx_lnfold._fold",
-    "InvalidInput": "onnx_lnfold._errors",
-    "LnDecision": "onnx_lnfold._plan",
-    "LnFoldError": "onnx_lnfold._errors",
+    "CannotWrite": "onnx_lnfold.core.errors",
+    "CenteringEdit": "onnx_lnfold.analysis.plan",
+    "CenteringPlan": "onnx_lnfold.analysis.plan",
+    "FoldReport": "onnx_lnfold.report.fold_report",
+    "FoldOptions": "onnx_lnfold.core.options",
+    "FoldResult": "onnx_lnfold._pipeline",
+    "InvalidInput": "onnx_lnfold.core.errors",
+    "LnDecision": "onnx_lnfold.analysis.plan",
+    "LnFoldError": "onnx_lnfold.core.errors",
     "LnFoldPass": "onnx_lnfold._pass",
-    "NotVerified": "onnx_lnfold._errors",
-    "Verification": "onnx_lnfold._verify",
-    "VerificationFailed": "onnx_lnfold._errors",
+    "NotVerified": "onnx_lnfold.core.errors",
+    "Verification": "onnx_lnfold.verify.check",
+    "VerificationFailed": "onnx_lnfold.core.errors",
     "analyze": "onnx_lnfold._api",
     "fold": "onnx_lnfold._api",
 }
@@ -43,13 +43,13 @@ __all__ = sorted(_EXPORTS)
 
 if _typing.TYPE_CHECKING:
     from onnx_lnfold._api import analyze, fold
-    from onnx_lnfold._errors import CannotWrite, InvalidInput, LnFoldError, NotVerified, VerificationFailed
-    from onnx_lnfold._fold import FoldResult
-    from onnx_lnfold._options import FoldOptions
     from onnx_lnfold._pass import LnFoldPass
-    from onnx_lnfold._plan import CenteringEdit, CenteringPlan, LnDecision
-    from onnx_lnfold._report import FoldReport
-    from onnx_lnfold._verify import Verification
+    from onnx_lnfold._pipeline import FoldResult
+    from onnx_lnfold.analysis.plan import CenteringEdit, CenteringPlan, LnDecision
+    from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, NotVerified, VerificationFailed
+    from onnx_lnfold.core.options import FoldOptions
+    from onnx_lnfold.report.fold_report import FoldReport
+    from onnx_lnfold.verify.check import Verification
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -13,13 +13,13 @@ import time
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold import _analyze, _fold
-from onnx_lnfold._errors import VerificationFailed
-from onnx_lnfold._load import ModelSource, external_data_files, load_model
-from onnx_lnfold._options import FLOAT64_BUDGET_S, FoldOptions, keywords_to_options, takes_option_keywords
-from onnx_lnfold._plan import CenteringPlan
-from onnx_lnfold._report import model_bytes
-from onnx_lnfold._shapes import ShapeTable
+from onnx_lnfold import _pipeline
+from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.core.errors import VerificationFailed
+from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, keywords_to_options, takes_option_keywords
+from onnx_lnfold.load.model import ModelSource, external_data_files, load_model
+from onnx_lnfold.report.fold_report import model_bytes
+from onnx_lnfold.shapes.table import ShapeTable
 
 
 @takes_option_keywords
@@ -34,7 +34,7 @@ def analyze(
     options = keywords_to_options(options, option_keywords, "analyze")
     if not isinstance(model, ir.Model):
         model, _ = load_model(model)
-    return _analyze.analyze(model, options, shapes)
+    return _pipeline.analyze(model, options, shapes)
 
 
 @takes_option_keywords
@@ -48,7 +48,7 @@ def fold(
     float64_budget: float = FLOAT64_BUDGET_S,
     options: FoldOptions | None = None,
     **option_keywords,
-) -> _fold.FoldResult:
+) -> _pipeline.FoldResult:
     """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
 
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
@@ -66,7 +66,7 @@ def fold(
     `fold_costly`) are those of `FoldOptions`, whose docstring says what each does.
     """
     options = keywords_to_options(options, option_keywords, "fold")
-    check = _fold.VerifyRequest(
+    check = _pipeline.VerifyRequest(
         enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs, float64_budget=float64_budget
     )
     # The report carries the wall time, as the command line's does.
@@ -75,7 +75,7 @@ def fold(
     try:
         ir_model, path = load_model(model)
         size_before = model_bytes(path, external_data_files(ir_model, path.parent)) if path else None
-        result = _fold.fold_loaded(ir_model, path, options, check)
+        result = _pipeline.fold_loaded(ir_model, path, options, check)
     except VerificationFailed as e:
         report = getattr(e, "report", None)
         if report is not None:

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
-from onnx_lnfold._errors import CannotWrite, InvalidInput, LnFoldError, VerificationFailed
-from onnx_lnfold._options import FLOAT64_BUDGET_S, FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
-from onnx_lnfold._progress import Progress
+from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, VerificationFailed
+from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
+from onnx_lnfold.core.progress import Progress
 
 if TYPE_CHECKING:
-    from onnx_lnfold._report import FoldReport
+    from onnx_lnfold.report.fold_report import FoldReport
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -150,7 +150,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def _destination(args: argparse.Namespace, source: Path) -> Path | None:
-    from onnx_lnfold._save import default_output
+    from onnx_lnfold.save.staged import default_output
 
     if args.dry_run:
         return None
@@ -257,11 +257,11 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
 
 def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     # The heavy imports (numpy, onnx, onnx_ir: about a second), once the arguments are known good.
-    from onnx_lnfold._fold import VerifyRequest, run_pipeline
-    from onnx_lnfold._inputs import load_inputs, parse_input_shape
-    from onnx_lnfold._load import external_data_files, load_path
-    from onnx_lnfold._report import model_bytes
-    from onnx_lnfold._save import check_destination
+    from onnx_lnfold._pipeline import VerifyRequest, run_pipeline
+    from onnx_lnfold.load.model import external_data_files, load_path
+    from onnx_lnfold.report.fold_report import model_bytes
+    from onnx_lnfold.save.staged import check_destination
+    from onnx_lnfold.verify.inputs import load_inputs, parse_input_shape
 
     source = _check_source(args.model)
     shapes = dict(parse_input_shape(s) for s in args.input_shape)

@@ -6,17 +6,17 @@ import logging
 
 import onnx_ir as ir
 
-from onnx_lnfold._analyze import analyze
-from onnx_lnfold._apply import apply_plan
-from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._options import (
+from onnx_lnfold._pipeline import analyze
+from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.apply.apply_plan import apply_plan
+from onnx_lnfold.core.errors import LnFoldError
+from onnx_lnfold.core.options import (
     OPTION_NAMES,
     FoldOptions,
     check_preconditions,
     keywords_to_options,
     takes_option_keywords,
 )
-from onnx_lnfold._plan import CenteringPlan
 
 logger = logging.getLogger(__name__)
 

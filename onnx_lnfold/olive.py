@@ -36,7 +36,7 @@ from olive.passes import Pass
 from olive.passes.pass_config import BasePassConfig, PassConfigParam
 
 from onnx_lnfold._api import fold
-from onnx_lnfold._options import FoldOptions
+from onnx_lnfold.core.options import FoldOptions
 
 logger = logging.getLogger(__name__)
 

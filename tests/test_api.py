@@ -10,7 +10,7 @@ import pytest
 
 import onnx_lnfold
 
-from conftest import MODELS, ROOT
+from conftest import MODELS
 from graphs import Graph, assert_equivalent, fold_checked, ops
 
 

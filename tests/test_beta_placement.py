@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold import _costs
+from onnx_lnfold.emit import costs
 
 from graphs import Graph, fold_checked, ops
 
@@ -112,7 +112,7 @@ def test_key_projection_refusals_leave_beta_an_add_and_the_cost_rule_keeps_the_l
     assert (d.stage, d.code) == ("cost", "costs-more")
     assert why in d.reason
     assert "k/matmul' has no bias, and its share cannot be dropped" in d.reason
-    assert d.reason.endswith(f"({_costs.SOURCE})")
+    assert d.reason.endswith(f"({costs.SOURCE})")
 
 
 def _ln_into(consumer_width: int, *, bias: bool, d: int = D) -> onnx.ModelProto:
@@ -186,19 +186,19 @@ def test_cost_table_decisions():
     """The rules as the measured costs give them, at a few widths."""
     for d in (64, 384, 768, 1024):
         ln, sln, skip = [("LayerNormalization", d)], [("SimplifiedLayerNormalization", d)], [("SkipLayerNormalization", d)]
-        assert not _costs.costs_more(sln, ln)
-        assert _costs.costs_more(sln + [("BiasAdd", d)], ln)
-        assert not _costs.costs_more([("Add", d)] + sln + [("BiasAdd", d)], skip)
-        assert not _costs.fused_residual_pays(d)  # auto leaves the residual Add unfused on CPU
-        assert not _costs.created_bias_pays([2 * d], d)
-        if d >= 4 * _costs.NARROWEST:  # narrower than that, an Add is priced at the narrowest width
-            assert _costs.created_bias_pays([d // 4], d)
-        one = _costs.saving(sln, ln)
-        assert not _costs.centering_pays(d, [one])
+        assert not costs.costs_more(sln, ln)
+        assert costs.costs_more(sln + [("BiasAdd", d)], ln)
+        assert not costs.costs_more([("Add", d)] + sln + [("BiasAdd", d)], skip)
+        assert not costs.fused_residual_pays(d)  # auto leaves the residual Add unfused on CPU
+        assert not costs.created_bias_pays([2 * d], d)
+        if d >= 4 * costs.NARROWEST:  # narrower than that, an Add is priced at the narrowest width
+            assert costs.created_bias_pays([d // 4], d)
+        one = costs.saving(sln, ln)
+        assert not costs.centering_pays(d, [one])
 
 
 def test_cost_table_is_the_committed_measurement():
-    """`_costs.CPU` is what benchmarks/emission_costs.py fits to its committed results, not numbers
+    """`costs.CPU` is what benchmarks/emissioncosts.py fits to its committed results, not numbers
     typed in by hand (re-measure: python -m benchmarks.emission_costs, then copy the fit)."""
     import json
 
@@ -206,14 +206,14 @@ def test_cost_table_is_the_committed_measurement():
 
     from conftest import ROOT
 
-    results = json.loads((ROOT / "benchmarks" / "results" / "emission_costs.json").read_text())["results"]
+    results = json.loads((ROOT / "benchmarks" / "results" / "emissioncosts.json").read_text())["results"]
     assert {(r["d"], r["batch"] * r["seq"]) for r in results} == {
         (d, t) for d in (64, 256, 384, 768, 1024) for t in (16, 128, 1024, 8192)
     }
     fitted = fit(results)
-    assert set(fitted) == set(_costs.CPU)
+    assert set(fitted) == set(costs.CPU)
     for kind, coefficients in fitted.items():
-        cost = _costs.CPU[kind]
+        cost = costs.CPU[kind]
         assert (cost.fixed, cost.per_token, cost.per_element) == pytest.approx(coefficients, rel=1e-3), kind
 
 

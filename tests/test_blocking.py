@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 import onnx_lnfold
-from onnx_lnfold._ir import weight_bytes
+from onnx_lnfold.core.ir import weight_bytes
 
 from graphs import Graph, fold_checked, ops
 
@@ -253,7 +253,7 @@ def test_every_code_in_a_report_is_a_documented_one():
     docs/DESIGN.md; an unknown one cannot even be made."""
     from pathlib import Path
 
-    from onnx_lnfold._blocked import CODES, STAGES, Blocked
+    from onnx_lnfold.core.blocked import CODES, STAGES, Blocked
 
     design = Path(__file__).resolve().parents[1].joinpath("docs", "DESIGN.md").read_text()
     missing = [code for code in CODES if f"`{code}`" not in design]

@@ -17,8 +17,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lnfold
-from onnx_lnfold._shape_infer import infer
-from onnx_lnfold._verify import compare, run_model
+from onnx_lnfold.shapes.infer import infer
+from onnx_lnfold.verify.check import compare, run_model
 
 from conftest import MODELS
 from graphs import fold_checked

@@ -481,7 +481,7 @@ def test_parts_of_one_tensor_add_up_only_by_blocks_of_one_length():
     """Two changes of one tensor (q's and k's heads of a fused projection) add up to one change
     by blocks; by blocks of two lengths, or whole beside by blocks, they do not (docs/DESIGN.md
     section 2.4)."""
-    from onnx_lnfold._parts import WHOLE, Part
+    from onnx_lnfold.shapes.parts import WHOLE, Part
 
     q, k = Part(16, frozenset({0, 3})), Part(16, frozenset({1, 4}))
     assert q.union(k) == Part(16, frozenset({0, 1, 3, 4}))

@@ -1,4 +1,4 @@
-"""`_carry.backward` and `_carry.forward` agree for every op of the carry table, on random nodes.
+"""`carry.backward` and `carry.forward` agree for every op of the carry table, on random nodes.
 
 Both are read off one rule per op (`_carry_rules.RULES`); this checks that the reading is the
 same both ways: an input that backward requires zero-mean along `b` for output `k` along `a` is
@@ -19,10 +19,11 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_lnfold import _carry
-from onnx_lnfold._carry_rules import RULES
-from onnx_lnfold._parts import WHOLE, Part
-from onnx_lnfold._shapes import ShapeTable
+from onnx_lnfold import carry
+from onnx_lnfold.carry.rules import RULES
+from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.shapes.parts import WHOLE, Part
+from onnx_lnfold.shapes.table import ShapeTable
 
 CASES_PER_OP = 25
 F = TensorProto.FLOAT
@@ -366,28 +367,28 @@ def test_backward_and_forward_agree(op):
         for k, out in enumerate(node.outputs):
             for a in range(len(_shape(shapes, out) or ())):
                 for part in _parts_of(shapes, out, a):
-                    reqs = _carry.backward(node, k, a, shapes, part)
-                    if isinstance(reqs, _carry.Blocked):
+                    reqs = carry.backward(node, k, a, shapes, part)
+                    if isinstance(reqs, Blocked):
                         continue
                     assert reqs, case
                     for req in reqs:
                         if req.axis is None:
                             continue
                         followed += 1
-                        moved = _carry.forward(node, req.index, req.axis, shapes, req.part)
+                        moved = carry.forward(node, req.index, req.axis, shapes, req.part)
                         assert isinstance(moved, dict) and moved.get(k, (None,))[0] == a, (case, k, a, part, req, moved)
                         # What the centering does to the output is a shift an LN over it removes.
                         assert not part.uniform or moved[k][1].uniform, (case, k, a, req, moved)
         for i, inp in enumerate(node.inputs):
             for b in range(len(_shape(shapes, inp) or ())):
                 for part in _parts_of(shapes, inp, b):
-                    moved = _carry.forward(node, i, b, shapes, part)
-                    if isinstance(moved, _carry.Blocked):
+                    moved = carry.forward(node, i, b, shapes, part)
+                    if isinstance(moved, Blocked):
                         continue
                     for k, (a, out_part) in moved.items():
                         if _broadcast_along(shapes, node, i, b, k, a):
                             continue
-                        reqs = _carry.backward(node, k, a, shapes, out_part)
+                        reqs = carry.backward(node, k, a, shapes, out_part)
                         assert isinstance(reqs, list), (case, i, b, part, k, a, out_part, reqs)
                         # A product of two per-channel constants: backward picks one as the stream.
                         if op == "Mul" and any(r.factor == i for r in reqs):
@@ -397,7 +398,7 @@ def test_backward_and_forward_agree(op):
 
 
 def test_jointly_linear_ops_are_the_sums():
-    assert _carry.JOINTLY_LINEAR == {"Add", "Sub", "Sum", "Concat", "Gemm", "Conv"}
+    assert carry.JOINTLY_LINEAR == {"Add", "Sub", "Sum", "Concat", "Gemm", "Conv"}
 
 
 def test_the_design_lists_every_op_of_the_table():
@@ -504,8 +505,8 @@ def test_parts_hold_numerically(op):
                 continue
             for a in range(len(_shape(shapes, out))):
                 for part in _parts_of(shapes, out, a):
-                    reqs = _carry.backward(node, k, a, shapes, part)
-                    if isinstance(reqs, _carry.Blocked) or any(r.factor is not None for r in reqs):
+                    reqs = carry.backward(node, k, a, shapes, part)
+                    if isinstance(reqs, Blocked) or any(r.factor is not None for r in reqs):
                         continue
                     values = dict(base)
                     for r in reqs:
@@ -523,8 +524,8 @@ def test_parts_hold_numerically(op):
                 continue
             for b in range(base[source.name].ndim):
                 for part in _parts_of(shapes, inp, b):
-                    moved = _carry.forward(node, i, b, shapes, part)
-                    if isinstance(moved, _carry.Blocked):
+                    moved = carry.forward(node, i, b, shapes, part)
+                    if isinstance(moved, Blocked):
                         continue
                     before = _evaluate(shapes, node, base)
                     shifted = dict(base)

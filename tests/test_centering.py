@@ -11,9 +11,9 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from onnx_lnfold._centering import CenteredTensor, bias_plus_beta
-from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._tensor_io import row_blocks
+from onnx_lnfold.apply.centering import CenteredTensor, bias_plus_beta
+from onnx_lnfold.core.errors import LnFoldError
+from onnx_lnfold.io.tensor_io import row_blocks
 
 RNG = np.random.default_rng(7)
 

@@ -16,11 +16,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnx_lnfold
-from onnx_lnfold import _centering
-from onnx_lnfold._inputs import verification_input_sets
-from onnx_lnfold._reference import Float64Model, Float64Unavailable
-from onnx_lnfold._shadow import float64_twin
-from onnx_lnfold._verify import EXACT_RTOL, FLOAT64, SENSITIVITY, run_model
+from onnx_lnfold.apply import centering
+from onnx_lnfold.verify.check import EXACT_RTOL, FLOAT64, SENSITIVITY, run_model
+from onnx_lnfold.verify.inputs import verification_input_sets
+from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
+from onnx_lnfold.verify.shadow import float64_twin
 
 from conftest import MODELS
 from graphs import Graph
@@ -193,13 +193,13 @@ def test_an_exact_fold_passes_where_the_originals_own_float32_error_exceeds_the_
 def _off_by_a_small_constant(monkeypatch, relative: float = 1e-6) -> None:
     """Center every weight wrongly: off by `relative` of its largest entry along the centered axis
     (a mean not quite removed), in the written and in the exact values alike."""
-    blocks = _centering.CenteredTensor._float64_blocks
+    blocks = centering.CenteredTensor._float64_blocks
 
     def wrong(self, block_bytes):
         for rows, wide in blocks(self, block_bytes):
             yield rows, wide - relative * (np.abs(wide).max() if wide.size else 0.0)
 
-    monkeypatch.setattr(_centering.CenteredTensor, "_float64_blocks", wrong)
+    monkeypatch.setattr(centering.CenteredTensor, "_float64_blocks", wrong)
 
 
 def test_a_centering_off_by_a_small_constant_is_refused_where_the_old_check_passed_it(monkeypatch):
@@ -290,7 +290,7 @@ def test_without_a_float64_reference_the_originals_sensitivity_decides_and_the_r
 
 
 def test_a_wrong_fold_is_still_refused_without_a_float64_reference(monkeypatch):
-    original = onnx_lnfold._fold.apply_plan
+    original = onnx_lnfold._pipeline.apply_plan
 
     def broken(model, plan):
         original(model, plan)
@@ -298,7 +298,7 @@ def test_a_wrong_fold_is_still_refused_without_a_float64_reference(monkeypatch):
             if node.op_type == "SimplifiedLayerNormalization":
                 node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 1.0)
 
-    monkeypatch.setattr("onnx_lnfold._fold.apply_plan", broken)
+    monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
         onnx_lnfold.fold(_with_an_op_the_reference_lacks())
     assert "> rtol 0.0001 + 10 x the original's sensitivity " in str(info.value)
@@ -316,7 +316,7 @@ def test_a_float64_budget_of_zero_asks_for_none(tmp_path):
 
 
 def test_an_evaluation_estimated_over_the_budget_is_not_started(monkeypatch):
-    monkeypatch.setattr("onnx_lnfold._verify.FLOAT64_COST", 1e9)
+    monkeypatch.setattr("onnx_lnfold.verify.check.FLOAT64_COST", 1e9)
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.judgment == SENSITIVITY and verification.status == "passed"
     assert verification.judgment_reason.startswith("a float64 evaluation would take about ")

@@ -290,7 +290,7 @@ def _if_model(expose_stream: bool = False) -> onnx.ModelProto:
 
 
 def _run_both_branches(original, folded):
-    from onnx_lnfold._verify import compare, run_model
+    from onnx_lnfold.verify.check import compare, run_model
 
     x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
     for cond in (True, False):
@@ -356,11 +356,10 @@ def test_a_new_form_is_one_class_in_forms(monkeypatch):
     """docs/DESIGN.md section 8: a new LN form is one `LnForm` in `_forms.FORMS`; recognition, the
     proof, the sinks and the rewrite all ask it. Here a made-up `com.example::MyLayerNorm` (a
     LayerNormalization under another name), registered for this test only, folds end to end."""
-    from onnx_lnfold import _recognize
-    from onnx_lnfold._blocked import Blocked
-    from onnx_lnfold._carry import Requirement
-    from onnx_lnfold._forms import FORMS, LnCandidate, LnForm, LnKind
-    from onnx_lnfold._verify import compare, run_model
+    from onnx_lnfold.carry.engine import Requirement
+    from onnx_lnfold.core.blocked import Blocked
+    from onnx_lnfold.forms import FORMS, LnCandidate, LnForm, LnKind, recognize
+    from onnx_lnfold.verify.check import compare, run_model
 
     class MyLayerNormForm(LnForm):
         kind = LnKind.LAYER_NORM
@@ -380,7 +379,7 @@ def test_a_new_form_is_one_class_in_forms(monkeypatch):
                 return None
             return {} if index == 0 and axis == cand.axis else Blocked("normalization-parameter", "gamma or beta")
 
-    monkeypatch.setattr(_recognize, "FORMS", (*FORMS, MyLayerNormForm()))
+    monkeypatch.setattr(recognize, "FORMS", (*FORMS, MyLayerNormForm()))
 
     def model(op: str, domain: str) -> onnx.ModelProto:
         g = Graph()

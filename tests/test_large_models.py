@@ -14,9 +14,9 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold import _save
-from onnx_lnfold._progress import Progress
-from onnx_lnfold._verify import run_model
+from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.save import staged
+from onnx_lnfold.verify.check import run_model
 
 from helpers import make_large_model, relocate_external_data
 from helpers import run_cli as _cli
@@ -176,7 +176,7 @@ def test_same_input_same_bytes(tmp_path, tie_head):
 
 def test_inline_model_over_the_protobuf_limit_goes_to_external_data(tmp_path, monkeypatch):
     src = make_large_model.make_model(tmp_path / "inline.onnx", external=False, **SMALL)
-    monkeypatch.setattr(_save, "_PROTO_LIMIT", 100_000)  # stands in for 2 GB
+    monkeypatch.setattr(staged, "_PROTO_LIMIT", 100_000)  # stands in for 2 GB
     result = onnx_lnfold.fold(src, verify=False)
     result.save(tmp_path / "o.onnx")
     assert _locations(tmp_path / "o.onnx") == {"o.onnx.data"}

@@ -9,9 +9,9 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold import _fold
+from onnx_lnfold import _pipeline
 from onnx_lnfold._cli import EXIT_OK, EXIT_USAGE, main
-from onnx_lnfold._options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
+from onnx_lnfold.core.options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 
 from conftest import MODELS
 from graphs import Graph
@@ -149,13 +149,13 @@ def test_fold_analyze_and_the_cli_give_the_same_one_line_error(tmp_path, capsys)
 @pytest.fixture
 def count_analyses(monkeypatch):
     calls = []
-    analyze = _fold.analyze
+    analyze = _pipeline.analyze
 
     def counted(model, options, shapes=None):
         calls.append(options)
         return analyze(model, options, shapes)
 
-    monkeypatch.setattr(_fold, "analyze", counted)
+    monkeypatch.setattr(_pipeline, "analyze", counted)
     return calls
 
 
@@ -180,13 +180,13 @@ def test_fold_analyzes_once(count_analyses):
 
 def test_the_proof_is_the_same_as_from_a_separate_analysis(tmp_path, capsys):
     """The -v proof comes from the plan the fold applies, on the model before the rewrite."""
-    from onnx_lnfold._trace import explain
+    from onnx_lnfold.report.trace import explain
 
     model = tmp_path / "gpt2.onnx"
     shutil.copy(MODELS / "gpt2.onnx", model)
     loaded = ir.load(str(model))
     expected = explain(loaded, onnx_lnfold.analyze(loaded))
-    run = _fold.run_pipeline(ir.load(str(model)), model, FoldOptions(), _fold.VerifyRequest(enabled=False), proof=True)
+    run = _pipeline.run_pipeline(ir.load(str(model)), model, FoldOptions(), _pipeline.VerifyRequest(enabled=False), proof=True)
     assert run.report.trace == expected and expected
     assert run.report.verification.reason == "disabled by the caller" and not run.refused and run.staged is None
 
@@ -196,11 +196,11 @@ def test_the_skip_reasons_are_decided_in_one_place():
     nothing.output(nothing.linear(nothing.input("x", ["b", "s", 8]), 8, 16, "proj"))
     plain = ir.serde.deserialize_model(nothing.model())
     options = FoldOptions()
-    run = _fold.run_pipeline(plain, None, options, _fold.VerifyRequest())
+    run = _pipeline.run_pipeline(plain, None, options, _pipeline.VerifyRequest())
     assert run.report.verification.reason == "nothing was folded: the model is unchanged"
-    run = _fold.run_pipeline(plain, None, options, _fold.VerifyRequest(enabled=False, disabled_because="disabled by --no-verify"))
+    run = _pipeline.run_pipeline(plain, None, options, _pipeline.VerifyRequest(enabled=False, disabled_because="disabled by --no-verify"))
     assert run.report.verification.reason == "disabled by --no-verify"
     costly = FoldOptions(fold_costly=True)  # the model's one LN keeps its beta as an Add
-    dry = _fold.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, costly, _fold.VerifyRequest(), dry_run=True)
+    dry = _pipeline.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, costly, _pipeline.VerifyRequest(), dry_run=True)
     assert dry.report.verification.reason == "dry run: nothing was changed" and dry.report.dry_run
     assert dry.report.ops_after == dry.report.ops_before and len(dry.report.plan.folded) == 1

@@ -23,10 +23,11 @@ import onnxruntime as ort
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold import _edits, _fusions
-from onnx_lnfold._load import load_model
-from onnx_lnfold._report import FoldReport, _explain
-from onnx_lnfold._weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
+from onnx_lnfold.analysis import edits
+from onnx_lnfold.load.model import load_model
+from onnx_lnfold.ort_fusions import check as fusion_check
+from onnx_lnfold.ort_fusions.weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
+from onnx_lnfold.report.fold_report import FoldReport, _explain
 
 from conftest import MODELS
 from graphs import bert_attention_block, gelu_stem_stream
@@ -157,18 +158,18 @@ def test_embedding_sums_the_optimizer_leaves_alone_fold(name):
     """GPT-Neo and the Pegasus decoder read their embedding sum with an LN (the structural
     likeness of ORT's matcher that the fold used to trust); the optimizer fuses none of them."""
     plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx", fold_costly=True)
-    assert _fusions.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
+    assert fusion_check.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
     assert len(plan.folded) == len(plan.decisions) == 5 and plan.advice == []
-    for model_type, level in _fusions.EMBED_RUNS:
+    for model_type, level in fusion_check.EMBED_RUNS:
         assert optimized(str(MODELS / f"{name}.onnx"), model_type, level)[1] == 0
 
 
 def _candidates(path):
-    from onnx_lnfold._analyze import _candidates
-    from onnx_lnfold._shapes import ShapeTable
+    from onnx_lnfold.analysis.planner import candidates
+    from onnx_lnfold.shapes.table import ShapeTable
 
     model, _ = load_model(path)
-    return _candidates(model, ShapeTable(model))
+    return candidates(model, ShapeTable(model))
 
 
 # --- session fusions a fold would lose ------------------------------------------------------------
@@ -205,7 +206,7 @@ def test_the_explicit_centering_goes_after_the_gelu_so_its_fusion_stays(tmp_path
     before, after = session_ops(model, tmp_path), session_ops(result.model_proto, tmp_path)
     assert before["com.microsoft::BiasGelu"] == after["com.microsoft::BiasGelu"] == 1
 
-    monkeypatch.setattr(_edits, "_past_scalings", lambda value, axis, uses, names: (value, uses))
+    monkeypatch.setattr(edits, "_past_scalings", lambda value, axis, uses, names: (value, uses))
     inside = onnx_lnfold.fold(model)
     assert not inside.plan.folded
     assert {(d.code, d.stage) for d in inside.plan.decisions} == {("fusion-lost", "cost")}
@@ -250,10 +251,10 @@ def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatc
     model = ir.from_proto(bert_attention_block())
     onnx_lnfold.analyze(model, keep_ort_fusions=False)  # the analysis names an unnamed Constant tensor (as before)
     before = ir.to_proto(model).SerializeToString()
-    _fusions._CACHE.clear()
+    fusion_check._CACHE.clear()
     calls = []
-    session = _fusions.session_graph
-    monkeypatch.setattr(_fusions, "session_graph", lambda path, folder: calls.append(path.name) or session(path, folder))
+    session = fusion_check.session_graph
+    monkeypatch.setattr(fusion_check, "session_graph", lambda path, folder: calls.append(path.name) or session(path, folder))
     first = onnx_lnfold.analyze(model, fold_costly=True)
     assert calls == ["original.onnx", "folded.onnx"]
     assert onnx_lnfold.analyze(model, fold_costly=True).to_dict() == first.to_dict() and len(calls) == 2  # cached
@@ -298,8 +299,8 @@ def test_the_grouped_headline_of_a_fusion_reason_keeps_its_apostrophes():
 
 def test_quoted_names_are_taken_out_of_reasons_no_pattern_knows_but_apostrophes_stay():
     """The fallback headline: names between quotes become '...', a word's apostrophe is no quote."""
-    from onnx_lnfold._blocked import Blocked
-    from onnx_lnfold._plan import LnDecision
+    from onnx_lnfold.analysis.plan import LnDecision
+    from onnx_lnfold.core.blocked import Blocked
 
     reason = "kept: ONNX Runtime's fusion reads 'a.weight' and 'b' (the graph's own)"
     decision = LnDecision("ln", "LayerNormalization", "kept", 2, 1e-5, blocked=Blocked("internal", reason, stage="cost"))
@@ -356,14 +357,14 @@ def test_whisper_tiny_torchscript_encoder_folds_without_losing_a_gelu(tmp_path):
 def test_a_large_model_is_optimized_in_a_child_that_reads_only_what_it_asks_for(monkeypatch):
     """Above `CHILD_ABOVE_BYTES` of weights the transformers optimizer runs in a child process (in
     the weightless copy's folder, so it loads only the zeros it reads): same decisions."""
-    from onnx_lnfold import _ort_probe
+    from onnx_lnfold.ort_fusions import probe
 
     expected = onnx_lnfold.analyze(MODELS / "distilbert_torchscript.onnx").to_dict()
-    _fusions._CACHE.clear()
-    monkeypatch.setattr(_fusions, "CHILD_ABOVE_BYTES", 0)
+    fusion_check._CACHE.clear()
+    monkeypatch.setattr(fusion_check, "CHILD_ABOVE_BYTES", 0)
     started = []
-    popen = _ort_probe.subprocess.Popen
-    monkeypatch.setattr(_ort_probe.subprocess, "Popen", lambda *a, **k: started.append(k["cwd"]) or popen(*a, **k))
+    popen = probe.subprocess.Popen
+    monkeypatch.setattr(probe.subprocess, "Popen", lambda *a, **k: started.append(k["cwd"]) or popen(*a, **k))
     assert onnx_lnfold.analyze(MODELS / "distilbert_torchscript.onnx").to_dict() == expected
     assert len(started) == 1  # one child for every run of the analysis
     assert expected["decisions"][0]["code"] == "fusion-cost"

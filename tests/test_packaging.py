@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import onnx_lnfold
+
 from conftest import ROOT
 
 PACKAGE_DIR = Path(onnx_lnfold.__file__).resolve().parent

@@ -8,12 +8,12 @@ import pytest
 from onnx import helper, numpy_helper
 
 import onnx_lnfold
-from onnx_lnfold._errors import LnFoldError
-from onnx_lnfold._load import load_path
-from onnx_lnfold._proto_read import IN_FILE_MIN_BYTES, read_model
-from onnx_lnfold._proto_write import STREAM_MIN_BYTES, write_model
-from onnx_lnfold._tensor_io import FileRegionTensor
-from onnx_lnfold._verify import run_model
+from onnx_lnfold.core.errors import LnFoldError
+from onnx_lnfold.io.proto_read import IN_FILE_MIN_BYTES, read_model
+from onnx_lnfold.io.proto_write import STREAM_MIN_BYTES, write_model
+from onnx_lnfold.io.tensor_io import FileRegionTensor
+from onnx_lnfold.load.model import load_path
+from onnx_lnfold.verify.check import run_model
 
 from graphs import Graph
 from helpers import run_cli
@@ -208,7 +208,7 @@ def test_written_file_parses_to_the_model_and_runs_the_same(path, tmp_path):
 
 def test_every_kind_of_tensor_streams_its_bytes(path, tmp_path):
     """Parsed protobuf tensors, numpy arrays, lazy tensors, centered weights, file regions."""
-    from onnx_lnfold._centering import CenteredTensor
+    from onnx_lnfold.apply.centering import CenteredTensor
 
     model = ir.serde.deserialize_model(onnx.load(path))  # TensorProtoTensor
     inits = model.graph.initializers

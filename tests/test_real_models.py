@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold._verify import run_model
+from onnx_lnfold.verify.check import run_model
 
 from conftest import MODELS
 from graphs import assert_equivalent, ops
@@ -205,11 +205,11 @@ def test_the_cost_rule_knows_which_layer_norms_onnxruntime_fuses(name, tmp_path)
     import onnx_ir as ir
     import onnxruntime as ort
 
-    from onnx_lnfold._forms import LnKind
-    from onnx_lnfold._names import display_names
-    from onnx_lnfold._recognize import find_layer_norms
-    from onnx_lnfold._shapes import ShapeTable
-    from onnx_lnfold._targets import ort_fuses_residual
+    from onnx_lnfold.core.names import display_names
+    from onnx_lnfold.emit.targets import ort_fuses_residual
+    from onnx_lnfold.forms import LnKind
+    from onnx_lnfold.forms.recognize import find_layer_norms
+    from onnx_lnfold.shapes.table import ShapeTable
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -7,12 +7,12 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold._blocked import Blocked
-from onnx_lnfold._load import load_path
-from onnx_lnfold._plan import LnDecision
-from onnx_lnfold._report import FoldReport, _explain, count_ops
-from onnx_lnfold._trace import explain
-from onnx_lnfold._verify import OutputDiff, Verification
+from onnx_lnfold.analysis.plan import LnDecision
+from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.load.model import load_path
+from onnx_lnfold.report.fold_report import FoldReport, _explain, count_ops
+from onnx_lnfold.report.trace import explain
+from onnx_lnfold.verify.check import OutputDiff, Verification
 
 from conftest import MODELS
 

@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnx_lnfold
-from onnx_lnfold._inputs import DimExpr, synthesize_inputs, verification_input_sets
-from onnx_lnfold._shadow import float32_shadow
-from onnx_lnfold._verify import run_model
+from onnx_lnfold.verify.check import run_model
+from onnx_lnfold.verify.inputs import DimExpr, synthesize_inputs, verification_input_sets
+from onnx_lnfold.verify.shadow import float32_shadow
 
 from conftest import MODELS
 from graphs import Graph, ops
@@ -217,7 +217,7 @@ def test_every_bool_input_is_run_at_both_values_and_two_sizes():
 
 def test_a_wrong_fold_in_the_branch_a_true_flag_skips_is_caught(monkeypatch):
     """Break the fold of the else branch only: the check at flag=False must see it."""
-    original = onnx_lnfold._fold.apply_plan
+    original = onnx_lnfold._pipeline.apply_plan
 
     def broken(model, plan):
         original(model, plan)
@@ -225,7 +225,7 @@ def test_a_wrong_fold_in_the_branch_a_true_flag_skips_is_caught(monkeypatch):
             if node.op_type == "SimplifiedLayerNormalization" and node.graph is not model.graph and node.graph.name == "else":
                 node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 1.0)
 
-    monkeypatch.setattr("onnx_lnfold._fold.apply_plan", broken)
+    monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
     with pytest.raises(onnx_lnfold.VerificationFailed, match="output 'if_"):
         onnx_lnfold.fold(_if_on_a_bool_input(), fold_costly=True)
 
@@ -269,10 +269,10 @@ def test_bfloat16_model_is_verified_through_float32_shadows(tmp_path):
 
 def test_bfloat16_wrong_fold_is_caught_by_the_shadow(tmp_path, monkeypatch):
     """The shadow is a real check: a fold that drops a beta fails it."""
-    from onnx_lnfold import _apply
+    from onnx_lnfold.apply import apply_plan as apply_plan_module
 
     src = make_large_model.make_model(tmp_path / "mbf16.onnx", dtype="bfloat16", hidden=32, layers=2, vocab=64, positions=32)
-    original = _apply.apply_plan
+    original = apply_plan_module.apply_plan
 
     def broken(model, plan):
         original(model, plan)
@@ -280,7 +280,7 @@ def test_bfloat16_wrong_fold_is_caught_by_the_shadow(tmp_path, monkeypatch):
             if value.name.startswith("ln_f") and value.name.endswith("bias"):
                 value.const_value = ir.Tensor(np.zeros(value.const_value.shape.dims, dtype=value.const_value.numpy().dtype), name=value.name)
 
-    monkeypatch.setattr("onnx_lnfold._fold.apply_plan", broken)
+    monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
     with pytest.raises(onnx_lnfold.VerificationFailed, match="output 'logits' differs"):
         onnx_lnfold.fold(src)
 
@@ -402,7 +402,7 @@ def test_an_output_widened_from_fp16_gets_the_fp16_tolerance():
     from onnx import TensorProto as T
     from onnx import helper as h
 
-    from onnx_lnfold._verify import output_types, rtol_for
+    from onnx_lnfold.verify.check import output_types, rtol_for
 
     w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float16), "w")
     g = h.make_graph(

@@ -1,0 +1,243 @@
+"""The one pipeline behind `fold()`, `fold_loaded()` and the command line, on a loaded model:
+analyze -> [proof, for `-v`] -> apply -> [stage the output] -> verify.
+
+Loading and the final write stay with the callers: the command line checks its output paths
+between loading and folding, and writes (commits the staged model) only a fold that was not
+refused; `fold()` hands the model back to be saved by the caller. What is verified, what is
+skipped and why, and what is refused is decided here once."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.analysis.planner import candidates, plan_for, plan_for_clone
+from onnx_lnfold.apply.apply_plan import apply_plan
+from onnx_lnfold.core.errors import NotVerified, VerificationFailed
+from onnx_lnfold.core.options import FoldOptions, check_preconditions
+from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.load.model import external_data_files
+from onnx_lnfold.ort_fusions.check import FusionCheck
+from onnx_lnfold.ort_fusions.order import order_advice
+from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
+from onnx_lnfold.report.trace import explain
+from onnx_lnfold.save.staged import StagedModel, release_mapped
+from onnx_lnfold.shapes.table import ShapeTable
+from onnx_lnfold.verify.check import FLOAT64_BUDGET_S, ModelBytesOrPath, OrtSource, Verification, check_equivalence
+from onnx_lnfold.verify.inputs import check_inputs
+from onnx_lnfold.verify.reference import exact_tensors
+
+
+@dataclass
+class FoldResult:
+    """The folded model (an `onnx_ir.Model`, owned by the caller) and what was done to it.
+
+    Its repr is one line (what was folded, the verification, the sizes); the detail is one
+    attribute away: `.plan.decisions`, `.report.format_text()`, `.model`.
+    """
+
+    model: ir.Model
+    report: FoldReport
+
+    def __repr__(self) -> str:
+        return f"<FoldResult {self.report.brief()}>"
+
+    @property
+    def plan(self) -> CenteringPlan:
+        return self.report.plan
+
+    @property
+    def model_proto(self) -> onnx.ModelProto:
+        return ir.to_proto(self.model)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (re-serialized, also when nothing was folded) and its external data
+        file, if any, beside it; the report records where and the size written."""
+        staged = StagedModel(self.model, Path(path), rebind=True)
+        written = staged.commit()
+        data = [written.parent / staged.data_name] if staged.data_name else []
+        self.report.output, self.report.output_identical = str(path), False
+        self.report.size_after = model_bytes(written, data)
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """Whether and how to check the fold in ONNX Runtime; `inputs`, when given, must match the
+    graph inputs even when the check is off (they were asked for, so a mismatch is an error)."""
+
+    enabled: bool = True
+    disabled_because: str = "disabled by the caller"  # the report's reason when not enabled
+    rtol: float | None = None
+    input_shapes: dict[str, tuple[int, ...]] | None = None
+    inputs: dict[str, np.ndarray] | None = None
+    float64_budget: float = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none)
+
+
+@dataclass
+class FoldRun:
+    """What the pipeline did: the model (folded in place, unless a dry run), its report, and the
+    output staged for writing when a destination was given (the caller commits or discards it)."""
+
+    model: ir.Model
+    report: FoldReport
+    staged: StagedModel | None = None
+
+    @property
+    def refused(self) -> bool:
+        """A fold that was to be verified and was not shown equivalent is neither written nor
+        returned."""
+        return self.report.verification.status not in ("passed", "skipped")
+
+
+def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> CenteringPlan:
+    """Recognize every LayerNorm of `model` and decide whether it folds and how; mutate nothing.
+
+    LNs whose fold would cost an ONNX Runtime fusion stay LNs (`ort_fusions`, docs/DESIGN.md
+    section 10): the transformers optimizer's EmbedLayerNormalization first, then the session
+    fusions of the plan, applied to a weightless clone, until the plan loses none."""
+    check_preconditions(model, options)
+    shapes = shapes or ShapeTable(model)
+    with FusionCheck.start(model, options.keep_ort_fusions) as fusions:
+        lns = candidates(model, shapes)
+        kept = fusions.embed_layer_norm_costs(lns)
+        plan = plan_for(model, options, shapes, lns, kept)
+        while plan.folded and fusions.active:
+            lost = fusions.session_fusion_costs(lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept))
+            lost = {name: blocked for name, blocked in lost.items() if name not in kept}
+            if not lost:
+                break
+            kept = {**kept, **lost}
+            plan = plan_for(model, options, shapes, lns, kept)
+        folded = {cand.node for cand in lns if plan.decision_for(cand.name).folded}
+        plan.advice = order_advice(fusions, folded, [c for c in lns if c.name in fusions.embed_kept], bool(plan.folded))
+    return plan
+
+
+def run_pipeline(
+    model: ir.Model,
+    path: Path | None,
+    options: FoldOptions,
+    check: VerifyRequest,
+    *,
+    dry_run: bool = False,
+    proof: bool = False,
+    destination: Path | None = None,
+    progress: Progress | None = None,
+) -> FoldRun:
+    """Fold `model` (owned: changed in place) once. `path` is the file it was read from, if any
+    (onnxruntime then reads the original from there). `proof` adds the per-LN proof to the report;
+    `dry_run` stops after the analysis; `destination` stages the folded model there before the
+    check, which then reads the staged file (a model with external data is written once)."""
+    progress = progress or Progress(enabled=False)
+    if check.inputs is not None and not dry_run:
+        check_inputs(model, check.inputs)
+    ops_before = count_ops(model)
+    source = str(path) if path else None
+    verifying = check.enabled and not dry_run
+    # onnxruntime reads the original from its file, else from a copy taken before the rewrite.
+    original_src = OrtSource(model) if (verifying and path is None) else None
+    try:
+        progress.phase("Analyzing" if (dry_run or proof) else "Folding")
+        plan = analyze(model, options)
+        # From the model as it was: the rewrite removes IR objects the proof walks.
+        trace = explain(model, plan) if proof else []
+        if dry_run:
+            skipped = Verification("skipped", "dry run: nothing was changed")
+            report = FoldReport(plan, ops_before, ops_before, skipped, source=source, dry_run=True, trace=trace)
+            return FoldRun(model, report)
+        if proof:
+            progress.phase("Folding")
+        apply_plan(model, plan)
+        release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
+        skipped = Verification("skipped", check.disabled_because)
+        report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
+        # The check's exact twin needs the computed constants as computed: staging rebinds them.
+        computed = exact_tensors(model) if check.enabled else {}
+        staged = _stage(model, path, destination, plan, progress) if destination else None
+        try:
+            if check.enabled and not plan.folded:
+                report.verification = Verification("skipped", "nothing was folded: the model is unchanged")
+            elif check.enabled:
+                progress.phase("Verifying in onnxruntime")
+                original = path if path else original_src.source  # type: ignore[union-attr]
+                report.verification = _check_folded(model, original, staged, check, plan, computed)
+        except BaseException:
+            if staged is not None:
+                staged.discard()
+            raise
+        return FoldRun(model, report, staged)
+    finally:
+        if original_src:
+            original_src.close()
+
+
+def _stage(model: ir.Model, path: Path | None, destination: Path, plan: CenteringPlan, progress: Progress) -> StagedModel:
+    """Stage the output: the folded model, or, when nothing was folded, the input file's own bytes
+    (a model with external data is written again instead, its weights into `OUT.data` as for any
+    output: an equivalent copy, not an identical one)."""
+    unchanged = not plan.folded and path is not None and not external_data_files(model, path.parent)
+    return StagedModel(model, destination, progress=progress, rebind=True, copy_of=path if unchanged else None)
+
+
+def _check_folded(
+    model: ir.Model,
+    original: ModelBytesOrPath,
+    staged: StagedModel | None,
+    check: VerifyRequest,
+    plan: CenteringPlan,
+    computed: dict,
+) -> Verification:
+    folded_src = None if staged is not None else OrtSource(model)
+    try:
+        folded = staged.path if staged is not None else folded_src.source  # type: ignore[union-attr]
+        return check_equivalence(
+            original,
+            folded,
+            model,
+            rtol=check.rtol,
+            input_shapes=check.input_shapes,
+            inputs=check.inputs,
+            plan=plan,
+            float64_budget=check.float64_budget,
+            computed=computed,
+        )
+    finally:
+        if folded_src is not None:
+            folded_src.close()
+
+
+def raise_unless_passed(run: FoldRun) -> None:
+    """The library's refusal: an exception carrying the report, instead of the model."""
+    if not run.refused:
+        return
+    verification = run.report.verification
+    error_type = VerificationFailed if verification.status == "failed" else NotVerified
+    error = error_type(verification.refusal("api"))
+    error.report = run.report  # type: ignore[attr-defined]
+    raise error
+
+
+def fold_loaded(model: ir.Model, path: Path | None, options: FoldOptions, check: VerifyRequest) -> FoldResult:
+    """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
+    it was read from, if any."""
+    run = run_pipeline(model, path, options, check)
+    raise_unless_passed(run)
+    return FoldResult(run.model, run.report)
+
+
+__all__ = [
+    "FoldResult",
+    "FoldRun",
+    "VerifyRequest",
+    "analyze",
+    "check_equivalence",
+    "fold_loaded",
+    "raise_unless_passed",
+    "run_pipeline",
+]

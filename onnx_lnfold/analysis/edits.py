@@ -1,0 +1,204 @@
+"""From proven leaves to the plan's edits (docs/DESIGN.md section 2): which constants to center,
+in place or as an untied copy, and which explicit centerings to insert. Mutates nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_lnfold import carry
+from onnx_lnfold.analysis.plan import AuxCentering, CenteringEdit
+from onnx_lnfold.analysis.zero_mean import Leaf, Weights
+from onnx_lnfold.core.ir import constant_of, is_standard
+from onnx_lnfold.core.names import fresh_name
+from onnx_lnfold.core.options import UNTIE_BUDGET
+from onnx_lnfold.forms import FORMS
+
+# Role names live with the producer's carry rule, or with the LN form that reads the constant.
+_ROLES = {
+    **{(op, index): role for op, rule in carry.RULES.items() for index, role in rule.roles.items()},
+    **{(form.op_type, index): role for form in FORMS for index, role in form.roles.items()},
+}
+
+
+def _role(node: ir.Node, index: int) -> str:
+    role = _ROLES.get((node.op_type, index))
+    if role:
+        return role
+    if node.op_type in ("Add", "Sub", "Sum"):
+        return "added constant"
+    return f"{node.op_type} input {index}"
+
+
+def _sorted_uses(members, names) -> list[tuple[ir.Node, int]]:
+    return sorted({(leaf.node, leaf.index) for leaf, _ in members}, key=lambda u: (names[u[0]], u[1]))
+
+
+def _read_only_through_transpose(value: ir.Value, centered_uses: list[tuple[ir.Node, int]]) -> bool:
+    centered = set(centered_uses)
+    others = [u.node for u in value.uses() if (u.node, u.idx) not in centered]
+    return bool(others) and not value.is_graph_output() and all(n.op_type == "Transpose" for n in others)
+
+
+# Why a tied table's centered copy is what it is (the report prints these).
+_UNTIED_NOTE = (
+    "its other uses read it through a Transpose, which ONNX Runtime folds into a copy of its "
+    "own: no extra memory at run time; --tied-weights center avoids the copy for two nodes per run"
+)
+_DERIVED = "the Gathers read table - row means, a Sub of two constants that ONNX Runtime folds at session start"
+_DERIVED_NOTE = {
+    True: _DERIVED + ": no nodes at run time, no copy in the file, and the memory of the original, whose "
+    "Transpose ONNX Runtime folds into a copy of its own either way",
+    False: _DERIVED + ": no nodes at run time, no copy in the file, but a second table in memory (the head "
+    "reads the table itself; --tied-weights center holds none, for two nodes per run)",
+}
+
+
+def _gather_outputs(members: list[tuple[Leaf, str]]) -> list[tuple[ir.Value, int]] | None:
+    """The (output, axis) of each Gather (or GatherND) whose table the leaves center, when
+    centering those outputs is the same as centering the table for them: every leaf is such a
+    table (rows gathered, so a row's mean is removed either way), unweighted, changing just that
+    output."""
+    outputs: dict[ir.Value, int] = {}
+    for leaf, _ in members:
+        node = leaf.node
+        if node.op_type not in ("Gather", "GatherND") or leaf.index != 0 or leaf.weights is not None or leaf.axis is None or not leaf.part.uniform:
+            return None
+        if len(leaf.seeds) != 1 or leaf.seeds[0][0] is not node.outputs[0] or leaf.seeds[0][2] is not None:
+            return None
+        outputs[node.outputs[0]] = leaf.seeds[0][1]
+    return sorted(outputs.items(), key=lambda item: item[0].name or "")
+
+
+def _aux_centering(
+    value: ir.Value,
+    axis: int,
+    uses: list[tuple[ir.Node, int]],
+    required_by: tuple[str, ...],
+    names: dict[ir.Node, str],
+    taken: set[str],
+    instead_of_untie: str | None = None,
+    saved_bytes: int = 0,
+) -> AuxCentering:
+    """`value - ReduceMean(value, axis)`, read by `uses` instead of `value`."""
+    return AuxCentering(
+        tensor=value.name or "",
+        axis=axis,
+        uses=tuple(f"{names[n]}:{i}" for n, i in uses),
+        new_name=fresh_name(f"{value.name}.centered", taken),
+        required_by=required_by,
+        _value=value,
+        _uses=tuple(uses),
+        instead_of_untie=instead_of_untie,
+        saved_bytes=saved_bytes,
+    )
+
+
+def _past_scalings(
+    value: ir.Value, axis: int, uses: list[tuple[ir.Node, int]], names: dict[ir.Node, str]
+) -> tuple[ir.Value, list[tuple[ir.Node, int]]]:
+    """Where to put an explicit centering of `value` read by `uses`: after the scalar `Mul`s and
+    `Div`s those uses are, when they are its only planned reader. Exact: a scalar factor commutes
+    with removing a mean, and the scaled tensor changes as a whole either way. It keeps the
+    non-linearity the centering follows whole: the TorchScript exporter writes GELU as
+    `x * (erf(x / sqrt 2) + 1) * 0.5`, and ONNX Runtime's Gelu fusion wants the product before
+    the `* 0.5` read by that Mul alone (docs/DESIGN.md section 2.3)."""
+    while len(uses) == 1:
+        node, index = uses[0]
+        if not is_standard(node) or node.op_type not in ("Mul", "Div") or (node.op_type == "Div" and index != 0):
+            break
+        factor = constant_of(node.inputs[1 - index])
+        if factor is None or factor.size != 1 or len(factor.shape) > 1:
+            break
+        out = node.outputs[0]
+        if out.is_graph_output() or not out.uses():  # a factor of rank <= 1 keeps the rank, so the axis
+            break
+        value = out
+        uses = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
+    return value, uses
+
+
+def plan_edits(
+    leaves: list[tuple[Leaf, str]],
+    names: dict[ir.Node, str],
+    taken: set[str],
+    tied_weights: str = "auto",
+    model_bytes: int = 0,
+) -> tuple[list[CenteringEdit], list[AuxCentering]]:
+    """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
+    for a tied embedding table, center the Gather outputs instead, as `tied_weights` says: one of
+    `_options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights)."""
+    # Leaves that center blocks of the same length of one constant are one edit: each LN's
+    # blocks (q's heads, k's heads of one fused projection) centered together.
+    groups: dict[tuple[ir.Value, int | None, bool, Weights, int | None], list[tuple[Leaf, str]]] = {}
+    for leaf, ln in leaves:
+        groups.setdefault((leaf.value, leaf.axis, leaf.aux, leaf.weights, leaf.part.block), []).append((leaf, ln))
+    per_value: dict[ir.Value, int] = {}
+    for value, _, aux, _, _ in groups:
+        if not aux:
+            per_value[value] = per_value.get(value, 0) + 1
+    edits, centerings = [], []
+    for (value, axis, aux, weights, block), members in groups.items():
+        uses = _sorted_uses(members, names)
+        required_by = tuple(sorted({ln for _, ln in members}))
+        if aux:
+            root = value
+            if all(weights is None for leaf, _ in members for _, _, weights, _ in leaf.seeds):
+                value, uses = _past_scalings(value, axis, uses, names)  # type: ignore[arg-type]
+            centering = _aux_centering(value, axis, uses, required_by, names, taken)  # type: ignore[arg-type]
+            if value is not root:
+                centering._root = root
+            centerings.append(centering)
+            continue
+        untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()
+        tensor = constant_of(value)
+        assert tensor is not None
+        nbytes = int(np.prod(tensor.shape.dims, dtype=np.int64) * tensor.dtype.itemsize)
+        gathered, note, derive = None, None, False
+        if untie and tied_weights != "untie":
+            gathered = _gather_outputs(members)
+            small = nbytes <= UNTIE_BUDGET * model_bytes
+            transposed = _read_only_through_transpose(value, uses)
+            if gathered and tied_weights == "auto" and transposed and small:
+                gathered, note = None, _UNTIED_NOTE
+            elif gathered and (tied_weights == "derive" or (tied_weights == "auto" and transposed)):
+                gathered, derive, note = None, True, _DERIVED_NOTE[transposed]
+        if gathered:
+            for out, out_axis in gathered:
+                readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
+                centerings.append(
+                    _aux_centering(out, out_axis, readers, required_by, names, taken, instead_of_untie=value.name, saved_bytes=nbytes)
+                )
+            continue
+        suffix = ".centered" if axis is not None else ".zeroed"
+        if derive:  # the table minus its row means: a Gather table, centered along its rows
+            nbytes //= max(int(tensor.shape.dims[axis]), 1)  # type: ignore[index]
+        chosen = [leaf.part.blocks for leaf, _ in members]
+        blocks = None if block is None or any(c is None for c in chosen) else tuple(sorted(frozenset().union(*chosen)))
+        count = tensor.shape.dims[axis] // block if block is not None and axis is not None else None
+        if blocks is not None and len(blocks) == count:
+            blocks = None  # every block (each head's LN asking for its own)
+        edits.append(
+            CenteringEdit(
+                tensor=value.name or "",
+                axis=axis,
+                role=_role(uses[0][0], uses[0][1]),
+                uses=tuple(f"{names[n]}:{i}" for n, i in uses),
+                untie=untie,
+                new_name=fresh_name(f"{value.name}{suffix}", taken) if untie else None,
+                copy_bytes=nbytes if untie else 0,
+                required_by=required_by,
+                weights=weights,
+                note=note,
+                means_name=fresh_name(f"{value.name}.row_means", taken) if derive else None,
+                block=block,
+                blocks=blocks,
+                block_count=count,
+                _value=value,
+                _uses=tuple(uses),
+            )
+        )
+    edits.sort(key=lambda e: (e.tensor, -1 if e.axis is None else e.axis, e.uses))
+    centerings.sort(key=lambda c: (c.tensor, c.axis))
+    return edits, centerings

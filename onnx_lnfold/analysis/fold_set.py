@@ -1,0 +1,207 @@
+"""Which LNs fold together (docs/DESIGN.md sections 2.3 and 3): trace every candidate, drop those
+whose edits have side effects until none do, and, with explicit centering allowed, keep only the
+centerings that pay for themselves. Mutates nothing.
+
+Cost model: an explicit centering costs one ReduceMean + Sub per run, and each LN it unlocks saves
+what its fold saves (LayerNormalization -> SimplifiedLayerNormalization, or ORT's slow fused
+SkipLayerNormalization replaced), by the measured kernel costs of `_costs`: a root is kept only when
+the LNs it unlocks save more than it costs over the whole measured range; roots that do not pay are
+denied and the fold set is recomputed without them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import onnx_ir as ir
+
+from onnx_lnfold import carry
+from onnx_lnfold.analysis.side_effects import side_effects
+from onnx_lnfold.analysis.sinks import Sinks
+from onnx_lnfold.analysis.zero_mean import NORMALIZATIONS, Leaf, Tracer
+from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
+from onnx_lnfold.emit.costs import centering_pays
+from onnx_lnfold.forms import LnCandidate
+from onnx_lnfold.shapes.table import ShapeTable
+
+logger = logging.getLogger(__name__)
+
+# A stream sum shared by fewer blocked LNs than this is not tried as a centering root (one LN's
+# fold pays for a centering only where it replaces ORT's fused SkipLayerNormalization, whose
+# residual Add is such a sum only where nothing else reads it); with `fold_costly`, the count a
+# centering must unlock.
+AUX_MIN_UNLOCKED = 2
+
+# What each LN's fold saves per run (`_costs.saving`), and its width; an LN without an entry saves
+# nothing. None: every LN folds whatever it costs (`fold_costly`), and a centering is used where
+# it unlocks at least `AUX_MIN_UNLOCKED` LNs.
+Savings = dict[LnCandidate, tuple[float, int | None]]
+
+
+def _centering_pays(cands, savings: Savings | None) -> bool:
+    if savings is None:
+        return len(cands) >= AUX_MIN_UNLOCKED
+    widths = [savings[c][1] for c in cands if c in savings and savings[c][1] is not None]
+    return centering_pays(widths[0] if widths else None, [savings[c][0] for c in cands if c in savings])
+
+
+def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:
+    axis = -1 if leaf.axis is None else leaf.axis
+    blocks = sorted(leaf.part.blocks) if leaf.part.blocks is not None else []
+    return (names[leaf.node], leaf.index, leaf.aux, axis, leaf.weights is not None, leaf.weights or (), leaf.part.block or 0, blocks)
+
+
+def fold_set(
+    candidates: list[LnCandidate],
+    shapes: ShapeTable,
+    sinks: Sinks,
+    names: dict[ir.Node, str],
+    aux_denied: set[ir.Value] | None,
+    junctions: frozenset[ir.Value] = frozenset(),
+) -> tuple[dict[LnCandidate, frozenset[Leaf]], dict[LnCandidate, Blocked]]:
+    """Trace every candidate, then drop those whose edits have side effects, until none do."""
+    patterns = {cand.out: f"the LayerNorm pattern at '{cand.name}'" for cand in candidates if cand.form.is_pattern}
+    tracer = Tracer(shapes, sinks, aux_denied, patterns, junctions)
+    blocked: dict[LnCandidate, Blocked] = {}
+    active: dict[LnCandidate, frozenset[Leaf]] = {}
+    for cand in candidates:
+        if cand.form_problem:
+            blocked[cand] = cand.form_problem.at_stage("form")
+            continue
+        traced = tracer.prove(cand.node, cand.terms)
+        if isinstance(traced, Blocked):
+            blocked[cand] = traced.at_stage("proof")
+        else:
+            active[cand] = traced
+    while active:
+        leaves = sorted({leaf for ls in active.values() for leaf in ls}, key=lambda l: leaf_order(l, names))
+        index = {leaf: i for i, leaf in enumerate(leaves)}
+        violations = side_effects(leaves, shapes, sinks)
+        if not violations:
+            break
+        for cand, ls in list(active.items()):
+            mask = 0
+            for leaf in ls:
+                mask |= 1 << index[leaf]
+            hit = [v for v in violations if v.sources & mask]
+            if hit:
+                first = min(hit, key=lambda v: (v.blocked.source, v.blocked.reason)).blocked
+                blocked[cand] = first.at_stage("side-effect")
+                del active[cand]
+                logger.debug("%s blocked: %s", cand.name, first.reason)
+    return active, blocked
+
+
+def _junction_roots(
+    blocked, shapes: ShapeTable, savings: Savings | None, exclude: frozenset[ir.Value] = frozenset()
+) -> frozenset[ir.Value]:
+    """Stream sums (Add/Sub/Sum of two computed tensors) that the blocked LNs' inputs come from
+    through carry ops, each shared by at least `AUX_MIN_UNLOCKED` of them whose folds would pay
+    for its centering, most shared first.
+
+    Centering such a sum explicitly can unlock LNs that no weight edit reaches: in a Wav2Vec2
+    encoder the stream starts as `projection + GELU(grouped conv(projection))`; the GELU output
+    cannot be centered, and centering the projection changes the grouped conv's input, but the
+    sum itself can be centered once for every LN downstream.
+    """
+    memo: dict[tuple[ir.Value, int], frozenset[ir.Value]] = {}
+    reached: dict[ir.Value, set[LnCandidate]] = {}
+    for cand in blocked:
+        if cand.axis is not None and cand.x is not None:
+            for value in _sums_above(cand.x, cand.axis, shapes, memo):
+                reached.setdefault(value, set()).add(cand)
+    roots: set[ir.Value] = set()
+    covered: set[LnCandidate] = set()
+    for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
+        new = cands - covered
+        if value not in exclude and len(new) >= AUX_MIN_UNLOCKED and _centering_pays(new, savings):
+            roots.add(value)
+            covered |= cands
+    return frozenset(roots)
+
+
+def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozenset[ir.Value]:
+    """The stream sums `start` comes from through carry ops (itself included), memoized per
+    (tensor, axis); iterative, because streams are deep."""
+    stack = [((start, axis), False)]
+    while stack:
+        key, expanded = stack.pop()
+        if key in memo:
+            continue
+        value, ax = key
+        node = value.producer()
+        if node is None or node.op_type in NORMALIZATIONS:
+            memo[key] = frozenset()
+            continue
+        reqs = carry.backward(node, value.index(), ax, shapes)
+        if isinstance(reqs, Blocked):
+            memo[key] = frozenset()
+            continue
+        inputs = [(node.inputs[r.index], r.axis) for r in reqs if r.axis is not None and r.index < len(node.inputs)]
+        computed = [(v, a) for v, a in inputs if v is not None and constant_of(v) is None and not v.is_graph_input()]
+        if not expanded:
+            stack.append((key, True))
+            stack.extend((child, False) for child in computed if child not in memo)
+            continue
+        found = set().union(*(memo[child] for child in computed)) if computed else set()
+        if node.op_type in ("Add", "Sub", "Sum") and len(computed) >= 2:
+            found.add(value)
+        memo[key] = frozenset(found)
+    return memo[(start, axis)]
+
+
+def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
+    """fp16/bf16 roots that unlock an LN of another precision. A mean computed and subtracted in
+    10 or 7 mantissa bits leaves a residual mean at that type's rounding: noise for an LN of the
+    same type (fp16 models centered explicitly drift from their fp32 original no more than
+    unfolded ones: README "Deployment pipelines"), far above the noise of an fp32 LN reached
+    through a widening Cast (found by the fuzz test)."""
+    return {
+        root
+        for root, cands in unlocked.items()
+        if shapes.dtype(root) in NARROW_FLOAT_TYPES and any(shapes.dtype(cand.x) != shapes.dtype(root) for cand in cands)
+    }
+
+
+# Rounds of stream-sum centering tried for LNs that stay blocked (each round tries new sums only).
+_JUNCTION_ROUNDS = 8
+
+
+def with_auxiliary_centering(candidates, shapes, sinks, names, savings: Savings | None, denied: frozenset = frozenset()):
+    """Fold with explicit centering roots allowed (but at `denied`), denying the roots whose LNs
+    save less than they cost; then, where LNs stay blocked, try centering the stream sums they share
+    (`_junction_roots`)."""
+    active, blocked = _aux_fold(candidates, shapes, sinks, names, frozenset(), savings, denied)
+    # Rounds until no new sum helps: a sum shared by many blocked LNs can unlock only some of
+    # them (the rest need a sum further down), and a fold must not leave for a second run what
+    # a further round would find (folding a folded model changes nothing).
+    junctions: frozenset[ir.Value] = frozenset()
+    tried: frozenset[ir.Value] = frozenset()
+    for _ in range(_JUNCTION_ROUNDS):
+        new = _junction_roots(blocked, shapes, savings, exclude=tried)
+        if not new:
+            break
+        tried |= new
+        with_junctions = _aux_fold(candidates, shapes, sinks, names, junctions | new, savings, denied)
+        if set(active) <= set(with_junctions[0]) and len(with_junctions[0]) > len(active):
+            (active, blocked), junctions = with_junctions, junctions | new
+    return active, blocked
+
+
+def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value], savings: Savings | None, never=frozenset()):
+    denied: set[ir.Value] = set(never)
+    while True:
+        active, blocked = fold_set(candidates, shapes, sinks, names, denied, junctions)
+        unlocked: dict[ir.Value, set[LnCandidate]] = {}
+        for cand, leaves in active.items():
+            for leaf in leaves:
+                if leaf.aux:
+                    unlocked.setdefault(leaf.value, set()).add(cand)
+        poor = {root for root, cands in unlocked.items() if not _centering_pays(cands, savings)}
+        poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
+        poor |= _mixed_precision_roots(unlocked, shapes)
+        if not poor:
+            return active, blocked
+        denied |= poor - junctions
+        junctions = junctions - poor

@@ -1,0 +1,154 @@
+"""The analysis: which LayerNorms can become RMSNorm, and what to center. Mutates nothing.
+
+Following docs/DESIGN.md sections 2, 3 and 10, in five steps, one module each:
+
+1. **Recognize** (`_recognize`): every LN, in any form, as an `LnCandidate`.
+2. **Trace** (`_zero_mean`, backward, per LN): prove the LN input zero-mean along its axis by
+   walking up through carry ops to the uses of constants to center.
+3. **Side effects** (`_side_effects`, forward, global) and the **fold set** (`_fold_set`): every
+   tensor the edits change must reach only LNs over that axis; a violation blocks every LN whose
+   edits reach it, until none remains; explicit centerings are kept only where they pay.
+4. **Edits** (`_edits`): the constants to center (in place or untied) and the centerings to insert.
+5. **Fusion cost** (`_fusions`): ONNX Runtime's own optimizers, on weightless copies of the graph
+   and of the plan applied to it, decide which LNs to keep because folding them would cost a
+   fusion; the plan is made again without them until it loses none.
+
+The result is a `CenteringPlan`; `apply_plan` carries it out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import onnx_ir as ir
+
+from onnx_lnfold.analysis.edits import plan_edits
+from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, with_auxiliary_centering
+from onnx_lnfold.analysis.plan import FOLDED, KEPT, CenteringPlan, LnDecision
+from onnx_lnfold.analysis.sinks import Sinks
+from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.core.ir import weight_bytes
+from onnx_lnfold.core.names import display_names, taken_names
+from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.emit.costs import saving
+from onnx_lnfold.emit.targets import choose_rewrite, cost_nodes, cost_refusal
+from onnx_lnfold.forms import LnCandidate
+from onnx_lnfold.forms.recognize import find_in_functions, find_layer_norms
+from onnx_lnfold.shapes.table import ShapeTable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["candidates", "plan_for", "plan_for_clone"]
+
+
+def candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
+    names = display_names(model.graph)
+    return find_layer_norms(model.graph, shapes, names) + find_in_functions(model, names)
+
+
+def plan_for_clone(clone: ir.Model, options: FoldOptions, shapes: ShapeTable, kept: dict[str, Blocked]) -> CenteringPlan:
+    """The plan for a clone of the model (the same decisions, bound to the clone's IR objects)."""
+    clone_shapes = shapes.for_clone(clone)
+    return plan_for(clone, options, clone_shapes, candidates(clone, clone_shapes), kept)
+
+
+def plan_for(
+    model: ir.Model,
+    options: FoldOptions,
+    shapes: ShapeTable,
+    candidates: list[LnCandidate],
+    kept: dict[str, Blocked],
+) -> CenteringPlan:
+    """The plan with the LNs of `kept` (by name) kept for the reason given."""
+    graph = model.graph
+    names = display_names(graph)
+    sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
+    # LNs whose fold would cost an ONNX Runtime fusion (`kept`) stay LNs (they still absorb shifts,
+    # as every kept LN does). And those whose fold would cost ONNX Runtime more than the LN by the
+    # measured kernel costs (beta left as an Add over the stream, say), unless asked to fold them
+    # all the same; the rest save what `_costs` says, which is what an explicit centering must pay
+    # for. The fold is judged as `auto` emits it: fusing residual Adds beyond that ("always") is
+    # asked for the providers whose fused kernel pays, not the CPU.
+    judged = dataclasses.replace(options, fuse_residual="auto") if options.fuse_residual == "always" else options
+    savings = {}
+    dearer: dict[LnCandidate, Blocked] = {}
+    for cand in candidates:
+        if cand.name in kept or cand.form_problem:
+            continue
+        would_be = choose_rewrite(cand, judged, shapes, set())
+        refusal = cost_refusal(would_be, shapes)
+        original, emitted = cost_nodes(would_be, shapes)
+        savings[cand] = (saving(emitted, original), original[0][1])
+        if refusal is not None and not options.fold_costly:
+            dearer[cand] = refusal
+    foldable = [cand for cand in candidates if cand.name not in kept and cand not in dearer]
+
+    active, blocked = fold_set(foldable, shapes, sinks, names, None)
+    if options.auxiliary_centering and blocked:
+        # No centering reads the output of an LN kept for a fusion: the fusion would be lost all the same.
+        fused = frozenset(cand.out for cand in candidates if cand.name in kept)
+        paid = None if options.fold_costly else savings  # asked to fold whatever it costs
+        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, fused)
+        # Explicit centering must only ever add folds; the first pass's reasons name the real
+        # obstacle for the LNs that stay.
+        if set(active) <= set(aux_active) and len(aux_active) > len(active):
+            active, blocked = aux_active, {cand: blocked[cand] for cand in aux_blocked}
+
+    # Leaves in a fixed order: fresh names (`W.centered`, `W.centered_2`) are handed out in it,
+    # and a set of leaves iterates in an order that changes from run to run.
+    edits, centerings = plan_edits(
+        [(leaf, cand.name) for cand, ls in active.items() for leaf in sorted(ls, key=lambda l: leaf_order(l, names))],
+        names,
+        taken_names(graph),
+        options.tied_weights if options.auxiliary_centering else "untie",  # no centering nodes at all, as asked
+        weight_bytes(model),
+    )
+    # An LN that could not fold anyway is reported for what blocks it, not for what its fold would
+    # have cost: unless where its proof breaks is a stream the plan centers for other LNs.
+    _, unfoldable = fold_set(list(dearer), shapes, sinks, names, None)
+    centered = {v for c in centerings for v in (c._value, c._root) if v is not None}
+    costly: dict[LnCandidate, Blocked] = {}
+    for cand, refusal in dearer.items():
+        why = unfoldable.get(cand)
+        if why is None or why.at in centered:
+            costly[cand] = refusal
+        else:
+            blocked[cand] = why
+    claimed: set[ir.Node] = set()
+    decisions = []
+    for cand in candidates:
+        if cand in active:
+            n = sum(1 for e in edits if cand.name in e.required_by)
+            aux = [c.tensor for c in centerings if cand.name in c.required_by]
+            reason = f"input is zero-mean once {n} constant(s) are centered"
+            if aux:
+                reason += f" and {', '.join(repr(t) for t in aux)} explicitly centered"
+            rewrite = choose_rewrite(cand, options, shapes, claimed)
+            decisions.append(
+                LnDecision(
+                    node=cand.name,
+                    op_type=cand.kind.value,
+                    status=FOLDED,
+                    proof=reason,
+                    axis=cand.axis,
+                    epsilon=cand.epsilon,
+                    rewrite=rewrite.op,
+                    beta=rewrite.beta.how,  # type: ignore[arg-type]
+                    beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
+                    residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
+                    _rewrite=rewrite,
+                )
+            )
+        else:
+            decisions.append(
+                LnDecision(
+                    node=cand.name,
+                    op_type=cand.kind.value,
+                    status=KEPT,
+                    axis=cand.axis,
+                    epsilon=cand.epsilon,
+                    blocked=blocked[cand] if cand in blocked else (costly.get(cand) or kept[cand.name]).at_stage("cost"),
+                )
+            )
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)

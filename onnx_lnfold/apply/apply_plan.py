@@ -1,0 +1,119 @@
+"""Carry out a `CenteringPlan` on the model it was computed from: center and untie constants,
+insert explicit centerings, then rewrite each folded LN (`_rewrite`).
+
+The arithmetic (float64, one rounding back) is in `_centering`; centered weights stay lazy until
+the model is written.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_lnfold.analysis.plan import AuxCentering, CenteringEdit, CenteringPlan
+from onnx_lnfold.apply.centering import CenteredTensor, RowMeans
+from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like
+from onnx_lnfold.core.ir import MS_DOMAIN, constant_of
+from onnx_lnfold.core.names import fresh_name, taken_names
+from onnx_lnfold.emit.targets import SKIP_RMS_OP
+
+logger = logging.getLogger(__name__)
+
+
+def _derived_copy(graph: ir.Graph, edit: CenteringEdit, source: ir.TensorProtocol) -> ir.Value:
+    """`source - row means` as a Sub of two constants at the top of the graph that holds the
+    source, which ONNX Runtime folds into the centered table at session start (docs/DESIGN.md
+    section 3.1)."""
+    value = edit._value
+    producer = value.producer()  # a Constant node, or none for an initializer
+    owner = producer.graph if producer is not None else value.graph or graph
+    means = new_constant(owner, RowMeans(source, edit.axis, edit.means_name or ""))  # type: ignore[arg-type]
+    centered = ir.Value(name=edit.new_name, shape=value.shape, type=value.type)
+    sub = ir.Node("", "Sub", [value, means], outputs=[centered], name=f"{edit.new_name}/sub")
+    if producer is not None:
+        owner.insert_after(producer, [sub])
+    else:
+        owner.insert_before(next(iter(owner)), [sub])
+    return centered
+
+
+def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
+    value = edit._value
+    tensor = constant_of(value)
+    assert tensor is not None, edit.tensor
+    if edit.untie:
+        if edit.means_name:
+            copy = _derived_copy(graph, edit, tensor)
+        else:
+            copy = new_constant(
+                graph, CenteredTensor(tensor, edit.axis, edit.new_name or "", edit.weights, edit.block, edit.blocks)
+            )
+        for node, index in edit._uses:
+            node.replace_input_with(index, copy)
+        return
+    centered = CenteredTensor(tensor, edit.axis, value.name or "", edit.weights, edit.block, edit.blocks)
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant":
+        for key in list(producer.attributes):
+            del producer.attributes[key]
+        producer.attributes["value"] = ir.AttrTensor("value", centered)
+    value.const_value = centered
+
+
+def _apply_centering(graph: ir.Graph, centering: AuxCentering, opset: int, taken: set[str]) -> None:
+    """Insert `c = x - ReduceMean(x, axis)` right after x is produced; the planned uses read c."""
+    x = centering._value
+    mean_shape = None
+    if x.shape is not None:
+        dims = list(x.shape)
+        dims[centering.axis] = 1
+        mean_shape = ir.Shape(dims)
+    mean = ir.Value(name=fresh_name(f"{x.name}.mean", taken), shape=mean_shape, type=x.type)
+    stem = fresh_name(f"{x.name}/center", taken)
+    if opset >= 18:
+        axes = new_constant(graph, ir.Tensor(np.array([centering.axis], dtype=np.int64), name=fresh_name(f"{stem}/axes", taken)))
+        reduce = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean], name=f"{stem}/mean")
+    else:
+        attrs = [ir.AttrInt64s("axes", [centering.axis]), ir.AttrInt64("keepdims", 1)]
+        reduce = ir.Node("", "ReduceMean", [x], attrs, outputs=[mean], name=f"{stem}/mean")
+    centered = value_like(x, centering.new_name)
+    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/sub")
+    producer = x.producer()
+    if producer is None:
+        owner = x.graph or graph
+        owner.insert_before(next(iter(owner)), [reduce, sub])
+    else:
+        producer.graph.insert_after(producer, [reduce, sub])
+    for node, index in centering._uses:
+        node.replace_input_with(index, centered)
+
+
+def apply_plan(model: ir.Model, plan: CenteringPlan) -> None:
+    """Mutate `model` as `plan` says. The plan must have been computed on this very model."""
+    graph = model.graph
+    taken = taken_names(graph) | {e.new_name for e in plan.edits if e.new_name}
+    taken |= {c.new_name for c in plan.centerings}
+    # Centering first: a beta folded into a consumer's bias is computed with the edited weights.
+    for edit in plan.edits:
+        _apply_edit(graph, edit)
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
+    for centering in plan.centerings:
+        _apply_centering(graph, centering, opset, taken)
+    for decision in plan.folded:
+        rewrite_layer_norm(graph, decision, taken)
+    if any(d.rewrite == SKIP_RMS_OP for d in plan.folded) and MS_DOMAIN not in model.opset_imports:
+        model.opset_imports[MS_DOMAIN] = 1
+    # Constant nodes whose every use now reads a centered copy are dead.
+    edited = {e._value for e in plan.edits}
+    for node in list(graph):
+        if node.op_type == "Constant" and node.outputs[0] in edited:
+            if not node.outputs[0].uses() and not node.outputs[0].is_graph_output():
+                graph.remove(node, safe=True)
+    logger.info(
+        "folded %d LayerNorm node(s), centered %d constant(s), inserted %d centering(s)",
+        len(plan.folded),
+        len(plan.edits),
+        len(plan.centerings),
+    )

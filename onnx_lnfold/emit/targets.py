@@ -1,0 +1,385 @@
+"""What a folded LN becomes, and whether that pays (docs/DESIGN.md section 4). Pure: decides,
+mutates nothing.
+
+- target "ort" (default): `SimplifiedLayerNormalization` (domain ''), with the residual `Add` left
+  as it is (ONNX Runtime's CPU EP runs `Add + SimplifiedLayerNormalization` for less than its fused
+  kernel), or `com.microsoft::SkipSimplifiedLayerNormalization` for `SkipLayerNormalization` inputs
+  and where `--fuse-residual` asks;
+- target "onnx": the standard `RMSNormalization` (opset 23), for models already at opset >= 23.
+
+`beta` goes where it costs nothing (`beta_placement`): the consumers' biases, a key projection's
+share dropped where the attention's Softmax removes it (`_softmax_shift`), a bias created where
+that costs less than the Add; else it stays an explicit `Add`. `cost_refusal` keeps an LN whose
+fold would cost ONNX Runtime more than the LN, by the measured costs of `_costs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.core.ir import constant_of, is_standard, node_label, reads_only_shape
+from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.emit.costs import DECIDING_TOKENS, NARROWEST, costs_more, created_bias_pays, fused_residual_pays, total
+from onnx_lnfold.emit.costs import SOURCE as COST_SOURCE
+from onnx_lnfold.emit.softmax_shift import softmax_removes
+from onnx_lnfold.forms import LnCandidate, LnKind, RewriteSite
+from onnx_lnfold.shapes.table import ShapeTable, dims_equal
+
+RMS_OP = "SimplifiedLayerNormalization"
+SKIP_RMS_OP = "com.microsoft::SkipSimplifiedLayerNormalization"
+ONNX_RMS_OP = "RMSNormalization"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """What one folded LN becomes, bound to the IR objects of the model it was planned on:
+    `_rewrite` carries it out, and nothing else needs it (the plan reports `op`, `beta` and the
+    residual Add's name)."""
+
+    cand: LnCandidate  # the LN replaced: its nodes, output, gamma and beta
+    op: str  # RMS_OP, SKIP_RMS_OP or ONNX_RMS_OP
+    site: RewriteSite  # what the op reads besides its scale, and where it goes
+    residual_add: ir.Node | None  # the Add folded into a SkipSimplifiedLayerNormalization
+    taken_in: tuple[ir.Node, ...]  # nodes outside the LN the op replaces too (that Add, a bias Add)
+    beta: BetaPlacement  # where beta goes
+    out_type: tuple  # inferred (shape, dtype) of the LN output, for tensors the model declares none of
+
+    @property
+    def replaced(self) -> set[ir.Node]:
+        """Every node the emitted op takes the place of."""
+        return set(self.cand.nodes) | set(self.taken_in)
+
+
+def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], mode: str) -> ir.Node | None:
+    """The residual Add feeding `cand`, if it should become SkipSimplifiedLayerNormalization's sum:
+    with "always" any it can take; with "auto" one ONNX Runtime fuses in the original, and only
+    where the fused op costs less than `Add + SimplifiedLayerNormalization` (never on CPU:
+    `_costs.fused_residual_pays`)."""
+    if mode == "never":
+        return None
+    add = _skip_able_add(cand, shapes)
+    if add is None or add in claimed:
+        return None
+    if mode == "auto" and not (ort_fuses_residual(cand, shapes) and fused_residual_pays(ln_width(cand, shapes))):
+        return None
+    return add
+
+
+def _skip_able_add(cand: LnCandidate, shapes: ShapeTable) -> ir.Node | None:
+    """The residual Add feeding `cand` that a SkipSimplifiedLayerNormalization could take in."""
+    if shapes.dtype(cand.x) not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return None  # the only types ONNX Runtime's CPU and CUDA kernels take
+    add = cand.x.producer()
+    if add is None or add.op_type != "Add" or not is_standard(add):
+        return None
+    if len(add.inputs) != 2 or any(v is None or constant_of(v) is not None for v in add.inputs):
+        return None  # a bias Add, not a residual
+    a, b = (shapes.shape(v) for v in add.inputs)
+    if a is None or b is None or len(a) != len(b) or len(a) not in (2, 3) or not isinstance(a[-1], int):
+        return None
+    if not all(dims_equal(p, q) for p, q in zip(a, b)):
+        return None
+    scale = constant_of(cand.scale)
+    if scale is None or tuple(scale.shape.dims) != (a[-1],):
+        return None  # the Skip kernels take a gamma of the hidden size only, not a broadcast [1]
+    return add
+
+
+def ort_fuses_residual(cand: LnCandidate, shapes: ShapeTable) -> bool:
+    """Whether ONNX Runtime fuses the original's `Add + LayerNormalization` into
+    SkipLayerNormalization at session start (onnxruntime/core/optimizer/skip_layer_norm_fusion.cc:
+    3-D addends of one shape, every dim a value or a name both share as ORT's own shape inference
+    sees them, the Add read by the LN alone and not a graph output)."""
+    if cand.kind is not LnKind.LAYER_NORM:
+        return False  # a Skip form is fused already; ORT fuses no other form with its Add
+    add = _skip_able_add(cand, shapes)
+    if add is None:
+        return False
+    out = add.outputs[0]
+    if len(out.uses()) != 1 or out.is_graph_output():
+        return False
+    seen = [shapes.session_shape(v) for v in add.inputs]  # what ORT's own inference knows
+    if any(s is None or len(s) != 3 for s in seen):
+        return False
+    return all(a is not None and a == b for a, b in zip(*seen))  # every dim named, and alike
+
+
+def ln_width(cand: LnCandidate, shapes: ShapeTable) -> int | None:
+    """The length of the normalized axis, from the input's shape or gamma's."""
+    shape = shapes.shape(cand.x) if cand.x is not None else None
+    if shape and isinstance(shape[-1], int):
+        return shape[-1]
+    scale = constant_of(cand.scale)
+    if scale is not None and len(scale.shape) == 1 and scale.shape[0] > 1:
+        return int(scale.shape[0])
+    return cand.ones_scale[0] if cand.ones_scale else None
+
+
+def _bias_add(residual: ir.Node, shapes: ShapeTable) -> ir.Node | None:
+    """An `Add(x, bias)` feeding the residual Add that the fused op can take as its `bias` input
+    (what ORT's own SkipLayerNormalization fusion absorbs too): a 1-D constant over the last axis,
+    read by nothing else."""
+    for value in residual.inputs:
+        node = value.producer() if value is not None else None
+        if node is None or node.op_type != "Add" or len(node.inputs) != 2 or len(value.uses()) != 1:
+            continue
+        if value.is_graph_output():
+            continue
+        for k in (0, 1):
+            bias, other = node.inputs[k], node.inputs[1 - k]
+            tensor = constant_of(bias)
+            other_shape = shapes.shape(other)
+            if (
+                tensor is not None
+                and len(tensor.shape) == 1
+                and other_shape is not None
+                and other_shape == shapes.shape(value)
+                and other_shape[-1] == tensor.shape[0]
+                and constant_of(other) is None
+            ):
+                return node
+    return None
+
+
+def _linear_consumers(value: ir.Value, shapes: ShapeTable, depth: int = 0) -> list[ir.Node] | str:
+    """The linear layers (MatMul, Gemm with a constant 2-D weight) `value` feeds, looking through
+    reshapes that keep the last axis (GPT-2's `Reshape -> Gemm`); else why not, in words."""
+    found = []
+    for node, index in value.uses():
+        if reads_only_shape(node):
+            continue  # reads only the shape, which beta does not change
+        if node.op_type in ("Reshape", "Flatten") and index == 0 and depth < 2:
+            src, dst = shapes.shape(value), shapes.shape(node.outputs[0])
+            if src is None or dst is None or not isinstance(src[-1], int) or src[-1] != dst[-1]:
+                return f"{node_label(node)} does not keep the last axis"
+            if node.outputs[0].is_graph_output():
+                return f"'{node.outputs[0].name}' is a graph output"
+            inner = _linear_consumers(node.outputs[0], shapes, depth + 1)
+            if isinstance(inner, str):
+                return inner
+            found += inner
+            continue
+        if index != 0 or not _is_linear(node):
+            return f"{node_label(node)} reads it"
+        found.append(node)
+    return found
+
+
+# Ops after a MatMul that add a constant bias to it: (op, domain) -> index of the bias input.
+_BIAS_FOLLOWERS = {("Add", ""): None, ("FastGelu", "com.microsoft"): 1, ("BiasGelu", "com.microsoft"): 1}
+
+
+def bias_slot(matmul: ir.Node) -> tuple[ir.Node, int] | None:
+    """The (node, input index) of the constant bias added to a MatMul's output, if there is one."""
+    out = matmul.outputs[0]
+    if out.is_graph_output() or len(out.uses()) != 1:
+        return None
+    follower, index = out.uses()[0]
+    key = (follower.op_type, follower.domain if follower.domain != "ai.onnx" else "")
+    if key not in _BIAS_FOLLOWERS or len(follower.inputs) != 2:
+        return None
+    slot = _BIAS_FOLLOWERS[key]
+    if slot is None:  # Add: the bias is whichever input the MatMul is not
+        slot = 1 - index
+    elif index != 0:
+        return None
+    weight = constant_of(matmul.inputs[1])
+    bias = constant_of(follower.inputs[slot])
+    if weight is None or bias is None or tuple(bias.shape.dims) not in ((weight.shape[1],), (1, weight.shape[1])):
+        return None
+    return follower, slot
+
+
+def _is_linear(node: ir.Node) -> bool:
+    """A MatMul or Gemm (transA=0) with a constant 2-D weight: `beta @ W` is one row of its output."""
+    weight = constant_of(node.inputs[1]) if len(node.inputs) > 1 else None
+    if weight is None or len(weight.shape) != 2 or not is_standard(node):
+        return False
+    if node.op_type == "Gemm":  # one that ignores C (beta 0), or whose C is not a row, takes no bias
+        if node.attributes.get_int("transA", 0) or node.attributes.get_float("beta", 1.0) == 0.0:
+            return False
+        return len(node.inputs) < 3 or node.inputs[2] is None or has_bias(node)
+    return node.op_type == "MatMul"
+
+
+def has_bias(node: ir.Node) -> bool:
+    """A linear layer whose existing constant bias can absorb `beta @ W` at no cost."""
+    if node.op_type == "MatMul":
+        return bias_slot(node) is not None
+    if len(node.inputs) < 3 or node.inputs[2] is None:
+        return False  # a Gemm without C: a bias would be created
+    bias = constant_of(node.inputs[2])
+    weight = constant_of(node.inputs[1])
+    n = weight.shape[0] if node.attributes.get_int("transB", 0) else weight.shape[1]  # type: ignore[union-attr]
+    # beta @ W is a row of N: the bias must be one too (not a scalar or an [M, N] block).
+    return bias is not None and tuple(bias.shape.dims) in ((n,), (1, n))
+
+
+def output_width(node: ir.Node) -> int:
+    weight = constant_of(node.inputs[1])
+    trans = node.op_type == "Gemm" and node.attributes.get_int("transB", 0)
+    return int(weight.shape[0] if trans else weight.shape[1])  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class BetaSite:
+    """Where one linear consumer's share of beta (`beta @ W`) goes."""
+
+    node: ir.Node
+    how: str  # "bias": added to its bias; "created": a bias made for it; "softmax": dropped (the
+    # attention's Softmax removes it: _softmax_shift)
+
+    def describe(self, names: dict[ir.Node, str]) -> str:
+        return f"{names.get(self.node, self.node.name)}: {BETA_SITE_WORDS[self.how]}"
+
+
+BETA_SITE_WORDS = {
+    "bias": "its bias",
+    "created": "a bias created for it",
+    "softmax": "dropped, the Softmax over the keys removes it",
+}
+
+
+@dataclass(frozen=True)
+class BetaPlacement:
+    how: str  # "none", "add" or "consumers"
+    sites: tuple[BetaSite, ...] = ()
+    # Why beta stays an Add over the LN output ("add"), or why a consumer gets a bias created for
+    # it ("consumers" with a "created" site).
+    why: str | None = None
+
+
+def beta_placement(cand: LnCandidate, shapes: ShapeTable) -> BetaPlacement:
+    """Where a folded LN's beta goes (docs/DESIGN.md section 4): nowhere ('none'), into its
+    consumers ('consumers': every consumer a linear layer whose bias takes `beta @ W`, whose share
+    an attention's Softmax removes, or, where that costs less than the Add, that gets a bias
+    created), else an explicit 'add' after the RMSNorm."""
+    if cand.bias is None:
+        return BetaPlacement("none")
+    out = cand.out
+    if constant_of(cand.bias) is None:
+        return BetaPlacement("add", why="beta is not a constant")
+    if out.is_graph_output():
+        return BetaPlacement("add", why=f"the LN's output '{out.name}' is a graph output")
+    if not out.uses():
+        return BetaPlacement("add", why="nothing reads the LN's output")
+    if len(shapes.shape(cand.bias) or ()) > 1:
+        return BetaPlacement("add", why="beta is broadcast over more than the normalized axis")
+    consumers = _linear_consumers(out, shapes)
+    if isinstance(consumers, str):
+        return BetaPlacement("add", why=consumers)
+    if not consumers:
+        return BetaPlacement("add", why="only shapes are read")
+    sites, refusals = [], []
+    for node in consumers:
+        if has_bias(node):
+            sites.append(BetaSite(node, "bias"))
+            continue
+        refusal = softmax_removes(node, shapes)
+        if refusal is None:
+            sites.append(BetaSite(node, "softmax"))
+        else:
+            sites.append(BetaSite(node, "created"))
+            refusals.append(f"{node_label(node)} has no bias, and its share cannot be dropped: {refusal}")
+    created = [site.node for site in sites if site.how == "created"]
+    if created and not created_bias_pays([output_width(n) for n in created], ln_width(cand, shapes)):
+        return BetaPlacement("add", why="; ".join(refusals) + " (a created bias costs more than the Add)")
+    return BetaPlacement("consumers", tuple(sites), "; ".join(refusals) or None)
+
+
+def _residual_site(add: ir.Node, bias_add: ir.Node | None) -> RewriteSite:
+    """SkipSimplifiedLayerNormalization in place of `add` (and of the `bias_add` feeding it, whose
+    constant becomes the op's bias input): it reads the addends, and its output 3 is the sum."""
+    inputs = [(add, 0), (add, 1)]
+    bias = None
+    if bias_add is not None:  # x + bias + skip
+        slot = 0 if add.inputs[0] is bias_add.outputs[0] else 1
+        is_const = [constant_of(v) is not None for v in bias_add.inputs]
+        inputs[slot] = (bias_add, is_const.index(False))
+        bias = (bias_add, is_const.index(True))
+    return RewriteSite(tuple(inputs), bias, add.outputs[0], add)
+
+
+def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, claimed: set[ir.Node]) -> Rewrite:
+    """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in."""
+    beta = beta_placement(cand, shapes)
+    out_type = (shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out))
+
+    def rewrite(op: str, site: RewriteSite, add: ir.Node | None = None, taken_in: tuple = ()) -> Rewrite:
+        return Rewrite(cand, op, site, add, taken_in, beta, out_type)
+
+    if cand.form.has_skip:
+        return rewrite(SKIP_RMS_OP, cand.form.site(cand))
+    if options.target == "onnx":
+        return rewrite(ONNX_RMS_OP, cand.form.site(cand))
+    add = _residual_add(cand, shapes, claimed, options.fuse_residual)
+    if add is None:
+        return rewrite(RMS_OP, cand.form.site(cand))
+    claimed.add(add)
+    bias_add = _bias_add(add, shapes)
+    taken_in = (add,) if bias_add is None else (add, bias_add)
+    return rewrite(SKIP_RMS_OP, _residual_site(add, bias_add), add, taken_in)
+
+
+_NODE_WORDS = {
+    "LayerNormalization": "LayerNormalization",
+    "SkipLayerNormalization": "SkipLayerNormalization (ORT's fusion of the residual Add and the LN)",
+    "SimplifiedLayerNormalization": "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization": "SkipSimplifiedLayerNormalization",
+    "Add": "the residual Add",
+    "BiasAdd": "an Add of beta",
+}
+
+
+def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(original, emitted): the nodes ONNX Runtime's CPU EP runs for this LN before and after
+    the fold, each as (kind of `_costs.CPU`, width). The original's `Add + LayerNormalization`
+    counts as the SkipLayerNormalization ORT fuses it into (with the bias Add before it, which
+    ORT takes in too); a residual Add that runs in both models is left out of both."""
+    cand = rewrite.cand
+    d = ln_width(cand, shapes) or NARROWEST  # unknown: where the fixed costs weigh most
+    fused = cand.form.has_skip or ort_fuses_residual(cand, shapes)
+    original = [("SkipLayerNormalization" if fused else "LayerNormalization", d)]
+    if rewrite.op == SKIP_RMS_OP:
+        emitted = [("SkipSimplifiedLayerNormalization", d)]
+    elif fused:
+        emitted = [("Add", d), ("SimplifiedLayerNormalization", d)]
+        if not cand.form.has_skip and _bias_add(cand.x.producer(), shapes) is not None:
+            emitted.append(("BiasAdd", d))  # the projection's bias Add ORT had taken in too
+    else:
+        emitted = [("SimplifiedLayerNormalization", d)]
+    if rewrite.beta.how == "add":
+        emitted.append(("BiasAdd", d))
+    emitted += [("BiasAdd", output_width(site.node)) for site in rewrite.beta.sites if site.how == "created"]
+    return original, emitted
+
+
+def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
+    """Why folding this LN would cost ONNX Runtime more than the LN, by the measured kernel costs;
+    None when it costs less (docs/DESIGN.md section 4.1)."""
+    original, emitted = cost_nodes(rewrite, shapes)
+    if not costs_more(emitted, original):
+        return None
+    d = original[0][1]
+    norm = [kind for kind, _ in emitted if kind != "BiasAdd"]
+    parts = [_NODE_WORDS[kind] for kind in norm]
+    if rewrite.beta.how == "add":
+        parts.append(_NODE_WORDS["BiasAdd"])
+    parts += [f"an Add of the bias created for {node_label(s.node)}" for s in rewrite.beta.sites if s.how == "created"]
+    what = " + ".join(parts)
+    before = _NODE_WORDS[original[0][0]]
+    figures = (
+        f"{total(emitted) / 1e6:.2f}M against {total(original) / 1e6:.2f}M instructions per run at "
+        f"{DECIDING_TOKENS} tokens, d={d}"
+    )
+    if rewrite.beta.how == "add":
+        head = f"kept: its beta would stay a separate Add over the LN's output ({rewrite.beta.why})"
+    else:
+        head = f"kept: beta would need a created bias ({rewrite.beta.why})"
+    return Blocked(
+        "costs-more",
+        f"{head}, and {what} costs more than {before} on ONNX Runtime's CPU EP: {figures} ({COST_SOURCE})",
+    )

@@ -1,0 +1,122 @@
+"""Load a model from a path, an `onnx.ModelProto` or an `onnx_ir.Model`, never touching the caller's copy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from onnx_lnfold.core.errors import InvalidInput, LnFoldError
+from onnx_lnfold.io.proto_read import check_representable, read_model
+
+ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
+
+
+def external_tensors(model: ir.Model):
+    """(owner name, tensor) for every external tensor of the model: initializers of every graph
+    and tensor attributes (Constant nodes), subgraphs included."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.name, value.const_value
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.is_ref() or attr.value is None:
+                    continue
+                if attr.type == ir.AttributeType.TENSOR:
+                    tensors = [attr.value]
+                elif attr.type == ir.AttributeType.TENSORS:
+                    tensors = list(attr.value)
+                else:
+                    continue
+                for tensor in tensors:
+                    if isinstance(tensor, ir.ExternalTensor):
+                        yield tensor.name or node.name, tensor
+
+
+def external_data_files(model: ir.Model, base: Path) -> set[Path]:
+    """The resolved paths of the external data files the model reads."""
+    return {(base / t.location).resolve() for _, t in external_tensors(model)}
+
+
+def _check_external_data(model: ir.Model, base: Path) -> None:
+    """Every external tensor must lie, and exist in full, inside the model's folder."""
+    root = base.resolve()
+    sizes: dict[Path, os.stat_result] = {}
+    for name, tensor in external_tensors(model):
+        location = Path(tensor.location)
+        target = (base / location).resolve()
+        if location.is_absolute() or root not in target.parents:
+            raise InvalidInput(
+                f"external data '{tensor.location}' of tensor '{name}' lies outside the model's folder; refusing to read it"
+            )
+        if target not in sizes:
+            if not target.is_file():
+                raise InvalidInput(f"external data file '{tensor.location}' of tensor '{name}' is missing")
+            sizes[target] = target.stat()
+        stat = sizes[target]
+        if stat.st_nlink > 1:  # onnx_ir refuses these at read time (a hard link can point anywhere)
+            raise InvalidInput(
+                f"external data file '{tensor.location}' has {stat.st_nlink} hard links; onnx_ir refuses to read "
+                "hard-linked external data: copy the file instead"
+            )
+        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        if end > stat.st_size:
+            raise InvalidInput(
+                f"external data file '{tensor.location}' is truncated: tensor '{name}' ends at byte {end:,}, "
+                f"the file has {stat.st_size:,}"
+            )
+
+
+def _parse_whole(p: Path) -> ir.Model:
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise InvalidInput(f"{p}: not a readable ONNX model ({type(e).__name__})") from None
+    if not proto.HasField("graph") or proto.ir_version == 0:
+        raise InvalidInput(f"{p}: not an ONNX model (no graph or IR version)")
+    check_representable(proto)
+    return ir.serde.deserialize_model(proto)
+
+
+def load_path(path: str | os.PathLike) -> ir.Model:
+    p = Path(path)
+    if not p.exists():
+        raise InvalidInput(f"{p}: no such file")
+    if p.is_dir():
+        raise InvalidInput(f"{p}: is a directory, not an ONNX model")
+    if p.stat().st_size == 0:
+        raise InvalidInput(f"{p}: file is empty")
+    try:
+        # Large initializers stay in the file (read when used); None: a file to parse whole.
+        model = read_model(p)
+        if model is None:
+            model = _parse_whole(p)
+    except OSError as e:
+        raise InvalidInput(f"{p}: cannot read ({e.strerror or e})") from None
+    except LnFoldError:
+        raise
+    except Exception as e:  # the IR rejects structurally broken graphs
+        raise InvalidInput(f"{p}: malformed ONNX model: {e}".splitlines()[0]) from None
+    ir.external_data.set_base_dir(model.graph, str(p.parent))
+    _check_external_data(model, p.parent)
+    return model
+
+
+def load_model(source: ModelSource) -> tuple[ir.Model, Path | None]:
+    """An IR model the caller does not share, and the path it came from (if any)."""
+    if isinstance(source, ir.Model):
+        return source.clone(), None
+    if isinstance(source, onnx.ModelProto):
+        # deserialize_model reads the proto without changing it; the IR tensors we edit are new objects.
+        check_representable(source)
+        try:
+            return ir.serde.deserialize_model(source), None
+        except Exception as e:
+            raise InvalidInput(f"malformed ONNX model: {e}".splitlines()[0]) from None
+    if isinstance(source, (str, os.PathLike)):
+        return load_path(source), Path(source)
+    raise InvalidInput(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(source).__name__}")

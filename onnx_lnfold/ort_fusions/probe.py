@@ -1,0 +1,231 @@
+"""Run ONNX Runtime's own optimizers on weightless copies of a model (docs/DESIGN.md section 10):
+the transformers optimizer (`onnxruntime.transformers.optimizer`: `optimize_by_onnxruntime`, then
+`optimize_by_fusion`, as `optimize_model` composes them) and the graph optimizations of an
+inference session (ORT_ENABLE_ALL, CPU). What ONNX Runtime made of the graph comes back as
+`onnx.GraphProto`s; what that means for the fold is `_fusions`' business.
+
+Nothing here reads a real weight: the models are `_weightless` copies, their large constants
+references into one sparse file of zeros. The session writes its optimized model's initializers
+to /dev/null (the graph is all that is read back) and never prepacks weights. The transformers
+optimizer reads constants (a table's shape, Q/K/V weights to concatenate, a bias), so it reads
+zeros: all of them loaded for a small model, and for a large one only those it asks for, in a
+child process (`TransformersOptimizer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+
+from onnx_lnfold.ort_fusions.weightless import ZEROS_FILE, WeightlessFolder
+
+
+def ort_version() -> str | None:
+    """onnxruntime's version when it and its transformers optimizer import; else None."""
+    try:
+        import onnxruntime
+        import onnxruntime.transformers.optimizer  # noqa: F401
+    except ImportError:
+        return None
+    return onnxruntime.__version__
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The optimizer prints and logs warnings about the graphs it does not fuse (symbolic shape
+    inference, model producer): none of that is the user's business here."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def _graph_only(path: Path) -> onnx.GraphProto:
+    return onnx.load(str(path), load_external_data=False).graph
+
+
+def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Path:
+    """The model an ONNX Runtime CPU session at optimization `level` (a GraphOptimizationLevel
+    name) writes back for `path`: its initializers go to /dev/null where links are possible."""
+    import onnxruntime as ort
+
+    optimized = folder.path / f"{path.stem}.{tag}.onnx"
+    data_name = f"{path.stem}.{tag}.data"
+    sink = folder.path / data_name
+    if os.path.exists(os.devnull) and not sink.exists():
+        with contextlib.suppress(OSError):
+            sink.symlink_to(os.devnull)  # the weights ORT writes back are not wanted
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.optimized_model_filepath = str(optimized)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_name)
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    kwargs = {"disabled_optimizers": list(disabled)} if disabled else {}
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], **kwargs)
+    return optimized
+
+
+def session_graph(path: Path, folder: WeightlessFolder) -> onnx.GraphProto:
+    """The graph an ONNX Runtime session on the CPU runs `path` as (ORT_ENABLE_ALL, the default)."""
+    return _graph_only(_optimized_by_session(path, folder, "ORT_ENABLE_ALL", "session"))
+
+
+def _pointed_at_zeros(path: Path, folder: WeightlessFolder) -> Path:
+    """A copy of `path` (written by an ONNX Runtime session, its data sent to /dev/null) whose
+    external references point at the zero file instead; no data is read or written."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+
+    model = onnx.load(str(path), load_external_data=False)
+    longest = 0
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            length = ExternalDataInfo(tensor).length
+            longest = max(longest, length)
+            del tensor.external_data[:]
+            for key, value in (("location", ZEROS_FILE), ("offset", "0"), ("length", str(length))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+    folder.reserve(longest)
+    out = path.with_name(f"{path.stem}.zeros.onnx")
+    out.write_bytes(model.SerializeToString())
+    return out
+
+
+def _nodes_only(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """The nodes of `graph` in a message of their own: what is read back, without the tensors."""
+    return onnx.GraphProto(node=graph.node, name=graph.name)
+
+
+# The child process: its working directory is the weightless copy's folder, and onnx reads an
+# external tensor relative to the working directory when no folder is given, which is how the
+# optimizer reads one (`numpy_helper.to_array`): so it reads only the constants the optimizer asks
+# for. One job per line on stdin (JSON: file, model_type, num_heads, hidden_size); per job, on
+# stdout, 8 bytes of length and b"OK" + the optimized graph's nodes (a GraphProto) or b"ER" + why.
+_CHILD = """
+import contextlib, io, json, logging, struct, sys, traceback
+import onnx
+from onnxruntime.transformers.optimizer import optimize_by_fusion
+logging.disable(logging.WARNING)
+out = sys.stdout.buffer
+sys.stdout = io.StringIO()
+for line in sys.stdin:
+    source, model_type, heads, hidden = json.loads(line)
+    model = None
+    try:
+        model = onnx.load(source, load_external_data=False)
+        graph = optimize_by_fusion(model, model_type, heads, hidden).model.graph
+        reply = b"OK" + onnx.GraphProto(node=graph.node, name=graph.name).SerializeToString()
+    except Exception as error:
+        reply = b"ER" + f"{type(error).__name__}: {error}".encode()
+    del model
+    sys.stdout = io.StringIO()
+    out.write(struct.pack(">Q", len(reply)) + reply)
+    out.flush()
+"""
+
+
+class OptimizerProcess:
+    """The optimizer's child process for one folder, started on first use (`_CHILD`)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._process: subprocess.Popen | None = None
+
+    def run(self, source: Path, model_type: str, num_heads: int, hidden_size: int) -> onnx.GraphProto:
+        if self._process is None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD],
+                cwd=self.folder,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+        process = self._process
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write((json.dumps([source.name, model_type, num_heads, hidden_size]) + "\n").encode())
+        process.stdin.flush()
+        head = process.stdout.read(8)
+        if len(head) < 8:
+            self.close()
+            raise RuntimeError("the optimizer's process ended without an answer")
+        reply = process.stdout.read(struct.unpack(">Q", head)[0])
+        if reply[:2] != b"OK":
+            raise RuntimeError(reply[2:].decode(errors="replace"))
+        return onnx.GraphProto.FromString(reply[2:])
+
+    def close(self) -> None:
+        if self._process is not None:
+            with contextlib.suppress(OSError):
+                self._process.stdin.close()  # type: ignore[union-attr]
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+
+# Weights above which the optimizer runs in a child that reads only what it asks for: loading every
+# zero costs 5-7 times the weights' size at the optimizer's peak (2.2-3.1 GB for BERT-base, 4-6 s
+# of CPU per run) against 0.2-0.5 GB and 1-2 s in the child, whose start costs about 2 s of CPU
+# once per analysis.
+CHILD_ABOVE_BYTES = 64 << 20
+
+# `optimize_model`'s own settings for opt_level 1 (ConstantSharing disabled, CPU).
+_LEVEL1_DISABLED = ["ConstantSharing"]
+
+
+class TransformersOptimizer:
+    """`onnxruntime.transformers.optimizer` on one weightless model file, per (model_type,
+    opt_level), as `optimize_model(path, model_type, opt_level=...)` runs: at opt_level 1 an
+    ONNX Runtime session's basic optimizations first (shared by every model_type), then the
+    Python fusions of that model_type, with the num_heads and hidden_size a user would pass (0:
+    the optimizer detects them). The fusions read the zeros: loaded here, or read on demand in
+    `child` (what to use above `CHILD_ABOVE_BYTES` of weights)."""
+
+    def __init__(self, path: Path, folder: WeightlessFolder, child: OptimizerProcess | None = None):
+        self.path = path
+        self.folder = folder
+        self._child = child  # None: in this process
+        self._level1: Path | None = None
+
+    def _level1_path(self) -> Path:
+        """What `optimize_by_onnxruntime(path, opt_level=1, disabled_optimizers=["ConstantSharing"])`
+        writes (the session `optimize_model` runs at opt_level 1 on the CPU), with ONNX Runtime's
+        warnings off, the weights to /dev/null and the references back to the zero file."""
+        if self._level1 is None:
+            written = _optimized_by_session(self.path, self.folder, "ORT_ENABLE_BASIC", "o1", _LEVEL1_DISABLED)
+            self._level1 = _pointed_at_zeros(written, self.folder)
+        return self._level1
+
+    def run(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> onnx.GraphProto:
+        """The optimized graph's nodes."""
+        source = self.path if opt_level == 0 else self._level1_path()
+        if self._child is not None:
+            return self._child.run(source, model_type, num_heads, hidden_size)
+        from onnxruntime.transformers.optimizer import optimize_by_fusion
+
+        model = onnx.load(str(source))  # the zeros, loaded from the folder the file is in
+        with _quiet():
+            optimized = optimize_by_fusion(model, model_type, num_heads, hidden_size)
+        return _nodes_only(optimized.model.graph)
+
+
+__all__ = ["CHILD_ABOVE_BYTES", "OptimizerProcess", "TransformersOptimizer", "ort_version", "session_graph"]

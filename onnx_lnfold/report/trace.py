@@ -1,0 +1,107 @@
+"""The proof behind each decision, in words (`--verbose`): for a folded LN, the producers whose
+constants are centered and the carry ops the zero mean passes through on the way to the LN; for
+a kept LN, what blocked it and the node that produced the blocking tensor.
+
+Read from the plan and the model it was computed on, before the plan is applied.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx_ir as ir
+
+from onnx_lnfold import carry
+from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
+from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.names import display_names
+from onnx_lnfold.forms import is_residual_sum, sum_terms
+from onnx_lnfold.shapes.table import ShapeTable
+
+Use = tuple[ir.Node, int]
+
+
+def _carried(decision: LnDecision, leaves: set[Use], shapes: ShapeTable) -> list[ir.Node]:
+    """The nodes between the LN and its centered producers, walked as the analysis proved it:
+    backwards from the LN's inputs, along the inputs each op needs zero-mean, up to the uses that
+    read a centered constant (or an explicitly centered tensor)."""
+    cand = decision._rewrite.cand  # type: ignore[union-attr]
+    seen: set[ir.Node] = set()
+    order: list[ir.Node] = []
+    stack = [(cand.node, req) for req in cand.terms]
+    while stack:
+        node, req = stack.pop()
+        if _ends(node, req, leaves):
+            continue
+        value = node.inputs[req.index]
+        producer = value.producer()
+        if producer is None or producer in seen:
+            continue
+        if is_residual_sum(value):
+            reqs = sum_terms(producer, shapes, req.axis)  # the residual sum, as the analysis reads it
+        else:
+            reqs = carry.backward(producer, value.index(), req.axis, shapes, req.part)
+        if not isinstance(reqs, list):
+            continue
+        seen.add(producer)
+        followed = [r for r in reqs if not _ends(producer, r, leaves)]
+        if followed:  # a carry op; a producer that only reads centered constants is not
+            order.append(producer)
+        stack.extend((producer, r) for r in followed)
+    return order
+
+
+def _ends(node: ir.Node, req, leaves: set[Use]) -> bool:
+    """The walk stops at this input: a centered use, a constant, or nothing varying along the axis."""
+    inp = node.inputs[req.index] if req.index < len(node.inputs) else None
+    return inp is None or req.axis is None or (node, req.index) in leaves or constant_of(inp) is not None
+
+
+def _names(nodes: list[ir.Node], names: dict[ir.Node, str]) -> str:
+    counts = Counter(n.op_type for n in nodes)
+    kinds = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
+    return f"{kinds}: " + ", ".join(names.get(n, n.name or n.op_type) for n in nodes)
+
+
+def explain(model: ir.Model, plan: CenteringPlan, shapes: ShapeTable | None = None) -> list[str]:
+    """Lines (no indentation of their own) telling each LN's proof, in graph order."""
+    shapes = shapes or ShapeTable(model)
+    names = display_names(model.graph)
+    position = {node: i for i, node in enumerate(names)}  # display_names lists them in graph order
+    lines: list[str] = []
+    for d in plan.decisions:
+        head = f"{d.node} ({d.op_type}, axis {d.axis}): {d.status}"
+        if not d.folded:
+            lines.append(head)
+            lines.append(f"  blocked: {d.reason}")
+            producer = _producer_of(model, d.blocking_tensor)
+            if producer is not None:
+                lines.append(f"  '{d.blocking_tensor}' is produced by {producer.op_type} '{names.get(producer, producer.name)}'")
+            continue
+        lines.append(f"{head} -> {d.rewrite}")
+        edits = [e for e in plan.edits if d.node in e.required_by]
+        centerings = [c for c in plan.centerings if d.node in c.required_by]
+        for e in edits:
+            readers = ", ".join(sorted({names.get(n, n.name) for n, _ in e._uses}))
+            where = "made exactly zero" if e.axis is None else f"centered along axis {e.axis}"
+            copy = f", as the untied copy '{e.new_name}'" if e.untie else ""
+            lines.append(f"  producer: {e.role} '{e.tensor}' read by {readers}: {where}{copy}")
+        for c in centerings:
+            lines.append(f"  explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis}")
+        leaves = {use for e in edits for use in e._uses} | {use for c in centerings for use in c._uses}
+        carried = sorted(_carried(d, leaves, shapes), key=position.__getitem__)
+        if carried:
+            lines.append(f"  carried through {len(carried)} op(s): {_names(carried, names)}")
+        else:
+            lines.append("  carried through no op: the producers feed the LN directly")
+    return lines
+
+
+def _producer_of(model: ir.Model, tensor: str | None) -> ir.Node | None:
+    if not tensor:
+        return None
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for out in node.outputs:
+            if out is not None and out.name == tensor:
+                return node
+    return None

@@ -1,0 +1,220 @@
+"""Write a model safely: to a temporary file in the destination folder, renamed into place.
+
+A crash or a refused verification never leaves a half-written model, and the input file is never
+the destination unless the caller asked for that explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from onnx_lnfold.core.errors import CannotWrite, InvalidInput
+from onnx_lnfold.core.ir import weight_bytes
+from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.io.proto_write import read_from, write_model
+
+# Protobuf cannot hold a message over 2 GiB: above this the weights go to external data.
+_PROTO_LIMIT = 2**31 - 2**26
+
+# Writers of external data: one thread copies untouched tensors in the kernel while another
+# computes and writes a centered one. The bytes are the same as a serial write's.
+_WRITERS = min(2, os.cpu_count() or 1)
+
+
+def _initializers(model: ir.Model):
+    """Initializers of the main graph and of every If/Loop/Scan body."""
+    for graph in model.graphs():
+        yield from graph.initializers.values()
+
+
+def uses_external_data(model: ir.Model) -> bool:
+    """Whether any initializer, a body's included, lives in external data: the output then keeps
+    its weights in external data too (a body's external tensor would otherwise point at a file
+    the output's folder does not have)."""
+    return any(isinstance(v.const_value, ir.ExternalTensor) for v in _initializers(model))
+
+
+def release_mapped(model: ir.Model) -> None:
+    """Close the memory maps of external tensors already read (their pages count in RSS); a later
+    read maps the file again."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                try:
+                    value.const_value.release()
+                except BufferError:  # someone still holds an array on the map: it stays open
+                    pass
+
+
+def save_with_external_data(model: ir.Model, path: Path | str, data_name: str, callback=None) -> None:
+    """`ir.save` with every initializer in `data_name` beside `path`: untouched external tensors
+    are copied by the kernel, edited ones computed and written by a second thread meanwhile."""
+    ir.save(model, path, external_data=data_name, callback=callback, max_workers=_WRITERS)
+
+
+def _proto_initializers(graph: onnx.GraphProto):
+    """The initializers of a GraphProto and of the bodies of its nodes, at any depth."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _proto_initializers(sub)
+
+
+def _os_error(what: str, e: OSError) -> CannotWrite:
+    return CannotWrite(f"{what}: {e.strerror or e}")
+
+
+class StagedModel:
+    """A model written next to its destination, not yet in place: `commit()` or `discard()`.
+
+    The model goes to `destination`, its weights (when external, or too large for one protobuf) to
+    `destination.name + '.data'` beside it; both are written into a temporary folder inside the
+    destination folder and renamed into place by `commit()`, the data file first. A data file the
+    input model still reads (in-place runs) is replaced only by that rename, so memory maps of the
+    old file stay valid. With `rebind`, the model's initializers are switched to the written
+    files: external data at once, the weights streamed into a one-file model at `commit()`
+    (in-memory edits are released; the model stays usable after, even if its source is gone).
+
+    With `copy_of` (the file `model` was read from, a model nothing changed that has no external
+    data), that file's bytes are written instead of a serialization of `model`: an unchanged copy
+    (`identical`), where a re-serialization would differ in bytes (value_info, node names).
+    """
+
+    def __init__(
+        self,
+        model: ir.Model,
+        destination: Path,
+        *,
+        progress: Progress | None = None,
+        rebind: bool = False,
+        copy_of: Path | None = None,
+    ):
+        self.destination = destination
+        folder = destination.parent
+        if not folder.exists():
+            raise CannotWrite(f"{folder}: output folder does not exist")
+        if not folder.is_dir():
+            raise CannotWrite(f"{folder}: output folder is not a folder")
+        if not os.access(folder, os.W_OK):
+            raise CannotWrite(f"{folder}: output folder is not writable")
+        try:
+            self._dir = Path(tempfile.mkdtemp(prefix=".lnfold-", dir=folder))
+        except OSError as e:
+            raise _os_error(f"{folder}: cannot write to the output folder", e) from None
+        self.path = self._dir / destination.name
+        self.data_name: str | None = None
+        self._model = model
+        self._rebind_on_commit = rebind
+        self._rebound: list[ir.ExternalTensor] = []
+        self._streamed: dict[str, int] = {}  # one-file output: where streamed initializers start
+        self.identical = copy_of is not None
+        try:
+            if copy_of is not None:
+                shutil.copyfile(copy_of, self.path)
+                return
+            release_mapped(model)
+            if uses_external_data(model) or weight_bytes(model) > _PROTO_LIMIT:
+                self.data_name = destination.name + ".data"
+            callback = None
+            if progress is not None and progress.enabled:
+                callback = progress.save_callback(f"Writing {self.data_name or destination.name}", weight_bytes(model))
+            if self.data_name:
+                save_with_external_data(model, self.path, self.data_name, callback)
+            else:  # one protobuf file, large weights streamed into it
+                self._streamed = write_model(model, self.path, callback)
+            if progress is not None:
+                progress.finish()
+            if rebind and self.data_name:
+                self._rebind()
+        except OSError as e:
+            self.discard()
+            raise _os_error(f"{destination}: cannot write the output", e) from None
+        except BaseException:
+            self.discard()
+            raise
+
+    @property
+    def data_path(self) -> Path | None:
+        return self._dir / self.data_name if self.data_name else None
+
+    def _rebind(self) -> None:
+        """Point the model's external-data initializers at the staged data file."""
+        proto = onnx.load(str(self.path), load_external_data=False)
+        initializers = {name: value for graph in self._model.graphs() for name, value in graph.initializers.items()}
+        for init in _proto_initializers(proto.graph):
+            value = initializers.get(init.name)
+            if init.data_location != onnx.TensorProto.EXTERNAL or value is None or value.const_value is None:
+                continue
+            info = {e.key: e.value for e in init.external_data}
+            old = value.const_value
+            tensor = ir.ExternalTensor(
+                info["location"],
+                int(info.get("offset", 0)),
+                int(info["length"]) if "length" in info else None,
+                old.dtype,
+                shape=ir.Shape(old.shape),
+                name=value.name,
+                base_dir=str(self._dir),
+            )
+            if isinstance(old, ir.ExternalTensor):
+                try:
+                    old.release()
+                except BufferError:
+                    pass
+            value.const_value = tensor
+            self._rebound.append(tensor)
+
+    def commit(self) -> Path:
+        folder = self.destination.parent
+        try:
+            if self.data_name:
+                os.replace(self._dir / self.data_name, folder / self.data_name)
+            os.replace(self.path, self.destination)
+        except OSError as e:
+            self.discard()
+            raise _os_error(f"{self.destination}: cannot move the output into place", e) from None
+        for tensor in self._rebound:  # maps already open follow the renamed file; new ones find it here
+            tensor.base_dir = str(folder)
+        if self._rebind_on_commit and self._streamed:
+            read_from(self._model, self.destination, self._streamed)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        return self.destination
+
+    def discard(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def default_output(path: Path) -> Path:
+    """`model.onnx` -> `model.lnfold.onnx`, beside the input."""
+    return path.with_name(f"{path.stem}.lnfold{path.suffix or '.onnx'}")
+
+
+def check_destination(
+    source: Path | None, destination: Path, in_place: bool, input_data: set[Path] | frozenset[Path] = frozenset()
+) -> None:
+    """Refuse a destination that would overwrite the input model or a data file it reads.
+
+    `input_data`: the resolved external data files of the input. With `in_place` the output
+    replaces the input model, and its data file (`OUT.onnx.data`) may replace the input's (it is
+    written under a temporary name and renamed after: the input is read to the end first).
+    """
+    target = destination.resolve()
+    same = source is not None and target == source.resolve()
+    if same and not in_place:
+        raise InvalidInput(f"{destination}: output would overwrite the input; pass --in-place to allow it")
+    if destination.is_dir():
+        raise InvalidInput(f"{destination}: output path is a directory")
+    if target in input_data:
+        raise InvalidInput(f"{destination}: output would overwrite the input's external data file")
+    data = target.with_name(target.name + ".data")
+    if data in input_data and not same:
+        raise InvalidInput(
+            f"{destination}: its data file {data.name} would overwrite the input's external data file; choose another output name"
+        )

@@ -1,0 +1,245 @@
+"""Shapes for the analysis: inferred from the graph itself, with declared shapes as hints.
+
+The analysis follows one axis through Reshape, Transpose, broadcasting and friends, so it needs
+ranks and, for reshapes, the dims around that axis. What the graph computes is the authority:
+`_shape_infer` runs ONNX shape inference (with data propagation through the Shape/Gather/Concat
+chains that build a Reshape's target) and, where that leaves ranks unknown, ONNX Runtime's symbolic
+shape inference, both on a light copy. Declared `value_info` is only a hint: it is used where
+inference knows nothing, and its integer dims fill dims inference left open, but a declared symbol
+never replaces an inferred dim (the fp16 converter and `onnx.shape_inference` write `unk__N` dims
+where the graph says exactly which dim it is). Results are kept here, never written into the
+model: adding `value_info` changes ONNX Runtime's fusions and memory planning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import onnx_ir as ir
+
+from onnx_lnfold.shapes.infer import (
+    GENERATED_PREFIX,
+    Dim,
+    Inferred,
+    Shape,
+    defining_graph,
+    factors,
+    infer,
+    input_symbols,
+    session_view,
+    subgraphs,
+    tag,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Dim", "Shape", "ShapeTable", "dims_equal", "match_reshaped_axis", "product"]
+
+
+def _dims(shape: ir.Shape | None) -> Shape | None:
+    if shape is None:
+        return None
+    out: list[Dim] = []
+    for d in shape:
+        if isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, ir.SymbolicDim) and d.value is not None:
+            out.append(d.value)
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _generated(d: Dim) -> bool:
+    return isinstance(d, str) and d.startswith(GENERATED_PREFIX)
+
+
+def _score(d: Dim, inferred: bool) -> int:
+    """How much one dim says, and how far to trust it. An inferred integer or input-named dim
+    beats anything declared; a declared integer or input-named dim beats a symbol an inference
+    made up (which says only "some size"); nothing is worth least."""
+    if d is None:
+        return 0
+    if _generated(d):
+        return 2 if inferred else 1
+    kind = 2 if isinstance(d, int) else 1
+    return kind + (4 if inferred else 2)
+
+
+def _merge(inferred: list[Shape], hints: list[Shape]) -> Shape | None:
+    """One shape from the inferred candidates and the hints (declared), dim by dim.
+
+    Inferences that disagree on the rank make the shape unknown: following an axis through a
+    tensor whose rank is in doubt is a guess; a hint whose rank disagrees is ignored. Two
+    inferred integers that disagree leave the dim unknown. A hint's dim fills in only where
+    inference knows less (see `_score`).
+    """
+    ranks = {len(s) for s in inferred}
+    if len(ranks) > 1:
+        return None
+    if not inferred:
+        return max(hints, key=lambda h: sum(_score(d, False) for d in h)) if hints else None
+    rank = ranks.pop()
+    merged: list[Dim] = []
+    for i in range(rank):
+        options = [(shape[i], True) for shape in inferred]
+        ints = {d for d, _ in options if isinstance(d, int)}
+        if len(ints) > 1:
+            merged.append(None)  # two inferences contradict each other: trust neither
+            continue
+        options += [(hint[i], False) for hint in hints if len(hint) == rank]
+        best = max(options, key=lambda o: _score(*o))  # the first of equals: ONNX's inference
+        merged.append(best[0])
+    return tuple(merged)
+
+
+# Ops whose output 0 has the rank of input 0.
+_SAME_RANK = {
+    "FastGelu", "BiasGelu", "Gelu", "QuickGelu", "BiasAdd", "Attention", "MultiHeadAttention",
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+    "LayerNormalization", "Relu", "Tanh", "Sigmoid", "Erf", "Cast", "Identity", "Neg", "Dropout",
+}
+
+
+class ShapeTable:
+    """Shapes of the values of one model, inferred from its graph (never written back)."""
+
+    def __init__(self, model: ir.Model):
+        self._model = model
+        self._inferred: tuple[Inferred, Inferred, Inferred] | None = None
+        self._shared: set[str] | None = None
+        self._memo: dict[ir.Value, Shape | None] = {}
+        self._session: Inferred | None = None
+
+    def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
+        if self._inferred is None:
+            self._inferred = infer(self._model)
+            self._shared = input_symbols(self._model)
+            self._paths = {id(graph): path for path, graph, _ in subgraphs(self._model.graph)}
+        return self._inferred
+
+    def for_clone(self, clone: ir.Model) -> ShapeTable:
+        """This table for `clone`, an `onnx_ir.Model.clone()` of this model (same names, same
+        structure): the inference results are shared, not computed again."""
+        table = ShapeTable(clone)
+        table._inferred = self._sources()
+        table._shared = self._shared
+        table._paths = {id(graph): path for path, graph, _ in subgraphs(clone.graph)}
+        return table
+
+    def _key(self, value: ir.Value) -> tuple[tuple, str]:
+        """(graph path, name), as `_shape_infer` keys results: sibling If branches reuse names."""
+        self._sources()
+        return self._paths.get(id(defining_graph(value)), ()), value.name or ""
+
+    def dtype(self, value: ir.Value | None) -> ir.DataType | None:
+        if value is None:
+            return None
+        if value.dtype is not None:
+            return value.dtype
+        key = self._key(value)
+        for source in self._sources():  # the graph's own inferences first
+            elem = source.get(key, (None, 0))[1]
+            if elem:
+                return ir.DataType(elem)
+        return None
+
+    def shape(self, value: ir.Value | None) -> Shape | None:
+        if value is None:
+            return None
+        if value.const_value is not None:
+            return tuple(value.const_value.shape.dims)
+        if value in self._memo:
+            return self._memo[value]
+        by_onnx, by_ort, by_hint = self._sources()
+        key = self._key(value)
+        inferred = [s for s in (by_onnx.get(key, (None, 0))[0], by_ort.get(key, (None, 0))[0]) if s is not None]
+        if value.is_graph_input() and value.graph is self._model.graph:
+            declared = _dims(value.shape)  # the model's interface: its own names are the shared ones
+        else:
+            declared = tag(_dims(value.shape), "declared", self._shared or set())
+        hints = [h for h in (declared, by_hint.get(key, (None, 0))[0]) if h is not None]
+        shape = _merge(inferred, hints)
+        self._memo[value] = shape
+        return shape
+
+    def session_shape(self, value: ir.Value) -> Shape | None:
+        """`value`'s shape as ONNX Runtime's session optimizer sees it (`_shape_infer.session_view`):
+        a dim it cannot name is None."""
+        if value.const_value is not None:
+            return tuple(value.const_value.shape.dims)
+        if self._session is None:
+            self._session = session_view(self._model)
+        return self._session.get(self._key(value), (None, 0))[0]
+
+    def declarable(self, shape: Shape | None) -> Shape | None:
+        """`shape` as it may be written into the model: symbols made up by inference dropped."""
+        if shape is None:
+            return None
+        return tuple(None if isinstance(d, str) and d.startswith(GENERATED_PREFIX) else d for d in shape)
+
+    def rank(self, value: ir.Value | None, _depth: int = 0) -> int | None:
+        shape = self.shape(value)
+        if shape is not None:
+            return len(shape)
+        # ONNX shape inference stops at ops it does not know (ORT's contrib ops: FastGelu,
+        # BiasGelu, Attention...). Their output rank is still plain to see.
+        node = value.producer() if value is not None else None
+        if node is None or _depth > 64:
+            return None
+        if node.op_type in _SAME_RANK and value is node.outputs[0]:
+            return self.rank(node.inputs[0], _depth + 1)
+        if node.op_type.startswith("Skip") and len(node.outputs) > 3 and value is node.outputs[3]:
+            return self.rank(node.inputs[0], _depth + 1)  # the residual sum
+        if node.op_type in ("Add", "Sub", "Mul", "Div", "Sum", "Pow") and value is node.outputs[0]:
+            ranks = [self.rank(v, _depth + 1) for v in node.inputs if v is not None]
+            if ranks and all(r is not None for r in ranks):
+                return max(ranks)  # type: ignore[type-var]
+        if node.op_type == "MatMul":
+            ranks = [self.rank(v, _depth + 1) for v in node.inputs]
+            if all(r is not None and r >= 2 for r in ranks):
+                return max(ranks)  # type: ignore[type-var]
+        return None
+
+
+def dims_equal(a: Dim, b: Dim) -> bool:
+    return a is not None and b is not None and a == b
+
+
+def product(dims: Shape) -> tuple[int, Counter] | None:
+    """A product of dims that compares symbolically: (int factor, multiset of symbols)."""
+    factor, symbols = 1, Counter()
+    for d in dims:
+        if d is None:
+            return None
+        if isinstance(d, int):
+            factor *= d
+        elif d.startswith(GENERATED_PREFIX):
+            symbols[d] += 1  # an opaque name of one inference run
+        else:
+            for f in factors(d):  # `batch*seq` is batch times seq
+                if f.isdigit():
+                    factor *= int(f)
+                else:
+                    symbols[f] += 1
+    return factor, symbols
+
+
+def match_reshaped_axis(src: Shape, axis: int, dst: Shape) -> int | None:
+    """The axis of `dst` that holds `src[axis]` unchanged through a row-major reshape.
+
+    Row-major reshape keeps an axis whole iff the destination has a dim of the same size whose
+    trailing product equals the source's trailing product: then every element keeps its index
+    along that axis. The match is unique for dims other than 1.
+    """
+    d = src[axis]
+    if d is None or d == 1:
+        return None
+    suffix = product(src[axis + 1 :])
+    if suffix is None:
+        return None
+    for j, e in enumerate(dst):
+        if dims_equal(d, e) and product(dst[j + 1 :]) == suffix:
+            return j
+    return None

@@ -1,0 +1,364 @@
+"""The float64 evaluation verification judges a fold against (docs/DESIGN.md section 6).
+
+A model's float64 twin (`_shadow.float64_twin`: every float tensor, type and dtype attribute widened
+to double) runs in `onnx.reference`, which evaluates any standard op in the dtype of its inputs.
+ONNX Runtime's CPU provider would be faster but has no double Conv or Erf. What `onnx.reference`
+lacks or gets wrong for this purpose is implemented here as `OpRun`s:
+
+- ONNX Runtime's own ops that the fold emits or that its transformers optimizer writes
+  (`SimplifiedLayerNormalization`, `com.microsoft::SkipSimplifiedLayerNormalization`,
+  `SkipLayerNormalization`, `FastGelu`, `BiasGelu`, `Gelu`, `QuickGelu`), with the semantics of
+  its CPU kernels (onnxruntime/contrib_ops/cpu/skip_layer_norm.cc, bert/bias_gelu.cc,
+  core/providers/cpu/nn/layer_norm_impl.cc) computed in float64;
+- `Erf`, whose reference implementation rounds to float32, and `Gelu` (opset 20), which would
+  expand to that Erf;
+- `GatherElements`, whose reference implementation fails on tables of more than 32 rows, and
+  `Loop`, which it runs zero times without a condition input and whose scan outputs it
+  concatenates instead of stacking.
+
+A twin of the fold can carry its centered weights and beta-folded biases unrounded (`exact_values`:
+the float64 values `_centering` computed before rounding): then an exact fold differs from the
+original by float64 rounding only. An op that no implementation covers (ONNX Runtime's `Attention`,
+`EmbedLayerNormalization`, ...) is named by `Float64Unavailable`, and verification falls back.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
+
+from onnx_lnfold.core.ir import MS_DOMAIN
+from onnx_lnfold.verify.shadow import float64_feeds, float64_twin
+
+
+class Float64Unavailable(Exception):
+    """The model cannot be evaluated in float64 here; the message says why (an op named)."""
+
+
+# --------------------------------------------------------------------------- ops
+def _erf(x: np.ndarray) -> np.ndarray:
+    # The C library's double erf (within an ulp or so), one Python call an element: numpy has none.
+    flat = np.fromiter(map(math.erf, x.ravel().tolist()), dtype=np.float64, count=x.size)
+    return flat.reshape(x.shape).astype(x.dtype, copy=False)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def _normalize(x: np.ndarray, scale, bias, axis: int, epsilon: float, simplified: bool):
+    """(y, mean, inv_std_dev) over the axes from `axis` on: LayerNorm, or RMSNorm when
+    `simplified` (its mean output is zeros, as the kernel leaves nothing else there)."""
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    if simplified:
+        mean = np.zeros(x.shape[: axis % x.ndim] + (1,) * len(axes), dtype=x.dtype)
+        centered = x
+    else:
+        mean = x.mean(axis=axes, keepdims=True)
+        centered = x - mean
+    inv_std_dev = 1.0 / np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True) + epsilon)
+    y = centered * inv_std_dev * scale
+    if bias is not None:
+        y = y + bias
+    return y.astype(x.dtype, copy=False), mean, inv_std_dev.astype(x.dtype, copy=False)
+
+
+class SimplifiedLayerNormalization(OpRun):
+    """ONNX Runtime's RMSNorm (domain ''): X / sqrt(mean(X^2) + epsilon) * scale over the axes from
+    `axis` on; outputs Y and inv_std_var."""
+
+    op_domain = ""
+
+    def _run(self, X, scale, axis=None, epsilon=None, stash_type=None):  # noqa: ARG002
+        axis = -1 if axis is None else axis
+        epsilon = 1e-5 if epsilon is None else epsilon
+        y, _, inv_std_dev = _normalize(X, scale, None, axis, epsilon, simplified=True)
+        return y, inv_std_dev
+
+
+# SkipLayerNormalization's schema default; the kernel requires the attribute to be present.
+_SKIP_EPSILON = 1e-12
+
+
+class SkipLayerNormalization(OpRun):
+    """com.microsoft: sum = input + skip (+ bias), LayerNorm of the sum over the last axis; outputs
+    (output, mean, inv_std_var, input_skip_bias_sum); skip broadcasts over the leading axes."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(self, input, skip, gamma, beta=None, bias=None, epsilon=None):  # noqa: A002
+        total = input + skip if bias is None else input + skip + bias
+        epsilon = _SKIP_EPSILON if epsilon is None else epsilon
+        y, mean, inv_std_dev = _normalize(total, gamma, beta, -1, epsilon, simplified=False)
+        return y, mean, inv_std_dev, total
+
+
+class SkipSimplifiedLayerNormalization(OpRun):
+    """com.microsoft: the RMSNorm counterpart of SkipLayerNormalization (inputs input, skip,
+    gamma, bias)."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(self, input, skip, gamma, bias=None, epsilon=None):  # noqa: A002
+        total = input + skip if bias is None else input + skip + bias
+        epsilon = _SKIP_EPSILON if epsilon is None else epsilon
+        y, mean, inv_std_dev = _normalize(total, gamma, None, -1, epsilon, simplified=True)
+        return y, mean, inv_std_dev, total
+
+
+class FastGelu(OpRun):
+    """com.microsoft: the tanh approximation of GELU, of X (+ bias)."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(self, X, bias=None):
+        return (_gelu_tanh(X if bias is None else X + bias),)
+
+
+class BiasGelu(OpRun):
+    """com.microsoft: GELU (erf) of A + B."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(self, A, B):
+        return (_gelu(A + B),)
+
+
+class Gelu(OpRun):
+    """GELU (erf) as com.microsoft::Gelu has it."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(self, X, approximate=None):  # noqa: ARG002 - the evaluator adds ONNX's Gelu attribute
+        return (_gelu(X),)
+
+
+class QuickGelu(OpRun):
+    """com.microsoft: X * sigmoid(alpha * X)."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(self, X, alpha=None):
+        alpha = 1.702 if alpha is None else alpha
+        return ((X / (1.0 + np.exp(-alpha * X))).astype(X.dtype, copy=False),)
+
+
+class Erf(OpRun):
+    """The reference's Erf computes in float32 whatever its input; this one in the input's dtype."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (_erf(x),)
+
+
+class _OnnxGelu(OpRun):
+    """Gelu (opset 20): its function body would run the reference's float32 Erf."""
+
+    op_domain = ""
+
+    def _run(self, X, approximate=None):
+        approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+        return ((_gelu_tanh(X) if approximate == "tanh" else _gelu(X)).astype(X.dtype, copy=False),)
+
+
+_OnnxGelu.__name__ = "Gelu"  # the evaluator keys new ops by (op_domain, class name)
+
+
+class GatherElements(OpRun):
+    """The reference's GatherElements gives wrong shapes past 32 rows (np.choose's limit)."""
+
+    op_domain = ""
+
+    def _run(self, data, indices, axis=None):
+        axis = 0 if axis is None else axis
+        indices = np.where(indices < 0, indices + data.shape[axis], indices)
+        return (np.take_along_axis(data, indices, axis=axis),)
+
+
+class Loop(_ReferenceLoop):
+    """The reference's Loop runs no iteration when the condition input is omitted (it means true),
+    joins scan outputs with np.vstack ([M * d0, ...] where ONNX stacks them: [M, d0, ...]), and
+    fails when no iteration ran."""
+
+    op_domain = ""
+
+    def _run(self, M, cond, *args, context=None, body=None, attributes=None, bindings=None):  # noqa: ARG002
+        body = self.body
+        names = body.input_names
+        inputs: dict[str, Any] = dict.fromkeys(names)
+        for name, value in zip(names[2:], args):
+            inputs[name] = value
+        inputs.update(context or {})
+        scans: list[list[np.ndarray]] = [[] for _ in range(self.K)]
+        states = [inputs[name] for name in names[2:]]
+        cond = np.array(True) if cond is None else cond
+        iteration = 0
+        while cond and (M is None or iteration < M):
+            if names and names[0]:
+                inputs[names[0]] = np.array(iteration, dtype=None if M is None else M.dtype)
+            if len(names) > 1 and names[1]:
+                inputs[names[1]] = cond
+            outputs = self._run_body(inputs, attributes=attributes, bindings=bindings)
+            cond = outputs[self.output_index[body.output_names[0]]]
+            states = list(outputs[1 : 1 + self.N])
+            for k in range(self.K):
+                scans[k].append(outputs[1 + self.N + k])
+            for name, value in zip(names[2:], states):
+                inputs[name] = value
+            iteration += 1
+        results = states + [np.stack(scan) if scan else np.empty((0,)) for scan in scans]
+        return self._check_and_fix_outputs(tuple(results))
+
+
+FLOAT64_OPS: list[type[OpRun]] = [
+    SimplifiedLayerNormalization,
+    SkipLayerNormalization,
+    SkipSimplifiedLayerNormalization,
+    FastGelu,
+    BiasGelu,
+    Gelu,
+    QuickGelu,
+    Erf,
+    _OnnxGelu,
+    GatherElements,
+    Loop,
+]
+# Domains the evaluator knows besides the main one (and model-local functions).
+_KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "experimental"}
+
+
+class _Evaluator(ReferenceEvaluator):
+    """A ReferenceEvaluator whose model-local functions get the ops above too (the base class
+    builds their evaluators without `new_ops`; If/Loop/Scan bodies inherit them)."""
+
+    def __init__(self, proto, *args, new_ops=None, **kwargs):
+        super().__init__(proto, *args, new_ops=FLOAT64_OPS if new_ops is None else new_ops, **kwargs)
+
+
+# --------------------------------------------------------------------------- the twins
+def exact_tensors(model: ir.Model) -> dict[str, Any]:
+    """Name -> tensor of every constant the fold computed (`_centering`'s tensors, which hand out
+    their float64 values before rounding: `exact_float64()`), initializers and Constant nodes,
+    bodies included. Taken before the model is written: writing it rebinds its tensors to the
+    file, rounded."""
+    found: dict[str, Any] = {}
+    graphs = [model.graph]
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                graphs.append(attr.as_graph())
+            elif attr.type == ir.AttributeType.GRAPHS:
+                graphs.extend(attr.as_graphs())
+        if node.op_type == "Constant" and node.outputs[0].name:
+            attr = node.attributes.get("value")
+            tensor = attr.as_tensor() if attr is not None and attr.type == ir.AttributeType.TENSOR else None
+            if hasattr(tensor, "exact_float64"):
+                found[node.outputs[0].name] = tensor
+    for graph in graphs:
+        for name, value in graph.initializers.items():
+            if hasattr(value.const_value, "exact_float64"):
+                found[name] = value.const_value
+    return found
+
+
+def exact_values(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The float64 values of `exact_tensors`' tensors."""
+    return {name: tensor.exact_float64() for name, tensor in tensors.items()}
+
+
+def _substitute(graph: onnx.GraphProto, values: dict[str, np.ndarray], done: set[str]) -> None:
+    for i, tensor in enumerate(graph.initializer):
+        if tensor.name in values:
+            graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(values[tensor.name], tensor.name))
+            done.add(tensor.name)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0] in values:
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    attr.t.CopyFrom(onnx.numpy_helper.from_array(values[node.output[0]], attr.t.name))
+                    done.add(node.output[0])
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _substitute(attr.g, values, done)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    _substitute(g, values, done)
+
+
+def _sorted(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The evaluator runs nodes in the order written; ONNX Runtime sorts them (converters that
+    append nodes, such as the fp16 converter's input Casts, rely on that)."""
+    known = {i.name for i in proto.graph.input} | {t.name for t in proto.graph.initializer} | {""}
+    for node in proto.graph.node:
+        if any(name not in known for name in node.input):
+            model = ir.from_proto(proto)
+            model.graph.sort()
+            return ir.to_proto(model)
+        known.update(node.output)
+    return proto
+
+
+def _ops(proto: onnx.ModelProto) -> set[tuple[str, str]]:
+    found: set[tuple[str, str]] = set()
+
+    def walk(nodes) -> None:
+        for node in nodes:
+            found.add((node.domain, node.op_type))
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g.node)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        walk(g.node)
+
+    walk(proto.graph.node)
+    for function in proto.functions:
+        walk(function.node)
+    return found
+
+
+class Float64Model:
+    """A model's float64 twin, ready to run; `exact` replaces the named constants by the given
+    float64 values (the fold's unrounded ones). Raises `Float64Unavailable` when the evaluator
+    cannot take the model (an op it does not know, named)."""
+
+    def __init__(self, model: bytes | str | Path | onnx.ModelProto, exact: dict[str, np.ndarray] | None = None):
+        proto = float64_twin(model)
+        if exact:
+            _substitute(proto.graph, exact, set())
+        ops = _ops(proto)
+        imported = {o.domain for o in proto.opset_import}
+        if any(domain == MS_DOMAIN for domain, _ in ops) and MS_DOMAIN not in imported:
+            proto.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))  # ONNX Runtime does not insist
+        ours = {(cls.op_domain, cls.__name__) for cls in FLOAT64_OPS}
+        functions = {(f.domain, f.name) for f in proto.functions}
+        unknown = sorted(
+            f"{domain}::{op}" for domain, op in ops if (domain, op) not in ours | functions and domain not in _KNOWN_DOMAINS
+        )
+        if unknown:
+            raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
+        try:
+            self._evaluator = _Evaluator(_sorted(proto))
+        except NotImplementedError as e:  # a standard op the reference lacks
+            found = re.search(r"Node type '([^']+)' from domain '([^']*)'", str(e))
+            what = f"{found[2] + '::' if found and found[2] else ''}{found[1]}" if found else str(e).splitlines()[0]
+            raise Float64Unavailable(f"onnx.reference cannot evaluate {what}") from None
+        self.output_names = [o.name for o in proto.graph.output]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self._evaluator.run(None, float64_feeds(feeds))
+        return {name: np.asarray(value) for name, value in zip(self.output_names, outputs)}
