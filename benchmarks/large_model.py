@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         gen.make_model(model, hidden=args.hidden, layers=args.layers, vocab=args.vocab, tie_head=args.tie_head)
         print(f"built in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    from onnx_lnfold.core.ir import weight_bytes
     from onnx_lnfold.load.model import load_path
-    from onnx_lnfold.save.staged import weight_bytes
 
     weights = weight_bytes(load_path(model))
     files = model.stat().st_size + data.stat().st_size

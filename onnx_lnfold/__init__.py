@@ -49,7 +49,7 @@ if _typing.TYPE_CHECKING:
     from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, NotVerified, VerificationFailed
     from onnx_lnfold.core.options import FoldOptions
     from onnx_lnfold.report.fold_report import FoldReport
-    from onnx_lnfold.verify.check import Verification
+    from onnx_lnfold.verify.verdict import Verification
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -17,7 +17,8 @@ from onnx_lnfold import _pipeline
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.errors import VerificationFailed
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, keywords_to_options, takes_option_keywords
-from onnx_lnfold.load.model import ModelSource, external_data_files, load_model
+from onnx_lnfold.io.external_data import external_data_files
+from onnx_lnfold.load.model import ModelSource, load_model
 from onnx_lnfold.report.fold_report import model_bytes
 from onnx_lnfold.shapes.table import ShapeTable
 

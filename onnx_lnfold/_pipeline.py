@@ -20,18 +20,20 @@ from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import candidates, plan_for, plan_for_clone
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
-from onnx_lnfold.core.options import FoldOptions, check_preconditions
+from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, check_preconditions
 from onnx_lnfold.core.progress import Progress
-from onnx_lnfold.load.model import external_data_files
+from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.ort_fusions.check import FusionCheck
 from onnx_lnfold.ort_fusions.order import order_advice
 from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
-from onnx_lnfold.save.staged import StagedModel, release_mapped
+from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
-from onnx_lnfold.verify.check import FLOAT64_BUDGET_S, ModelBytesOrPath, OrtSource, Verification, check_equivalence
+from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.inputs import check_inputs
 from onnx_lnfold.verify.reference import exact_tensors
+from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource
+from onnx_lnfold.verify.verdict import Verification
 
 
 @dataclass

@@ -17,10 +17,11 @@ from onnx import TensorProto, helper
 
 import onnx_lnfold
 from onnx_lnfold.apply import centering
-from onnx_lnfold.verify.check import EXACT_RTOL, FLOAT64, SENSITIVITY, run_model
 from onnx_lnfold.verify.inputs import verification_input_sets
 from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
+from onnx_lnfold.verify.runner import run_model
 from onnx_lnfold.verify.shadow import float64_twin
+from onnx_lnfold.verify.verdict import EXACT_RTOL, FLOAT64, SENSITIVITY
 
 from conftest import MODELS
 from graphs import Graph
@@ -316,7 +317,7 @@ def test_a_float64_budget_of_zero_asks_for_none(tmp_path):
 
 
 def test_an_evaluation_estimated_over_the_budget_is_not_started(monkeypatch):
-    monkeypatch.setattr("onnx_lnfold.verify.check.FLOAT64_COST", 1e9)
+    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_COST", 1e9)
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.judgment == SENSITIVITY and verification.status == "passed"
     assert verification.judgment_reason.startswith("a float64 evaluation would take about ")

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold.verify.check import run_model
+from onnx_lnfold.verify.runner import run_model
 
 from conftest import MODELS
 from graphs import assert_equivalent, ops

@@ -12,7 +12,7 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.report.fold_report import FoldReport, _explain, count_ops
 from onnx_lnfold.report.trace import explain
-from onnx_lnfold.verify.check import OutputDiff, Verification
+from onnx_lnfold.verify.verdict import OutputDiff, Verification
 
 from conftest import MODELS
 

@@ -12,9 +12,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnx_lnfold
-from onnx_lnfold.verify.check import run_model
-from onnx_lnfold.verify.inputs import DimExpr, synthesize_inputs, verification_input_sets
+from onnx_lnfold.verify.inputs import verification_input_sets
+from onnx_lnfold.verify.runner import run_model
 from onnx_lnfold.verify.shadow import float32_shadow
+from onnx_lnfold.verify.synthesize import DimExpr, synthesize_inputs
 
 from conftest import MODELS
 from graphs import Graph, ops
@@ -402,7 +403,8 @@ def test_an_output_widened_from_fp16_gets_the_fp16_tolerance():
     from onnx import TensorProto as T
     from onnx import helper as h
 
-    from onnx_lnfold.verify.check import output_types, rtol_for
+    from onnx_lnfold.verify.check import output_types
+    from onnx_lnfold.verify.verdict import rtol_for
 
     w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float16), "w")
     g = h.make_graph(

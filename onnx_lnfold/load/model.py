@@ -10,36 +10,10 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnx_lnfold.core.errors import InvalidInput, LnFoldError
+from onnx_lnfold.io.external_data import external_tensors
 from onnx_lnfold.io.proto_read import check_representable, read_model
 
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
-
-
-def external_tensors(model: ir.Model):
-    """(owner name, tensor) for every external tensor of the model: initializers of every graph
-    and tensor attributes (Constant nodes), subgraphs included."""
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
-                yield value.name, value.const_value
-        for node in graph:
-            for attr in node.attributes.values():
-                if attr.is_ref() or attr.value is None:
-                    continue
-                if attr.type == ir.AttributeType.TENSOR:
-                    tensors = [attr.value]
-                elif attr.type == ir.AttributeType.TENSORS:
-                    tensors = list(attr.value)
-                else:
-                    continue
-                for tensor in tensors:
-                    if isinstance(tensor, ir.ExternalTensor):
-                        yield tensor.name or node.name, tensor
-
-
-def external_data_files(model: ir.Model, base: Path) -> set[Path]:
-    """The resolved paths of the external data files the model reads."""
-    return {(base / t.location).resolve() for _, t in external_tensors(model)}
 
 
 def _check_external_data(model: ir.Model, base: Path) -> None:

@@ -1,0 +1,9 @@
+"""ONNX Runtime's fusions (docs/DESIGN.md section 10): which LNs to keep because folding them
+would cost a fusion ONNX Runtime makes on the original, decided by ONNX Runtime's own optimizers
+run on weightless copies of the graph (`weightless`, `probe`), before and after the plan is
+applied to a clone (`check.FusionCheck`), and the advice on the order of the fold and the
+transformers optimizer (`order`).
+
+Takes the model and a way to plan a clone; gives the LNs to keep, each with its `Blocked`, and
+the advice lines. Never reads a weight's values: the copies hold zeros.
+"""

@@ -20,7 +20,7 @@ import onnx_ir as ir
 from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
 from onnx_lnfold.emit.targets import BETA_SITE_WORDS
-from onnx_lnfold.verify.check import Verification
+from onnx_lnfold.verify.verdict import Verification
 
 _WIDTH = 100  # long lines (reasons, lists of names) wrap here
 

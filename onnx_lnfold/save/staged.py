@@ -17,46 +17,11 @@ import onnx_ir as ir
 from onnx_lnfold.core.errors import CannotWrite, InvalidInput
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.io.external_data import release_mapped, save_with_external_data, uses_external_data
 from onnx_lnfold.io.proto_write import read_from, write_model
 
 # Protobuf cannot hold a message over 2 GiB: above this the weights go to external data.
 _PROTO_LIMIT = 2**31 - 2**26
-
-# Writers of external data: one thread copies untouched tensors in the kernel while another
-# computes and writes a centered one. The bytes are the same as a serial write's.
-_WRITERS = min(2, os.cpu_count() or 1)
-
-
-def _initializers(model: ir.Model):
-    """Initializers of the main graph and of every If/Loop/Scan body."""
-    for graph in model.graphs():
-        yield from graph.initializers.values()
-
-
-def uses_external_data(model: ir.Model) -> bool:
-    """Whether any initializer, a body's included, lives in external data: the output then keeps
-    its weights in external data too (a body's external tensor would otherwise point at a file
-    the output's folder does not have)."""
-    return any(isinstance(v.const_value, ir.ExternalTensor) for v in _initializers(model))
-
-
-def release_mapped(model: ir.Model) -> None:
-    """Close the memory maps of external tensors already read (their pages count in RSS); a later
-    read maps the file again."""
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
-                try:
-                    value.const_value.release()
-                except BufferError:  # someone still holds an array on the map: it stays open
-                    pass
-
-
-def save_with_external_data(model: ir.Model, path: Path | str, data_name: str, callback=None) -> None:
-    """`ir.save` with every initializer in `data_name` beside `path`: untouched external tensors
-    are copied by the kernel, edited ones computed and written by a second thread meanwhile."""
-    ir.save(model, path, external_data=data_name, callback=callback, max_workers=_WRITERS)
-
 
 def _proto_initializers(graph: onnx.GraphProto):
     """The initializers of a GraphProto and of the bodies of its nodes, at any depth."""

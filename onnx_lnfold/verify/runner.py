@@ -1,0 +1,121 @@
+"""Running models in ONNX Runtime for the check: CPU sessions with graph optimizations off (its
+fusions can neither hide nor cause a difference), their outputs compared (`compare`), and a
+model in memory handed over as bytes or, when large, as a temporary file (`OrtSource`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_lnfold.core.ir import weight_bytes
+from onnx_lnfold.io.external_data import save_with_external_data, uses_external_data
+from onnx_lnfold.verify.verdict import OutputDiff
+
+ModelBytesOrPath = Union[bytes, str, Path]
+
+
+def onnxruntime_missing() -> str | None:
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return "onnxruntime is not installed"
+    return None
+
+
+def session_for(model: ModelBytesOrPath):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # Fatal only: a model that fails to run raises, and its message is what the report shows;
+    # ONNX Runtime's own (colored) log line would repeat it on stderr.
+    options.log_severity_level = 4
+    options.log_verbosity_level = 0
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds, run_options)))
+
+
+def run_model(model: ModelBytesOrPath, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return run_session(session_for(model), feeds)
+
+
+def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> list[OutputDiff]:
+    diffs = []
+    for name, ref in reference.items():
+        got = candidate[name]
+        if ref.dtype.kind not in "fc" and ref.dtype.name != "bfloat16":
+            same = ref.shape == got.shape and np.array_equal(ref, got)
+            diffs.append(OutputDiff(name, ref.shape, 0.0 if same else float("inf"), 1.0))
+            continue
+        r = ref.astype(np.float64)
+        g = got.astype(np.float64)
+        if r.shape != g.shape:
+            diffs.append(OutputDiff(name, r.shape, float("inf"), 1.0))
+            continue
+        both_nan = np.isnan(r) & np.isnan(g)
+        diff = np.where(both_nan, 0.0, np.abs(r - g))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        finite_ref = np.abs(r[np.isfinite(r)])
+        diffs.append(
+            OutputDiff(
+                name,
+                r.shape,
+                float(diff.max()) if diff.size else 0.0,
+                float(finite_ref.max()) if finite_ref.size else 0.0,
+            )
+        )
+    return diffs
+
+
+def first_line(e: BaseException, limit: int = 240) -> str:
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    # ONNX Runtime's status prefix and source location say nothing to a user.
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"\S*onnxruntime_src/\S+ ", "", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- the models to compare
+# Above this many weight bytes, onnxruntime reads a model for verification from a temporary file.
+_IN_MEMORY_LIMIT = 64 << 20
+
+
+class OrtSource:
+    """A model as ONNX Runtime can read it: bytes for small models, else a temporary file with
+    external data. Serializing to bytes holds the weights twice more (the proto and its bytes);
+    the file is written tensor by tensor, untouched external tensors copied by the kernel
+    (`copy_file_range`), never read into memory."""
+
+    def __init__(self, model: ir.Model):
+        self._dir: str | None = None
+        if uses_external_data(model) or weight_bytes(model) > _IN_MEMORY_LIMIT:
+            self._dir = tempfile.mkdtemp(prefix="lnfold-verify-")
+            path = os.path.join(self._dir, "model.onnx")
+            try:
+                save_with_external_data(model, path, "model.onnx.data")
+            except BaseException:
+                self.close()
+                raise
+            self.source: ModelBytesOrPath = path
+        else:
+            self.source = ir.to_proto(model).SerializeToString()
+
+    def close(self) -> None:
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
