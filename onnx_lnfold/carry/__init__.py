@@ -8,6 +8,7 @@ disagree (tests/test_carry_agreement.py).
 """
 
 from onnx_lnfold.carry.engine import JOINTLY_LINEAR, Requirement, backward, forward
-from onnx_lnfold.carry.rules import RULES, axis_vector
+from onnx_lnfold.carry.rule import axis_vector
+from onnx_lnfold.carry.rules import RULES
 
 __all__ = ["JOINTLY_LINEAR", "RULES", "Requirement", "axis_vector", "backward", "forward"]

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnx_lnfold.carry.rules import RULES, In, Link, Out, axis_vector, fed
+from onnx_lnfold.carry.rule import In, Link, Out, axis_vector, fed
+from onnx_lnfold.carry.rules import RULES
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard, node_label, reads_only_shape
 from onnx_lnfold.shapes.parts import WHOLE, Part
