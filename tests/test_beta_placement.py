@@ -198,7 +198,7 @@ def test_cost_table_decisions():
 
 
 def test_cost_table_is_the_committed_measurement():
-    """`costs.CPU` is what benchmarks/emissioncosts.py fits to its committed results, not numbers
+    """`costs.CPU` is what benchmarks/emission_costs.py fits to its committed results, not numbers
     typed in by hand (re-measure: python -m benchmarks.emission_costs, then copy the fit)."""
     import json
 
@@ -206,7 +206,7 @@ def test_cost_table_is_the_committed_measurement():
 
     from conftest import ROOT
 
-    results = json.loads((ROOT / "benchmarks" / "results" / "emissioncosts.json").read_text())["results"]
+    results = json.loads((ROOT / "benchmarks" / "results" / "emission_costs.json").read_text())["results"]
     assert {(r["d"], r["batch"] * r["seq"]) for r in results} == {
         (d, t) for d in (64, 256, 384, 768, 1024) for t in (16, 128, 1024, 8192)
     }

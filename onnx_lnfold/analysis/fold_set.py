@@ -18,9 +18,10 @@ import onnx_ir as ir
 from onnx_lnfold import carry
 from onnx_lnfold.analysis.side_effects import side_effects
 from onnx_lnfold.analysis.sinks import Sinks
-from onnx_lnfold.analysis.zero_mean import NORMALIZATIONS, Leaf, Tracer
+from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
+from onnx_lnfold.core.ops import NORMALIZATION_TYPES
 from onnx_lnfold.emit.costs import centering_pays
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
@@ -131,7 +132,7 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
             continue
         value, ax = key
         node = value.producer()
-        if node is None or node.op_type in NORMALIZATIONS:
+        if node is None or node.op_type in NORMALIZATION_TYPES:
             memo[key] = frozenset()
             continue
         reqs = carry.backward(node, value.index(), ax, shapes)

@@ -21,19 +21,10 @@ from onnx_lnfold import carry
 from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
+from onnx_lnfold.core.ops import NORMALIZATION_TYPES
 from onnx_lnfold.forms import is_residual_sum, sum_terms
 from onnx_lnfold.shapes.parts import WHOLE, Part
 from onnx_lnfold.shapes.table import ShapeTable
-
-NORMALIZATIONS = {
-    "LayerNormalization",
-    "SkipLayerNormalization",
-    "SimplifiedLayerNormalization",
-    "SkipSimplifiedLayerNormalization",
-    "RMSNormalization",
-    "EmbedLayerNormalization",
-}
-
 
 # Per-channel weights along the tracked axis (None: uniform). A tensor "zero-mean with weights w"
 # means `tensor * w` is zero-mean: what a layer scale `Mul(linear, w)` asks of its linear layer.
@@ -156,7 +147,7 @@ class Tracer:
                 )
             terms = [dataclasses.replace(term, part=part.without_where()) for term in terms]
             return self._collect(node, terms, (value, axis, part), weights)
-        if node.op_type in NORMALIZATIONS or value in self.pattern_outputs:
+        if node.op_type in NORMALIZATION_TYPES or value in self.pattern_outputs:
             label = self.pattern_outputs.get(value) or node_label(node)
             return Blocked(
                 "normalization-output",

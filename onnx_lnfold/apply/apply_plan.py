@@ -15,8 +15,9 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.plan import AuxCentering, CenteringEdit, CenteringPlan
 from onnx_lnfold.apply.centering import CenteredTensor, RowMeans
 from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like
-from onnx_lnfold.core.ir import MS_DOMAIN, constant_of
+from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.names import fresh_name, taken_names
+from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.emit.targets import SKIP_RMS_OP
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,9 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import LnDecision
 from onnx_lnfold.apply.centering import bias_plus_beta
-from onnx_lnfold.core.ir import MS_DOMAIN, constant_of
+from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.names import fresh_name
+from onnx_lnfold.core.ops import SKIP_RMS_NORM
 from onnx_lnfold.emit.targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, Rewrite, bias_slot
 
 
@@ -79,8 +80,8 @@ def _skip_rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: se
     if keep_sum:  # outputs 1 and 2 (mean, inv_std_var) stay unnamed: not computed
         outputs += [ir.Value(), ir.Value(), value_like(old_sum, fresh_name(f"{old_sum.name}.sum", taken))]  # type: ignore[union-attr]
     rms = ir.Node(
-        MS_DOMAIN,
-        "SkipSimplifiedLayerNormalization",
+        SKIP_RMS_NORM.domain,
+        SKIP_RMS_NORM.op_type,
         inputs,
         [ir.AttrFloat32("epsilon", decision.epsilon)],
         outputs=outputs,

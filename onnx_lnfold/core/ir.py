@@ -10,7 +10,6 @@ import numpy as np
 import onnx_ir as ir
 
 STANDARD_DOMAINS = ("", "ai.onnx")
-MS_DOMAIN = "com.microsoft"
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 NARROW_FLOAT_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})

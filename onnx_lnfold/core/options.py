@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onnx_lnfold.core.errors import InvalidInput
+from onnx_lnfold.core.ops import NORM_OPS, ONNX_RMS_NORM
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
 # "ort": SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (ONNX Runtime ops);
 # "onnx": the standard RMSNormalization, for models already at opset >= ONNX_RMS_OPSET.
-TARGETS = ("ort", "onnx")
-ONNX_RMS_OPSET = 23
+TARGETS = tuple(dict.fromkeys(op.target for op in NORM_OPS if op.target))
+ONNX_RMS_OPSET = ONNX_RMS_NORM.since_opset
 
 # Which residual Adds become SkipSimplifiedLayerNormalization (`fuse_residual`):
 # - "auto": those ONNX Runtime itself fuses with a LayerNormalization at session start (an Add

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnx_lnfold.core.ops import LAYER_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
+
 SOURCE = "benchmarks/results/EMISSION_COSTS.md"
 
 # The measured range of token counts (batch x sequence) is 1x16 .. 8x1024; decisions are taken at its top.
@@ -57,10 +59,10 @@ class Cost:
 #   BiasAdd        [tokens, width] + a constant row of width (beta's Add, a created bias)
 #   Centering      x - ReduceMean(x) over [tokens, d]
 CPU: dict[str, Cost] = {
-    "LayerNormalization": Cost(7110, 259, 3.123),
-    "SimplifiedLayerNormalization": Cost(6628, 240.1, 1.373),
-    "SkipLayerNormalization": Cost(13520, 128, 19.75),
-    "SkipSimplifiedLayerNormalization": Cost(13250, 139.1, 6.245),
+    LAYER_NORM.op_type: Cost(7110, 259, 3.123),
+    RMS_NORM.op_type: Cost(6628, 240.1, 1.373),
+    SKIP_LAYER_NORM.op_type: Cost(13520, 128, 19.75),
+    SKIP_RMS_NORM.op_type: Cost(13250, 139.1, 6.245),
     "Add": Cost(12910, -0.003629, 1.749),
     "BiasAdd": Cost(6433, 159.2, 1.748),
     "Centering": Cost(12370, 204.8, 2.371),
@@ -102,4 +104,4 @@ def fused_residual_pays(d: int | None) -> bool:
     SimplifiedLayerNormalization over [tokens, d] (what `--fuse-residual auto` emits)."""
     if d is None:
         return False
-    return not costs_more([("SkipSimplifiedLayerNormalization", d)], [("Add", d), ("SimplifiedLayerNormalization", d)])
+    return not costs_more([(SKIP_RMS_NORM.op_type, d)], [("Add", d), (RMS_NORM.op_type, d)])

@@ -21,6 +21,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import constant_of, is_standard, node_label, reads_only_shape
+from onnx_lnfold.core.ops import LAYER_NORM, ONNX_RMS_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.emit.costs import DECIDING_TOKENS, NARROWEST, costs_more, created_bias_pays, fused_residual_pays, total
 from onnx_lnfold.emit.costs import SOURCE as COST_SOURCE
@@ -28,9 +29,10 @@ from onnx_lnfold.emit.softmax_shift import softmax_removes
 from onnx_lnfold.forms import LnCandidate, LnKind, RewriteSite
 from onnx_lnfold.shapes.table import ShapeTable, dims_equal
 
-RMS_OP = "SimplifiedLayerNormalization"
-SKIP_RMS_OP = "com.microsoft::SkipSimplifiedLayerNormalization"
-ONNX_RMS_OP = "RMSNormalization"
+# What a folded LN becomes (`Rewrite.op`, the plan's `LnDecision.rewrite`), by target.
+RMS_OP = RMS_NORM.qualified
+SKIP_RMS_OP = SKIP_RMS_NORM.qualified
+ONNX_RMS_OP = ONNX_RMS_NORM.qualified
 
 
 @dataclass(frozen=True)
@@ -325,10 +327,7 @@ def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, 
 
 
 _NODE_WORDS = {
-    "LayerNormalization": "LayerNormalization",
-    "SkipLayerNormalization": "SkipLayerNormalization (ORT's fusion of the residual Add and the LN)",
-    "SimplifiedLayerNormalization": "SimplifiedLayerNormalization",
-    "SkipSimplifiedLayerNormalization": "SkipSimplifiedLayerNormalization",
+    **{op.op_type: op.described for op in (LAYER_NORM, SKIP_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM)},
     "Add": "the residual Add",
     "BiasAdd": "an Add of beta",
 }
@@ -342,15 +341,15 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
     cand = rewrite.cand
     d = ln_width(cand, shapes) or NARROWEST  # unknown: where the fixed costs weigh most
     fused = cand.form.has_skip or ort_fuses_residual(cand, shapes)
-    original = [("SkipLayerNormalization" if fused else "LayerNormalization", d)]
+    original = [(SKIP_LAYER_NORM.op_type if fused else LAYER_NORM.op_type, d)]
     if rewrite.op == SKIP_RMS_OP:
-        emitted = [("SkipSimplifiedLayerNormalization", d)]
+        emitted = [(SKIP_RMS_NORM.op_type, d)]
     elif fused:
-        emitted = [("Add", d), ("SimplifiedLayerNormalization", d)]
+        emitted = [("Add", d), (RMS_NORM.op_type, d)]
         if not cand.form.has_skip and _bias_add(cand.x.producer(), shapes) is not None:
             emitted.append(("BiasAdd", d))  # the projection's bias Add ORT had taken in too
     else:
-        emitted = [("SimplifiedLayerNormalization", d)]
+        emitted = [(RMS_NORM.op_type, d)]
     if rewrite.beta.how == "add":
         emitted.append(("BiasAdd", d))
     emitted += [("BiasAdd", output_width(site.node)) for site in rewrite.beta.sites if site.how == "created"]

@@ -10,6 +10,7 @@ from typing import ClassVar
 import onnx_ir as ir
 
 from onnx_lnfold.carry.engine import Requirement
+from onnx_lnfold.core import ops
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import FLOAT_TYPES, attr_or_input_ints, node_label, normalize_axis
 from onnx_lnfold.shapes.table import ShapeTable
@@ -18,11 +19,11 @@ from onnx_lnfold.shapes.table import ShapeTable
 class LnKind(str, enum.Enum):
     """The forms, by the name the plan reports (`LnDecision.op_type`)."""
 
-    LAYER_NORM = "LayerNormalization"
-    SKIP_LAYER_NORM = "com.microsoft::SkipLayerNormalization"
+    LAYER_NORM = ops.LAYER_NORM.qualified
+    SKIP_LAYER_NORM = ops.SKIP_LAYER_NORM.qualified
     DECOMPOSED = "decomposed LayerNorm"
     MOMENTS = "LayerNorm as E[x^2]-E[x]^2"
-    EMBED_LAYER_NORM = "com.microsoft::EmbedLayerNormalization"
+    EMBED_LAYER_NORM = ops.EMBED_LAYER_NORM.qualified
 
     def __str__(self) -> str:
         return self.value

@@ -7,6 +7,7 @@ import onnx_ir as ir
 from onnx_lnfold.carry.engine import Requirement
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard, node_label, normalize_axis
+from onnx_lnfold.core.ops import LAYER_NORM
 from onnx_lnfold.forms.base import LnCandidate, LnForm, LnKind, check_float, used
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -17,10 +18,10 @@ LN_DEFAULT_EPSILON = 1e-5
 
 class LayerNormForm(LnForm):
     kind = LnKind.LAYER_NORM
-    op_type = "LayerNormalization"
+    op_type = LAYER_NORM.op_type
 
     def match(self, node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
-        if not (is_standard(node) and node.op_type == "LayerNormalization"):
+        if not (is_standard(node) and node.op_type == LAYER_NORM.op_type):
             return None
         inputs = list(node.inputs) + [None] * (3 - len(node.inputs))
         epsilon = node.attributes.get_float("epsilon", LN_DEFAULT_EPSILON)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.core.ops import LAYER_NORM, SKIP_LAYER_NORM
 from onnx_lnfold.forms import FORMS, LnCandidate
 from onnx_lnfold.forms.layer_norm import LayerNormForm
 from onnx_lnfold.shapes.table import ShapeTable
@@ -29,7 +30,7 @@ def find_in_functions(model: ir.Model, names: dict[ir.Node, str]) -> list[LnCand
     found = []
     for function in model.functions.values():
         for node in ir.traversal.RecursiveGraphIterator(function):
-            if node.op_type in ("LayerNormalization", "SkipLayerNormalization"):
+            if node.op_type in (LAYER_NORM.op_type, SKIP_LAYER_NORM.op_type):
                 name = f"{function.name}/{node.name or node.op_type}"
                 cand = LnCandidate(_IN_FUNCTION, node, name, node.outputs[0], None, None, None, 0.0)
                 cand.form_problem = Blocked(

@@ -8,7 +8,8 @@ import onnx_ir as ir
 
 from onnx_lnfold.carry.engine import Requirement
 from onnx_lnfold.core.blocked import Blocked
-from onnx_lnfold.core.ir import MS_DOMAIN, node_label
+from onnx_lnfold.core.ir import node_label
+from onnx_lnfold.core.ops import MS_DOMAIN, NORM_OPS, SKIP_LAYER_NORM
 from onnx_lnfold.forms.base import LnCandidate, LnForm, LnKind, RewriteSite, check_float, used
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -17,7 +18,7 @@ SKIP_LN_DEFAULT_EPSILON = 1e-12
 
 # Ops whose output 3 is the residual sum `input + skip (+ bias)`: a carry, not a normalization.
 # (The RMS one is what a fold writes: a folded model folded again reads it.)
-SKIP_NORMALIZATIONS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+SKIP_NORMALIZATIONS = frozenset(op.op_type for op in NORM_OPS if op.skip)
 
 
 def is_residual_sum(value: ir.Value) -> bool:
@@ -28,7 +29,7 @@ def is_residual_sum(value: ir.Value) -> bool:
 
 def sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[Requirement] | None:
     """What must be zero-mean for a Skip*Normalization's sum (output 3) to be: all its addends."""
-    bias_index = 4 if node.op_type == "SkipLayerNormalization" else 3
+    bias_index = 4 if node.op_type == SKIP_LAYER_NORM.op_type else 3
     skip_rank = shapes.rank(node.inputs[1])
     if skip_rank is None:
         return None
@@ -40,12 +41,12 @@ def sum_terms(node: ir.Node, shapes: ShapeTable, axis: int) -> list[Requirement]
 
 class SkipLayerNormForm(LnForm):
     kind = LnKind.SKIP_LAYER_NORM
-    op_type = "SkipLayerNormalization"
+    op_type = SKIP_LAYER_NORM.op_type
     has_skip = True
     roles = {4: "SkipLayerNormalization bias"}
 
     def match(self, node: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
-        if not (node.domain == MS_DOMAIN and node.op_type == "SkipLayerNormalization"):
+        if not (node.domain == MS_DOMAIN and node.op_type == SKIP_LAYER_NORM.op_type):
             return None
         inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
         epsilon = node.attributes.get_float("epsilon", SKIP_LN_DEFAULT_EPSILON)

@@ -43,6 +43,7 @@ from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard
 from onnx_lnfold.core.names import display_names
+from onnx_lnfold.core.ops import EMBED_LAYER_NORM, NORM_OPS
 from onnx_lnfold.forms import LnCandidate, LnKind
 from onnx_lnfold.ort_fusions.probe import (
     CHILD_ABOVE_BYTES,
@@ -66,17 +67,7 @@ GEMM_RUN = ("gpt2", 0)
 # Ops of ONNX Runtime's optimized graph that are not fusions to keep: the normalizations the fold
 # replaces on purpose, and layout or copy nodes.
 _NOT_FUSIONS = frozenset(
-    {
-        "LayerNormalization",
-        "SkipLayerNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-        "RMSNormalization",
-        "ReorderInput",
-        "ReorderOutput",
-        "MemcpyToHost",
-        "MemcpyFromHost",
-    }
+    {op.op_type for op in NORM_OPS if not op.embed} | {"ReorderInput", "ReorderOutput", "MemcpyToHost", "MemcpyFromHost"}
 )
 _STANDARD = ("", "ai.onnx")
 
@@ -459,7 +450,7 @@ class FusionCheck:
                 failed.append(error)
                 continue
             for node in graph.node:
-                if node.op_type != "EmbedLayerNormalization" or len(node.input) < 7:
+                if node.op_type != EMBED_LAYER_NORM.op_type or len(node.input) < 7:
                     continue
                 cand = by_params.get((node.input[5], node.input[6]))
                 if cand is None:

@@ -19,13 +19,12 @@ import onnx_ir as ir
 
 from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
+from onnx_lnfold.core.ops import RMS_OPS
 from onnx_lnfold.emit.targets import BETA_SITE_WORDS
 from onnx_lnfold.verify.verdict import Verification
 
 _WIDTH = 100  # long lines (reasons, lists of names) wrap here
 
-# Ops a folded model holds in place of LayerNorms: a model with these and no LN was folded before.
-_RMS_OPS = ("SimplifiedLayerNormalization", "com.microsoft::SkipSimplifiedLayerNormalization", "RMSNormalization")
 
 
 def count_ops(model: ir.Model) -> dict[str, int]:
@@ -201,7 +200,7 @@ class FoldReport:
         return sum(self.ops_after.values())
 
     def _already_folded(self) -> dict[str, int]:
-        return {op: self.ops_before[op] for op in _RMS_OPS if self.ops_before.get(op)}
+        return {op: self.ops_before[op] for op in RMS_OPS if self.ops_before.get(op)}
 
     def to_dict(self) -> dict[str, Any]:
         verification = self.verification.to_dict()

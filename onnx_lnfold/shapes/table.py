@@ -18,6 +18,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
+from onnx_lnfold.core.ops import NORM_OPS
 from onnx_lnfold.shapes.infer import (
     GENERATED_PREFIX,
     Dim,
@@ -97,9 +98,8 @@ def _merge(inferred: list[Shape], hints: list[Shape]) -> Shape | None:
 # Ops whose output 0 has the rank of input 0.
 _SAME_RANK = {
     "FastGelu", "BiasGelu", "Gelu", "QuickGelu", "BiasAdd", "Attention", "MultiHeadAttention",
-    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
-    "LayerNormalization", "Relu", "Tanh", "Sigmoid", "Erf", "Cast", "Identity", "Neg", "Dropout",
-}
+    "Relu", "Tanh", "Sigmoid", "Erf", "Cast", "Identity", "Neg", "Dropout",
+} | {op.op_type for op in NORM_OPS if not op.embed}
 
 
 class ShapeTable:

@@ -36,7 +36,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 
-from onnx_lnfold.core.ir import MS_DOMAIN
+from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.verify.shadow import float64_feeds, float64_twin
 
 

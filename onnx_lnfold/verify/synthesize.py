@@ -27,6 +27,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ops import NORM_OPS
 
 # Ops an index tensor may pass through on its way to a Gather without changing its values.
 _INDEX_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
@@ -44,9 +45,8 @@ _TO_CONV = {"Cast", "Identity", "Unsqueeze", "Mul", "Div", "Add", "Sub"}
 # original model is the judge of every input set.
 _BETWEEN_CONVS = _TO_CONV | {
     "Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "LeakyRelu", "Softplus", "Pow", "Sqrt", "Neg",
-    "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LayerNormalization",
-    "SimplifiedLayerNormalization", "RMSNormalization", "Transpose", "Reshape", "Dropout", "Pad",
-}  # fmt: skip
+    "InstanceNormalization", "GroupNormalization", "BatchNormalization", "Transpose", "Reshape", "Dropout", "Pad",
+} | {op.op_type for op in NORM_OPS if not (op.skip or op.embed)}  # fmt: skip
 
 
 _POOLS = {"MaxPool", "AveragePool", "LpPool"}

@@ -1,0 +1,57 @@
+"""The normalization ops the fold reads, prices and writes, each described once.
+
+Every step that names one of these ops reads it here: the forms that recognize an LN
+(`forms`), the proof that stops at a normalization's output (`analysis.zero_mean`), what a fold
+emits and what that costs (`emit`), the rewrite (`apply.rewrite`), the fusion check that tells the
+fold's own changes from lost fusions (`ort_fusions`), the report's "already folded", and the
+`--target` help. A new emission target is one `NormOp` here with its `target`, its node builder in
+`apply.rewrite`, and its choice in `emit.targets` if it needs one (docs/DESIGN.md section 8).
+
+Imports nothing: the command line's `--help` reads the targets from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class NormOp:
+    """One normalization op: its name and domain, what it computes, and who emits it."""
+
+    op_type: str
+    domain: str = ""
+    rms: bool = False  # normalizes x / rms(x): no mean is removed (an RMSNorm)
+    skip: bool = False  # normalizes input + skip (+ bias); its output 3 is that sum
+    embed: bool = False  # gathers embeddings and adds them before normalizing
+    target: str | None = None  # the --target whose folds emit it
+    since_opset: int | None = None  # the default-domain opset that has it (standard ops)
+    words: str = ""  # how a cost reason names it, where that differs from its op type
+
+    @property
+    def qualified(self) -> str:
+        """`SimplifiedLayerNormalization`, `com.microsoft::SkipSimplifiedLayerNormalization`."""
+        return f"{self.domain}::{self.op_type}" if self.domain else self.op_type
+
+    @property
+    def described(self) -> str:
+        return self.words or self.op_type
+
+
+LAYER_NORM = NormOp("LayerNormalization", since_opset=17)
+SKIP_LAYER_NORM = NormOp(
+    "SkipLayerNormalization", MS_DOMAIN, skip=True, words="SkipLayerNormalization (ORT's fusion of the residual Add and the LN)"
+)
+EMBED_LAYER_NORM = NormOp("EmbedLayerNormalization", MS_DOMAIN, embed=True)
+RMS_NORM = NormOp("SimplifiedLayerNormalization", rms=True, target="ort")
+SKIP_RMS_NORM = NormOp("SkipSimplifiedLayerNormalization", MS_DOMAIN, rms=True, skip=True, target="ort")
+ONNX_RMS_NORM = NormOp("RMSNormalization", rms=True, target="onnx", since_opset=23)
+
+NORM_OPS = (LAYER_NORM, SKIP_LAYER_NORM, EMBED_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM, ONNX_RMS_NORM)
+
+# Op types (any domain) whose output is a normalization's: gamma * n + beta, a data-dependent mean.
+NORMALIZATION_TYPES = frozenset(op.op_type for op in NORM_OPS)
+# The ops a folded model holds in place of LayerNorms (a model with these and no LN was folded before).
+RMS_OPS = tuple(op.qualified for op in NORM_OPS if op.rms)
