@@ -71,9 +71,9 @@ def test_kept_lns_are_listed_with_their_reason(tmp_path):
     code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run")
     assert code == 0
     assert "1 would fold, 3 kept" in out
-    assert "  1 kept: centering would change a tensor that also feeds a layer mixing its channels" in out
+    assert "  1 kept: (mixes-shift) centering would change a tensor that also feeds a layer mixing its channels" in out
     assert "node_layer_norm  'add_88' would change, and it feeds MatMul 'node_MatMul_43'" in out
-    assert "  2 kept: post-LN: each reads the output of another LayerNorm" in out
+    assert "  2 kept: (normalization-output) post-LN: each reads the output of another LayerNorm" in out
     assert "node_layer_norm_1  reads 'layer_norm', the output of LayerNormalization 'node_layer_norm'" in out
     # The one ORT runs fused with its residual Add as SkipLayerNormalization folds through an
     # explicit centering of the LN output before it, which costs less than that fused kernel.

@@ -27,7 +27,7 @@ from onnx_lnfold.analysis import edits
 from onnx_lnfold.load.model import load_model
 from onnx_lnfold.ort_fusions import check as fusion_check
 from onnx_lnfold.ort_fusions.weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
-from onnx_lnfold.report.fold_report import FoldReport, _explain
+from onnx_lnfold.report.kept import explain_kept
 
 from conftest import MODELS
 from graphs import bert_attention_block, gelu_stem_stream
@@ -291,21 +291,19 @@ def test_the_grouped_headline_of_a_fusion_reason_keeps_its_apostrophes():
     text = report.format_text()
     assert "Runtime'...'" not in text
     assert (
-        "  1 kept: ONNX Runtime's transformers optimizer fuses it into EmbedLayerNormalization, which has no\n"
-        "    RMS form: run the optimizer first\n"
+        "  1 kept: (fusion-cost) ONNX Runtime's transformers optimizer fuses it into EmbedLayerNormalization,\n"
+        "    which has no RMS form: run the optimizer first\n"
         "      /model/embeddings/LayerNorm/LayerNormalization  onnxruntime.transformers.optimizer.optimize_model;"
     ) in text
 
 
-def test_quoted_names_are_taken_out_of_reasons_no_pattern_knows_but_apostrophes_stay():
-    """The fallback headline: names between quotes become '...', a word's apostrophe is no quote."""
+def test_a_code_without_a_heading_of_its_own_is_headed_by_its_meaning():
     from onnx_lnfold.analysis.plan import LnDecision
-    from onnx_lnfold.core.blocked import Blocked
+    from onnx_lnfold.core.blocked import CODES, Blocked
 
     reason = "kept: ONNX Runtime's fusion reads 'a.weight' and 'b' (the graph's own)"
     decision = LnDecision("ln", "LayerNormalization", "kept", 2, 1e-5, blocked=Blocked("internal", reason, stage="cost"))
-    assert _explain(decision) == ("kept: ONNX Runtime's fusion reads '...' and '...' (the graph's own)", reason)
-    assert isinstance(FoldReport, type)
+    assert explain_kept(decision) == (f"(internal) {CODES['internal']}", reason)
 
 
 # --- slow: the Whisper tiny.en TorchScript encoder ---------------------------------------------------------

@@ -8,9 +8,10 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold.analysis.plan import LnDecision
-from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.core.blocked import CODES, Blocked
 from onnx_lnfold.load.model import load_path
-from onnx_lnfold.report.fold_report import FoldReport, _explain, count_ops
+from onnx_lnfold.report.fold_report import FoldReport, count_ops
+from onnx_lnfold.report.kept import explain_kept
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.verify.verdict import OutputDiff, Verification
 
@@ -95,7 +96,7 @@ def test_identical_reasons_are_grouped_under_plain_words_in_graph_order():
     # without explicit centerings, the four post-LN LNs are kept for one reason
     text = _report("bert.onnx", {"auxiliary_centering": False}).format_text()
     lines = text.splitlines()
-    header = lines.index("  4 kept: post-LN: each reads the output of another LayerNorm, whose gamma*n+beta has a")
+    header = next(i for i, line in enumerate(lines) if line.startswith("  4 kept: (normalization-output) post-LN: each"))
     members = [line.split()[0] for line in lines[header + 2 : header + 6]]
     assert members == ["node_layer_norm_1", "node_layer_norm_2", "node_layer_norm_3", "node_layer_norm_4"]
     assert "node_layer_norm_1  reads 'layer_norm', the output of LayerNormalization 'node_layer_norm'" in text
@@ -106,24 +107,32 @@ def _kept(reason: str, stage: str, code: str) -> LnDecision:
     return LnDecision("ln", "LayerNormalization", "kept", 2, 1e-5, blocked=Blocked(code, reason, stage=stage))
 
 
-def test_unknown_reasons_group_by_their_text_without_names():
+def test_lns_kept_for_one_code_share_its_meaning_as_heading_and_keep_their_own_reason():
     why = "Cast '{}' narrows to FLOAT16, whose rounding does not commute with centering"
-    a = _explain(_kept(why.format("c1"), "proof", "narrowing-cast"))
-    b = _explain(_kept(why.format("c2"), "proof", "narrowing-cast"))
-    assert a[0] == b[0] == "Cast '...' narrows to FLOAT16, whose rounding does not commute with centering"
-    assert a[1].startswith("Cast 'c1'")
+    a = explain_kept(_kept(why.format("c1"), "proof", "narrowing-cast"))
+    b = explain_kept(_kept(why.format("c2"), "proof", "narrowing-cast"))
+    assert a[0] == b[0] == f"(narrowing-cast) {CODES['narrowing-cast']}"
+    assert a[1] == why.format("c1") and b[1] == why.format("c2")  # no detail given: the whole reason
 
 
 def test_headlines_are_chosen_by_stage_and_code_not_by_wording_alone():
     """A side effect and a broken proof can share a code (one carry rule answers both directions):
     the stage tells them apart, and a sentence shaped like another step's does not borrow its
     headline."""
-    side = _explain(_kept("tensor 'h' would change, and it feeds Relu 'r', which does not pass a mean shift through", "side-effect", "not-carried"))
-    proof = _explain(_kept("tensor 'h' comes from a node that breaks the chain: Relu 'r' does not carry a zero mean", "proof", "not-carried"))
-    assert side[0] == "centering would change a tensor read where the change matters"
-    assert proof[0] == "the input comes from an op through which no weight edit can make it zero-mean"
-    misfiled = _explain(_kept("tensor 'h' would change, and it is a graph output", "proof", "graph-output"))
-    assert misfiled[0] != "centering would change a graph output (a residual stream exposed as hidden states, say)"
+    side = explain_kept(_kept("tensor 'h' would change, and it feeds Relu 'r', which does not pass a mean shift through", "side-effect", "not-carried"))
+    proof = explain_kept(_kept("tensor 'h' comes from a node that breaks the chain: Relu 'r' does not carry a zero mean", "proof", "not-carried"))
+    assert side[0] == "(not-carried) centering would change a tensor read where the change matters"
+    assert proof[0] == f"(not-carried) {CODES['not-carried']}"
+    misfiled = explain_kept(_kept("tensor 'h' would change, and it is a graph output", "proof", "graph-output"))
+    assert misfiled[0] == f"(graph-output) {CODES['graph-output']}"
+
+
+def test_each_ln_line_is_its_refusals_own_detail_not_a_parse_of_its_reason():
+    """The analysis hands the report the words that are this LN's own: the report never takes
+    them out of the sentence (whose wording may change)."""
+    blocked = Blocked("graph-input", "any wording at all", "x", stage="proof", detail="'x'")
+    decision = LnDecision("ln", "LayerNormalization", "kept", 2, 1e-5, blocked=blocked)
+    assert explain_kept(decision) == ("(graph-input) the input is a graph input: its mean depends on the data", "'x'")
 
 
 def test_long_lines_wrap_at_100_columns():

@@ -35,9 +35,15 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[V
     queue: deque[ir.Value] = deque()
     broken: set[ir.Node] = set()  # nodes that already refused a shift (one reason per node is enough)
 
-    def violate(code: str, reason: str, tensor: str, mask: int) -> None:
-        v = violations.setdefault((tensor, reason), Violation(Blocked(code, reason, tensor), 0))
+    def violate(code: str, reason: str, tensor: str, mask: int, detail: str | None = None) -> None:
+        v = violations.setdefault((tensor, reason), Violation(Blocked(code, reason, tensor, detail=detail), 0))
         v.sources |= mask
+
+    def would_change(value: ir.Value, code: str, why: str | None, mask: int) -> None:
+        """`value` changes, and that is what `why` says is wrong with it (None: a graph output)."""
+        change = f"'{value.name}' would change" + (f", and {why}" if why else "")
+        reason = f"tensor '{value.name}' would change, and " + (why or "it is a graph output")
+        violate(code, reason, value.name, mask, change)
 
     def mark(value: ir.Value, axis: int, mask: int, weights: Weights, part: Part) -> None:
         entry = changed.get(value)
@@ -69,7 +75,7 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[V
         value = queue.popleft()
         axis, mask, weights, part = changed[value]
         if value.is_graph_output():
-            violate("graph-output", f"tensor '{value.name}' would change, and it is a graph output", value.name, mask)
+            would_change(value, "graph-output", None, mask)
         for node, index in value.uses():
             uses = touched.setdefault(node, {})
             uses[index] = uses.get(index, 0) | mask
@@ -88,7 +94,7 @@ def side_effects(leaves: list[Leaf], shapes: ShapeTable, sinks: Sinks) -> list[V
                 if weights is not None and node.op_type == "Slice":
                     moved = Blocked("scaled-slice", f"it feeds {node_label(node)} while scaled per channel")
             if isinstance(moved, Blocked):
-                violate(moved.code, f"tensor '{value.name}' would change, and {moved.reason}", value.name, mask)
+                would_change(value, moved.code, moved.reason, mask)
                 broken.add(node)
                 continue
             out_weights = weights

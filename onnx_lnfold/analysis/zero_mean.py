@@ -132,9 +132,14 @@ class Tracer:
                     "so it is not a constant",
                     value.name,
                     value,
+                    detail=f"'{value.name}'",
                 )
             return Blocked(
-                "graph-input", f"tensor '{value.name}' is a graph input: its mean depends on the data", value.name, value
+                "graph-input",
+                f"tensor '{value.name}' is a graph input: its mean depends on the data",
+                value.name,
+                value,
+                detail=f"'{value.name}'",
             )
         node = value.producer()
         if node is None:
@@ -154,6 +159,7 @@ class Tracer:
                 f"tensor '{value.name}' is the output of {label}, whose gamma*n+beta has a data-dependent mean",
                 value.name,
                 value,
+                detail=f"reads '{value.name}', the output of {label}",
             )
         if node.op_type == "Cast":
             widened = self._widened(node)
@@ -162,7 +168,10 @@ class Tracer:
         reqs = carry.backward(node, value.index(), axis, self.shapes, part)
         if isinstance(reqs, Blocked):
             return reqs.reworded(
-                f"tensor '{value.name}' comes from a node that breaks the chain: {reqs.reason}", value.name, value
+                f"tensor '{value.name}' comes from a node that breaks the chain: {reqs.reason}",
+                value.name,
+                value,
+                detail=f"'{value.name}': {reqs.reason}",
             )
         if weights is not None and node.op_type == "Slice":
             return Blocked("scaled-slice", f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
@@ -213,6 +222,7 @@ class Tracer:
                     f"weight '{inp.name}' of {node_label(node)} is a graph input: it can be overridden "
                     "at run time, so it is not a constant",
                     inp.name,
+                    detail=f"'{inp.name}' of {node_label(node)}",
                 )
             tensor = constant_of(inp)
             if tensor is not None:

@@ -87,6 +87,9 @@ class Blocked:
     # Where a proof broke, for the analysis only (an explicit centering may be inserted there).
     at: ir.Value | None = field(default=None, repr=False, compare=False)
     stage: str | None = None  # a key of STAGES, set by the step that decides an LN with it
+    # What the report says of this LN under the heading of its stage and code (the tensor, the op
+    # or the figures that are this LN's own); None: the whole reason.
+    detail: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.code not in CODES:
@@ -94,9 +97,11 @@ class Blocked:
         if self.stage is not None and self.stage not in STAGES:
             raise ValueError(f"unknown Blocked stage {self.stage!r}: one of {', '.join(STAGES)}")
 
-    def reworded(self, reason: str, source: str | None = None, at: ir.Value | None = None) -> Blocked:
+    def reworded(
+        self, reason: str, source: str | None = None, at: ir.Value | None = None, detail: str | None = None
+    ) -> Blocked:
         """The same refusal told from further out: same code, a sentence that wraps this one."""
-        return Blocked(self.code, reason, source if source is not None else self.source, at, self.stage)
+        return Blocked(self.code, reason, source if source is not None else self.source, at, self.stage, detail)
 
     def at_stage(self, stage: str) -> Blocked:
         """This refusal, as the step `stage` decides an LN with it."""

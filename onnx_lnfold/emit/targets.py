@@ -381,4 +381,5 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     return Blocked(
         "costs-more",
         f"{head}, and {what} costs more than {before} on ONNX Runtime's CPU EP: {figures} ({COST_SOURCE})",
+        detail=f"{rewrite.beta.why}; {figures}",
     )

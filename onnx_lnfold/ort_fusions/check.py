@@ -476,6 +476,7 @@ class FusionCheck:
                 "com.microsoft::EmbedLayerNormalization on a weightless copy of this graph; that op has no RMS "
                 "form, so folding the LN would cost the fusion. Run the optimizer first: the LNs it leaves fold "
                 "either way",
+                detail=f"{OPTIMIZER}; {settings[0]}; onnxruntime {self.version}; the Gathers of {listed}",
             )
         return costs
 
@@ -519,6 +520,7 @@ class FusionCheck:
                         f"an onnxruntime {self.version} session (ORT_ENABLE_ALL, CPU) fuses it on a weightless copy "
                         "of this graph and not on the folded one",
                         fusion.at,
+                        detail=f"{fusion.op_type} at '{fusion.at}': {how}",
                     ),
                 )
         return costs

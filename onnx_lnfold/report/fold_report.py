@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import textwrap
 import warnings
@@ -21,6 +20,7 @@ from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
 from onnx_lnfold.core.ops import RMS_OPS
 from onnx_lnfold.emit.targets import BETA_SITE_WORDS
+from onnx_lnfold.report import kept
 from onnx_lnfold.verify.verdict import Verification
 
 _WIDTH = 100  # long lines (reasons, lists of names) wrap here
@@ -53,104 +53,6 @@ def _wrap(text: str, indent: str, first: str = "") -> list[str]:
     return textwrap.wrap(
         text, _WIDTH, initial_indent=first, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
     ) or [first.rstrip()]
-
-
-# Why an LN is kept, in plain words first: (stage, codes (None: any), pattern over the reason that
-# picks this LN's specifics, headline shared by every LN it matches, the specifics of one LN). The
-# stage and code decide the group; the pattern only takes names out of the sentence. Reasons no
-# entry matches are grouped by their text with the names taken out, and shown as they are.
-_KEPT_REASONS: list[tuple[str, frozenset[str] | None, re.Pattern[str], str, str]] = [
-    (
-        "proof",
-        frozenset({"normalization-output"}),
-        re.compile(r"tensor '(?P<t>[^']*)' is the output of (?P<ln>.+), whose gamma\*n\+beta has a data-dependent mean"),
-        "post-LN: each reads the output of another LayerNorm, whose gamma*n+beta has a data-dependent mean",
-        "reads '{t}', the output of {ln}",
-    ),
-    (
-        "side-effect",
-        frozenset({"graph-output"}),
-        re.compile(r"tensor '(?P<t>[^']*)' would change, and it is a graph output"),
-        "centering would change a graph output (a residual stream exposed as hidden states, say)",
-        "'{t}' would change",
-    ),
-    (
-        "side-effect",
-        frozenset({"mixes-shift"}),
-        re.compile(r"tensor '(?P<t>[^']*)' would change, and it feeds (?P<n>.+), which mixes the shift into every output"),
-        "centering would change a tensor that also feeds a layer mixing its channels",
-        "'{t}' would change, and it feeds {n}",
-    ),
-    (
-        "side-effect",
-        None,
-        re.compile(r"tensor '(?P<t>[^']*)' would change, and (?P<why>.+)"),
-        "centering would change a tensor read where the change matters",
-        "'{t}' would change, and {why}",
-    ),
-    (
-        "proof",
-        None,
-        re.compile(r"tensor '(?P<t>[^']*)' comes from a node that breaks the chain: (?P<why>.+)"),
-        "the input comes from an op through which no weight edit can make it zero-mean",
-        "'{t}': {why}",
-    ),
-    (
-        "proof",
-        frozenset({"graph-input"}),
-        re.compile(r"tensor '(?P<t>[^']*)' is a graph input: its mean depends on the data"),
-        "the input is a graph input: its mean depends on the data",
-        "'{t}'",
-    ),
-    (
-        "proof",
-        frozenset({"weight-is-input"}),
-        re.compile(r"weight '(?P<t>[^']*)'(?P<of> of .+)? is a graph input: .*"),
-        "a weight to center is also a graph input: it can be overridden at run time, so it is not a constant",
-        "'{t}'{of}",
-    ),
-    (
-        "cost",
-        frozenset({"fusion-cost"}),
-        re.compile(
-            r"kept: ONNX Runtime's transformers optimizer \((?P<how>[^)]*)\) fused it with the embedding Gathers "
-            r"of (?P<tables>.+?) into com\.microsoft::EmbedLayerNormalization .*"
-        ),
-        "ONNX Runtime's transformers optimizer fuses it into EmbedLayerNormalization, which has no RMS form: "
-        "run the optimizer first",
-        "{how}; the Gathers of {tables}",
-    ),
-    (
-        "cost",
-        frozenset({"fusion-lost"}),
-        re.compile(r"kept: folding it would cost ONNX Runtime's (?P<op>\S+) fusion at '(?P<at>[^']*)' \((?P<why>.*)\): .*"),
-        "folding it would cost a fusion an ONNX Runtime session makes on the original (checked on weightless copies)",
-        "{op} at '{at}': {why}",
-    ),
-    (
-        "cost",
-        frozenset({"costs-more"}),
-        re.compile(r"kept: its beta would stay a separate Add over the LN's output \((?P<why>.+)\), and .+: (?P<fig>[^:]+) \(\S+\)"),
-        "its beta would stay an Add over the stream, which costs ONNX Runtime more than the LN saves "
-        "(measured kernel costs, benchmarks/results/EMISSION_COSTS.md)",
-        "{why}; {fig}",
-    ),
-]
-
-# A name the reasons quote: between quotes that are not apostrophes ("ONNX Runtime's" is a word).
-_QUOTED = re.compile(r"(?<!\w)'[^']*'(?!\w)")
-
-
-def _explain(d: LnDecision) -> tuple[str, str]:
-    """(plain headline shared by LNs kept for the same cause, this LN's specifics)."""
-    for stage, codes, pattern, headline, detail in _KEPT_REASONS:
-        if d.stage != stage or (codes is not None and d.code not in codes):
-            continue
-        m = pattern.fullmatch(d.reason)
-        if m:
-            return headline, detail.format(**{k: v or "" for k, v in m.groupdict().items()})
-    template = _QUOTED.sub("'...'", d.reason)
-    return template, ("" if template == d.reason else d.reason)
 
 
 def _folded_what(d: LnDecision) -> str:
@@ -312,7 +214,7 @@ class FoldReport:
             lines.append(f"  {len(members)} {folded} {what}:")
             names = ", ".join(d.node + (f" (Add '{d.residual_add}')" if d.residual_add else "") for d in members)
             lines += _wrap(names, " " * 6, " " * 6)
-        explained = {d.node: _explain(d) for d in plan.kept}
+        explained = {d.node: kept.explain_kept(d) for d in plan.kept}
         for headline, members in _grouped([(explained[d.node][0], d) for d in plan.kept]):
             lines += _wrap(headline, " " * 4, f"  {len(members)} kept: ")
             if not any(explained[d.node][1] for d in members):  # nothing to add per LN: names only

@@ -1,0 +1,44 @@
+"""Why each kept LN stays, as the report groups it: by the stage and code of its `Blocked`, under
+one heading in plain words, each LN with its own specifics (`Blocked.detail`: the tensor, the op
+or the figures). The codes and stages are data (`core.blocked`); nothing here reads a reason's
+wording, which may change from release to release.
+"""
+
+from __future__ import annotations
+
+from onnx_lnfold.analysis.plan import LnDecision
+from onnx_lnfold.core.blocked import CODES
+
+# The report's heading for LNs kept at a stage for a code, where the code's own meaning
+# (`CODES`) is not what a reader of the report needs first; (stage, None) serves every code of
+# that stage without its own entry.
+HEADINGS: dict[tuple[str, str | None], str] = {
+    ("proof", "normalization-output"): "post-LN: each reads the output of another LayerNorm, whose gamma*n+beta has a "
+    "data-dependent mean",
+    ("proof", "graph-input"): "the input is a graph input: its mean depends on the data",
+    ("proof", "weight-is-input"): "a weight to center is also a graph input: it can be overridden at run time, so it "
+    "is not a constant",
+    ("side-effect", "graph-output"): "centering would change a graph output (a residual stream exposed as hidden "
+    "states, say)",
+    ("side-effect", "mixes-shift"): "centering would change a tensor that also feeds a layer mixing its channels",
+    ("side-effect", None): "centering would change a tensor read where the change matters",
+    ("cost", "fusion-cost"): "ONNX Runtime's transformers optimizer fuses it into EmbedLayerNormalization, which has "
+    "no RMS form: run the optimizer first",
+    ("cost", "fusion-lost"): "folding it would cost a fusion an ONNX Runtime session makes on the original (checked "
+    "on weightless copies)",
+    ("cost", "costs-more"): "its fold would cost ONNX Runtime's CPU EP more than the LN saves: its beta would stay an "
+    "Add over the stream, or need a created bias (measured kernel costs, benchmarks/results/EMISSION_COSTS.md)",
+}
+
+
+def heading(stage: str | None, code: str) -> str:
+    """The heading of the LNs kept at `stage` for `code`, with the code users can match on."""
+    words = HEADINGS.get((stage or "", code)) or HEADINGS.get((stage or "", None)) or CODES[code]
+    return f"({code}) {words}"
+
+
+def explain_kept(decision: LnDecision) -> tuple[str, str]:
+    """(heading shared by the LNs kept for the same stage and code, this LN's specifics)."""
+    blocked = decision.blocked
+    assert blocked is not None, "a folded LN has no reason to stay"
+    return heading(blocked.stage, blocked.code), blocked.detail or blocked.reason
