@@ -121,6 +121,11 @@ class AuxCentering:
     def cost(self) -> str:
         return "1 ReduceMean + 1 Sub"
 
+    def centers(self, value: ir.Value | None) -> bool:
+        """Whether this centering removes the mean of `value`: the tensor it reads, or the stream
+        root it was moved from past scalar factors."""
+        return value is not None and (value is self._value or value is self._root)
+
     def __repr__(self) -> str:
         instead = f", instead of untying {self.instead_of_untie} (-{self.saved_bytes:,} B)" if self.instead_of_untie else ""
         return (

@@ -60,16 +60,35 @@ def plan_for(
     candidates: list[LnCandidate],
     kept: dict[str, Blocked],
 ) -> CenteringPlan:
-    """The plan with the LNs of `kept` (by name) kept for the reason given."""
-    graph = model.graph
-    names = display_names(graph)
+    """The plan with the LNs of `kept` (by name) kept for the reason given: what each fold would
+    cost (`_priced`), which LNs fold together and through which explicit centerings
+    (`_folding`), the constants to center (`_edits`), and every LN's decision (`_decisions`)."""
+    names = display_names(model.graph)
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
-    # LNs whose fold would cost an ONNX Runtime fusion (`kept`) stay LNs (they still absorb shifts,
-    # as every kept LN does). And those whose fold would cost ONNX Runtime more than the LN by the
-    # measured kernel costs (beta left as an Add over the stream, say), unless asked to fold them
-    # all the same; the rest save what `_costs` says, which is what an explicit centering must pay
-    # for. The fold is judged as `auto` emits it: fusing residual Adds beyond that ("always") is
-    # asked for the providers whose fused kernel pays, not the CPU.
+    savings, dearer = _priced(candidates, kept, options, shapes)
+    foldable = [cand for cand in candidates if cand.name not in kept and cand not in dearer]
+    fused = frozenset(cand.out for cand in candidates if cand.name in kept)
+    active, blocked = _folding(foldable, options, shapes, sinks, names, savings, fused)
+    edits, centerings = _edits(model, active, options, names)
+    blocked.update(_kept_for_cost(dearer, shapes, sinks, names, centerings))
+    claimed: set[ir.Node] = set()  # residual Adds already taken in by a fold
+    decisions = []
+    for cand in candidates:
+        if cand in active:
+            decisions.append(_folded(cand, edits, centerings, options, shapes, names, claimed))
+        else:
+            decisions.append(_kept(cand, blocked.get(cand) or kept[cand.name].at_stage("cost")))
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)
+
+
+def _priced(
+    candidates: list[LnCandidate], kept: dict[str, Blocked], options: FoldOptions, shapes: ShapeTable
+) -> tuple[dict[LnCandidate, tuple[float, int]], dict[LnCandidate, Blocked]]:
+    """What each LN's fold saves (and its width), and the LNs whose fold would cost ONNX Runtime
+    more than the LN by the measured kernel costs (beta left as an Add over the stream, say),
+    with the refusal, unless asked to fold them all the same. LNs kept for a fusion (`kept`) are
+    neither. The fold is judged as `auto` emits it: fusing residual Adds beyond that ("always")
+    is asked for the providers whose fused kernel pays, not the CPU."""
     judged = dataclasses.replace(options, fuse_residual="auto") if options.fuse_residual == "always" else options
     savings = {}
     dearer: dict[LnCandidate, Blocked] = {}
@@ -77,78 +96,78 @@ def plan_for(
         if cand.name in kept or cand.form_problem:
             continue
         would_be = choose_rewrite(cand, judged, shapes, set())
-        refusal = cost_refusal(would_be, shapes)
         original, emitted = cost_nodes(would_be, shapes)
         savings[cand] = (saving(emitted, original), original[0][1])
+        refusal = cost_refusal(would_be, shapes)
         if refusal is not None and not options.fold_costly:
             dearer[cand] = refusal
-    foldable = [cand for cand in candidates if cand.name not in kept and cand not in dearer]
+    return savings, dearer
 
+
+def _folding(foldable, options: FoldOptions, shapes: ShapeTable, sinks: Sinks, names, savings, fused):
+    """The LNs that fold together (each with its leaves) and why the others do not: by edits of
+    constants alone, or with the explicit centerings that pay (never of an LN output kept for a
+    fusion, `fused`: the fusion would be lost all the same)."""
     active, blocked = fold_set(foldable, shapes, sinks, names, None)
     if options.auxiliary_centering and blocked:
-        # No centering reads the output of an LN kept for a fusion: the fusion would be lost all the same.
-        fused = frozenset(cand.out for cand in candidates if cand.name in kept)
         paid = None if options.fold_costly else savings  # asked to fold whatever it costs
         aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, fused)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
             active, blocked = aux_active, {cand: blocked[cand] for cand in aux_blocked}
+    return active, blocked
 
-    # Leaves in a fixed order: fresh names (`W.centered`, `W.centered_2`) are handed out in it,
-    # and a set of leaves iterates in an order that changes from run to run.
-    edits, centerings = plan_edits(
+
+def _edits(model: ir.Model, active, options: FoldOptions, names):
+    """The constants to center and the centerings to insert for the LNs that fold. Leaves in a
+    fixed order: fresh names (`W.centered`, `W.centered_2`) are handed out in it, and a set of
+    leaves iterates in an order that changes from run to run."""
+    return plan_edits(
         [(leaf, cand.name) for cand, ls in active.items() for leaf in sorted(ls, key=lambda l: leaf_order(l, names))],
         names,
-        taken_names(graph),
+        taken_names(model.graph),
         options.tied_weights if options.auxiliary_centering else "untie",  # no centering nodes at all, as asked
         weight_bytes(model),
     )
-    # An LN that could not fold anyway is reported for what blocks it, not for what its fold would
-    # have cost: unless where its proof breaks is a stream the plan centers for other LNs.
+
+
+def _kept_for_cost(dearer, shapes: ShapeTable, sinks: Sinks, names, centerings) -> dict[LnCandidate, Blocked]:
+    """Why each LN kept for its cost stays. An LN that could not fold anyway is reported for what
+    blocks it, not for what its fold would have cost: unless where its proof breaks is a stream
+    the plan centers for other LNs."""
     _, unfoldable = fold_set(list(dearer), shapes, sinks, names, None)
-    centered = {v for c in centerings for v in (c._value, c._root) if v is not None}
-    costly: dict[LnCandidate, Blocked] = {}
+    why = {}
     for cand, refusal in dearer.items():
-        why = unfoldable.get(cand)
-        if why is None or why.at in centered:
-            costly[cand] = refusal
-        else:
-            blocked[cand] = why
-    claimed: set[ir.Node] = set()
-    decisions = []
-    for cand in candidates:
-        if cand in active:
-            n = sum(1 for e in edits if cand.name in e.required_by)
-            aux = [c.tensor for c in centerings if cand.name in c.required_by]
-            reason = f"input is zero-mean once {n} constant(s) are centered"
-            if aux:
-                reason += f" and {', '.join(repr(t) for t in aux)} explicitly centered"
-            rewrite = choose_rewrite(cand, options, shapes, claimed)
-            decisions.append(
-                LnDecision(
-                    node=cand.name,
-                    op_type=cand.kind.value,
-                    status=FOLDED,
-                    proof=reason,
-                    axis=cand.axis,
-                    epsilon=cand.epsilon,
-                    rewrite=rewrite.op,
-                    beta=rewrite.beta.how,  # type: ignore[arg-type]
-                    beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
-                    residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
-                    _rewrite=rewrite,
-                )
-            )
-        else:
-            decisions.append(
-                LnDecision(
-                    node=cand.name,
-                    op_type=cand.kind.value,
-                    status=KEPT,
-                    axis=cand.axis,
-                    epsilon=cand.epsilon,
-                    blocked=blocked[cand] if cand in blocked else (costly.get(cand) or kept[cand.name]).at_stage("cost"),
-                )
-            )
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)
+        blocked = unfoldable.get(cand)
+        centered = blocked is not None and any(c.centers(blocked.at) for c in centerings)
+        why[cand] = refusal.at_stage("cost") if blocked is None or centered else blocked
+    return why
+
+
+def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: ShapeTable, names, claimed) -> LnDecision:
+    n = sum(1 for e in edits if cand.name in e.required_by)
+    aux = [c.tensor for c in centerings if cand.name in c.required_by]
+    reason = f"input is zero-mean once {n} constant(s) are centered"
+    if aux:
+        reason += f" and {', '.join(repr(t) for t in aux)} explicitly centered"
+    rewrite = choose_rewrite(cand, options, shapes, claimed)
+    return LnDecision(
+        node=cand.name,
+        op_type=cand.kind.value,
+        status=FOLDED,
+        proof=reason,
+        axis=cand.axis,
+        epsilon=cand.epsilon,
+        rewrite=rewrite.op,
+        beta=rewrite.beta.how,  # type: ignore[arg-type]
+        beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
+        residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
+        _rewrite=rewrite,
+    )
+
+
+def _kept(cand: LnCandidate, blocked: Blocked) -> LnDecision:
+    return LnDecision(
+        node=cand.name, op_type=cand.kind.value, status=KEPT, axis=cand.axis, epsilon=cand.epsilon, blocked=blocked
+    )
