@@ -16,7 +16,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / "cache"
-EXPORTER = ROOT / "models" / "export_bench_models.py"
+EXPORTER = ROOT / "models" / "make" / "export_bench_models.py"
 
 
 def _load_exporter():

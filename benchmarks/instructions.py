@@ -308,7 +308,7 @@ def variant_files(src: Path, work: Path, int8: bool = False, fold_args: tuple[st
 
 
 def bench_model(name: str, batch: int, seq: int) -> tuple[Path, dict[str, np.ndarray], str]:
-    """A benchmark model of models/export_bench_models.py (exported on first use) and its feeds."""
+    """A benchmark model of models/make/export_bench_models.py (exported on first use) and its feeds."""
     from benchmarks.latency import feeds_for
 
     meta = ensure_exported(name)
@@ -392,7 +392,7 @@ def render(results: list[dict], command: str, machine: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=["gpt2_small", "opt_small"],
-                    help="benchmark models of models/export_bench_models.py, at --batch x --seq")
+                    help="benchmark models of models/make/export_bench_models.py, at --batch x --seq")
     ap.add_argument("--file", nargs=2, action="append", default=[], metavar=("ONNX", "FEEDS_NPZ"),
                     help="any model with its inputs (a trained model at the shapes it runs); repeatable")
     ap.add_argument("--int8", action="store_true", help="also every variant after quantize_dynamic")

@@ -3,7 +3,7 @@
     python -m benchmarks.large_model                       # hidden 2048, 48 layers: ~7.3 GB of weights
     python -m benchmarks.large_model --hidden 1024 --layers 8 --repeat 3 --dir /tmp/lm
 
-Builds (once, cached in --dir) a GPT-2-style pre-LN model with `models/make_large_model.py`, then
+Builds (once, cached in --dir) a GPT-2-style pre-LN model with `models/make/make_large_model.py`, then
 runs, each in its own process:
 
 - `round trip`: `onnx_ir.load(IN)` + `onnx_ir.save(OUT, external_data=...)`, the least any tool
@@ -48,7 +48,7 @@ _ROUND_TRIP = (
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_large_model", ROOT / "models" / "make_large_model.py")
+    spec = importlib.util.spec_from_file_location("make_large_model", ROOT / "models" / "make" / "make_large_model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod

@@ -2,7 +2,7 @@
 creation) and where the time goes, per op type, for the original, its re-saved copy and the fold,
 in fp32 and after `quantize_dynamic`.
 
-    python models/fetch_trained_models.py                     # once: models/trained/
+    python models/make/fetch_trained_models.py                     # once: models/trained/
     python -m benchmarks.trained [--models ...] [--processes 5] [--rounds 15] [--threads 2] [--no-int8]
 
 Every ratio is measured side by side in one run: each of `--processes` fresh processes creates the
@@ -36,9 +36,9 @@ from benchmarks.common import ROOT, log, machine_info
 TRAINED = Path(os.environ.get("LNFOLD_TRAINED_DIR") or ROOT / "models" / "trained")
 RESULTS = ROOT / "benchmarks" / "results" / "trained"
 VARIANTS = ("original", "resaved", "folded")
-WHISPER_PAST = 16  # a decode step after 16 tokens, as models/trained_inputs.py's tests run it
+WHISPER_PAST = 16  # a decode step after 16 tokens, as models/make/trained_inputs.py's tests run it
 
-sys.path.insert(0, str(ROOT / "models"))
+sys.path.insert(0, str(ROOT / "models" / "make"))
 import trained_inputs as ti  # noqa: E402
 
 
@@ -314,7 +314,7 @@ def main(argv=None) -> int:
         return 2
     missing = [m for m in args.models if not (TRAINED / MODELS[m][0]).exists()]
     if missing:
-        print(f"error: {', '.join(missing)} not in {TRAINED}: run `python models/fetch_trained_models.py`",
+        print(f"error: {', '.join(missing)} not in {TRAINED}: run `python models/make/fetch_trained_models.py`",
               file=sys.stderr)
         return 2
     out = Path(args.out_dir)

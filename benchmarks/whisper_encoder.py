@@ -7,7 +7,7 @@ instructions per run of the original, re-saved and folded models under valgrind.
 
 The model is `WhisperModel(config).encoder` with tiny.en's sizes (d_model 384, 4 layers, 6 heads,
 FFN 1536, 80 mel bins, 1500 positions) and every parameter perturbed off its init as
-models/export_models.py does (a trained checkpoint is not downloaded here). Exports:
+models/make/export_models.py does (a trained checkpoint is not downloaded here). Exports:
 `torch.onnx.export(dynamo=False, opset_version=17)` ("torchscript", eager attention: what the
 issue measured) and `dynamo=True, opset_version=18` ("dynamo"), input [batch, 80, 3000] with a
 dynamic batch. A trained export under /work/cache/trained/ (another helper's) is used by `fold`
@@ -35,7 +35,7 @@ EXPORTS = ("torchscript", "dynamo")
 
 
 def _perturb():
-    spec = importlib.util.spec_from_file_location("export_models", ROOT / "models" / "export_models.py")
+    spec = importlib.util.spec_from_file_location("export_models", ROOT / "models" / "make" / "export_models.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["export_models"] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)  # type: ignore[union-attr]

@@ -131,7 +131,7 @@ def fold_checked(
 ) -> onnx_lnfold.FoldResult:
     """Fold, assert the exact counts, and check equivalence through ONNX Runtime. The rule tests
     are about what can fold exactly: they fold the LNs the cost rule would keep too
-    (`fold_costly=True`) unless they ask otherwise; tests/test_beta_placement.py tests that rule."""
+    (`fold_costly=True`) unless they ask otherwise; tests/emit/test_beta_placement.py tests that rule."""
     options.setdefault("fold_costly", True)
     result = onnx_lnfold.fold(model, **options)
     plan = result.plan

@@ -10,7 +10,7 @@ import onnx
 
 from conftest import ROOT
 
-_spec = importlib.util.spec_from_file_location("make_large_model", ROOT / "models" / "make_large_model.py")
+_spec = importlib.util.spec_from_file_location("make_large_model", ROOT / "models" / "make" / "make_large_model.py")
 make_large_model = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_large_model)  # type: ignore[union-attr]
 

@@ -4,7 +4,7 @@ One table of rules (`RULES`, one `Rule` per op type, grouped by op family in thi
 modules) answers both questions the analysis asks (docs/DESIGN.md section 2.2): `backward`, which
 inputs must be zero-mean (and along which axes) for an output to be, and `forward`, where a
 row-constant shift of an input shows up in the outputs. Both read the same links, so they cannot
-disagree (tests/test_carry_agreement.py).
+disagree (tests/carry/test_carry_agreement.py).
 """
 
 from onnx_lnfold.carry.engine import JOINTLY_LINEAR, Requirement, backward, forward

@@ -6,7 +6,7 @@ along axis `b` moves output `k` along axis `a`. Asked from an output end (`Out`)
 links into that output axis: the inputs that must be zero-mean (docs/DESIGN.md section 2). Asked
 from an input end (`In`) it returns the links out of that input axis: the outputs a shift there
 changes (section 3). Both directions read the same links, so they agree by construction;
-tests/test_carry_agreement.py checks it on random nodes of every op here.
+tests/carry/test_carry_agreement.py checks it on random nodes of every op here.
 
 A refusal is a `Blocked`. Asked from an input end, its reason starts with "it feeds <node>", as
 the side-effect rule words what a changed tensor reaches.

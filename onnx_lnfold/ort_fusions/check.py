@@ -74,6 +74,11 @@ _STANDARD = ("", "ai.onnx")
 # Results of ONNX Runtime on one weightless file, by the file's bytes: folding the same graph
 # again (tests, a dry run then the fold) does not run ONNX Runtime again.
 _CACHE: dict[tuple, object] = {}
+
+
+def clear_cache() -> None:
+    """Forget every result: the next check runs ONNX Runtime again."""
+    _CACHE.clear()
 _CACHE_SIZE = 64
 
 

@@ -6,7 +6,7 @@ external-data reference to the start of one sparse, zero-filled file: the file i
 (the session and the transformers optimizer) reads the zeros.
 
 What the fusions read from constants (measured on every committed model and on the models of
-`models/export_fusion_models.py`, docs/DESIGN.md section 10): the shapes of every weight, the
+`models/make/export_fusion_models.py`, docs/DESIGN.md section 10): the shapes of every weight, the
 values of scalars (GELU's sqrt(2), 0.5 and 1, an LN's epsilon and exponent, attention's mask
 constants) and of integer tensors (shapes, axes, Slice bounds, position ids). So tensors up to
 `KEEP_BYTES` and integer or boolean tensors up to `KEEP_INTEGER_BYTES` keep their values; the

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.cuda.sweep import main
+
+sys.exit(main())

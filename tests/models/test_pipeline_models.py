@@ -1,0 +1,130 @@
+"""What deployment pipelines hand the fold: fp16-converted, shape-inferred, ORT-optimized and
+TorchScript models (committed in models/ by models/make/export_pipeline_models.py)."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import onnx_lnfold
+from onnx_lnfold.verify.runner import compare, run_model
+
+from conftest import MODELS
+from graphs import ops
+
+# name: (folded, total, fragment of the reason every kept LN gives). LNs whose beta would stay an
+# Add over the stream (it feeds a Conv, a Pad, the next LN, a bias-free head) are kept: that Add
+# costs ONNX Runtime more than the LN saves (code "costs-more", docs/DESIGN.md section 4.1). ORT
+# fuses none of these models' residual Adds with their LN (its shape inference cannot name their
+# dims), so their final LNs are plain LNs too.
+COSTS_MORE = "costs more than LayerNormalization on ONNX Runtime's CPU EP"
+EXPECTED = {
+    "opt_fp16": (8, 9, COSTS_MORE),  # the final LN, before the tied LM head
+    "gpt2_fp16": (8, 9, COSTS_MORE),  # ln_f
+    "gpt2_inferred": (8, 9, COSTS_MORE),  # ln_f
+    "vit_fp16": (8, 9, COSTS_MORE),  # the final LN (a graph output)
+    # The vision tower starts at pre_layrnorm's output: one explicit centering there, in fp16.
+    # pre_layrnorm itself, the text model's final LN and post_layernorm (before the bias-free
+    # projection) are kept.
+    "clip_fp16": (16, 19, COSTS_MORE),
+    "gpt2_eager_ort_opt0": (9, 9, None),
+    # As clip_fp16, but one LN feeds ORT's fused Attention (no bias from it) where the text
+    # model's final LN folds.
+    "clip_ort": (16, 19, COSTS_MORE),
+    "vit_torchscript": (8, 9, COSTS_MORE),
+    # Stage 1 reads the embeddings LN's output (kept: its beta feeds the next LN) and feeds patch
+    # merging, whose Concat along the channels no shift survives; the merging LN reads that
+    # Concat; two LNs feed a Pad; the final LN.
+    "swin_torchscript": (2, 11, None),
+    # The patch-embedding LNs feed the next LN or a Reshape: kept; the blocks behind them read their
+    # outputs, which a centering would unlock only for LNs whose fold does not pay for it.
+    "segformer_torchscript": (1, 9, None),
+    "mbart_torchscript": (11, 14, COSTS_MORE),  # the embeddings LNs feed the next LN; the decoder's final LN
+    # One explicit centering of the sum `projection + GELU(grouped positional conv)` unlocks the
+    # encoder; the feature projection LN reads the conv stem's GELU output (it alone would gain);
+    # the conv stem's LNs feed a Transpose: kept.
+    "wav2vec2_stable": (8, 12, None),
+}
+NORMALIZATIONS = ("LayerNormalization", "SkipLayerNormalization")
+RMS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
+
+
+def _feeds(name: str, which: str) -> dict[str, np.ndarray]:
+    with np.load(MODELS / f"{name}.{which}.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+def _is_fp16(model: onnx.ModelProto) -> bool:
+    return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
+
+
+def test_every_pipeline_model_is_listed():
+    manifest = json.loads((MODELS / "pipeline_manifest.json").read_text())
+    assert sorted(manifest["models"]) == sorted(EXPECTED)
+
+
+@pytest.fixture(scope="module", params=sorted(EXPECTED))
+def folded(request):
+    name = request.param
+    return name, onnx_lnfold.fold(MODELS / f"{name}.onnx", inputs=_feeds(name, "inputs"))
+
+
+def test_fold_count_and_reasons(folded):
+    name, result = folded
+    n_folded, total, reason = EXPECTED[name]
+    plan = result.plan
+    assert len(plan.decisions) == total
+    assert len(plan.folded) == n_folded, [(d.node, d.reason) for d in plan.kept]
+    for d in plan.kept:
+        assert d.reason and "unknown" not in d.reason, (d.node, d.reason)  # shapes never the obstacle
+        assert "does not keep the normalized axis whole" not in d.reason, (d.node, d.reason)
+        if reason:
+            assert reason in d.reason, (d.node, d.reason)
+    counts = ops(result.model_proto)
+    assert sum(counts.get(op, 0) for op in NORMALIZATIONS) == total - n_folded
+    assert sum(counts.get(op, 0) for op in RMS) == n_folded
+    assert result.report.verification.status == "passed"
+
+
+def test_equivalent_at_two_input_sizes(folded):
+    """Original and folded model in ONNX Runtime on the two committed input sets (batch 2 and 3,
+    different sequence or audio lengths), held to the tolerance of the model's dtype."""
+    name, result = folded
+    original = onnx.load(MODELS / f"{name}.onnx")
+    rtol = 1e-2 if _is_fp16(original) else 1e-5
+    sizes = set()
+    for which in ("inputs", "inputs_alt"):
+        feeds = _feeds(name, which)
+        sizes.add(tuple(v.shape for v in feeds.values()))
+        ref = run_model(original.SerializeToString(), feeds)
+        got = run_model(result.model_proto.SerializeToString(), feeds)
+        for diff in compare(ref, got):
+            assert diff.rel_diff <= rtol, (name, which, diff)
+    assert len(sizes) == 2
+
+
+def test_fp16_models_fold_as_fully_as_their_fp32_export():
+    """The fp16 converter's value_info (dims `unk__N`) must not hide what the graph computes."""
+    for fp16, fp32 in (("gpt2_fp16", "gpt2_inferred"),):
+        a = onnx_lnfold.fold(MODELS / f"{fp16}.onnx", verify=False).plan
+        b = onnx_lnfold.fold(MODELS / f"{fp32}.onnx", verify=False).plan
+        assert [d.node for d in a.folded] == [d.node for d in b.folded]
+
+
+def test_ort_optimized_torchscript_bert_gives_the_post_ln_reason():
+    """Issue: its SkipLayerNorms were kept because "the ranks of its input and skip are unknown"
+    (ONNX inference stops at EmbedLayerNormalization); ORT's symbolic inference knows them."""
+    plan = onnx_lnfold.fold(MODELS / "bert_torchscript_ort_opt1.onnx", verify=False, auxiliary_centering=False).plan
+    skips = [d for d in plan.kept if d.op_type.endswith("SkipLayerNormalization")]
+    assert len(skips) == 4
+    for d in skips:
+        assert "whose gamma*n+beta has a data-dependent mean" in d.reason, d.reason
+
+
+def test_flatten2_is_followed_without_an_explicit_centering():
+    """TorchScript's flatten(2) with every pixel dim dynamic: the patch conv is centered, where
+    the Reshape used to stop the proof and cost an explicit centering of its output."""
+    plan = onnx_lnfold.fold(MODELS / "vit_torchscript.onnx", verify=False).plan
+    assert not plan.centerings
+    assert any(e.role == "Conv weight" for e in plan.edits)

@@ -1,0 +1,368 @@
+"""ONNX Runtime's own fusions decide which LNs stay for them (docs/DESIGN.md section 10): the
+transformers optimizer's EmbedLayerNormalization (`fusion-cost`) and a session's fusions that a fold
+would lose (`fusion-lost`), both run on weightless copies of the graph.
+
+Models: the committed BERT exports, `models/make/export_fusion_models.py` (DistilBERT, GPT-Neo, a
+Pegasus decoder, a small TorchScript Whisper encoder) and graphs built in code (tests/graphs.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+import onnx_lnfold
+from onnx_lnfold.analysis import edits
+from onnx_lnfold.load.model import load_model
+from onnx_lnfold.ort_fusions import check as fusion_check
+from onnx_lnfold.ort_fusions.weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
+from onnx_lnfold.report.kept import explain_kept
+
+from conftest import MODELS
+from graphs import bert_attention_block, gelu_stem_stream
+
+optimizer = pytest.importorskip("onnxruntime.transformers.optimizer")
+
+
+def session_ops(model: onnx.ModelProto | str, tmp_path) -> Counter:
+    """Op types (contrib ops as `com.microsoft::Op`) of the graph an ORT_ENABLE_ALL CPU session runs."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    out = tmp_path / "session_optimized.onnx"
+    options.optimized_model_filepath = str(out)
+    source = model if isinstance(model, str) else model.SerializeToString()
+    ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    graph = onnx.load(str(out), load_external_data=False).graph
+    return Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in graph.node)
+
+
+def optimized(model: onnx.ModelProto | str, model_type: str = "bert", opt_level: int = 0) -> tuple[int, int]:
+    """(nodes, EmbedLayerNormalization nodes) after `optimize_model` with the committed models'
+    4 heads and hidden size 64. Opt level 1 is composed as `optimize_model` composes it (a
+    basic-level CPU session without ConstantSharing, then `optimize_by_fusion`): its own
+    `optimize_by_onnxruntime` imports torch, which the test environment need not have."""
+    if opt_level == 1:
+        with tempfile.TemporaryDirectory() as scratch:
+            # beside a model file: the session's output refers to its external data by relative path
+            folder = Path(model).parent if isinstance(model, str) else Path(scratch)
+            out = folder / f"o1-{uuid.uuid4().hex}.onnx"
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.log_severity_level = 3
+            options.optimized_model_filepath = str(out)
+            source = model if isinstance(model, str) else model.SerializeToString()
+            try:
+                ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
+                                     disabled_optimizers=["ConstantSharing"])
+                model = onnx.load(str(out))
+            finally:
+                out.unlink(missing_ok=True)
+        opt_level = 0
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = optimizer.optimize_model(model, model_type, 4, 64, opt_level=opt_level)
+    nodes = result.model.graph.node
+    return len(nodes), sum(n.op_type == "EmbedLayerNormalization" for n in nodes)
+
+
+# --- weightless copies ---------------------------------------------------------------------------
+
+
+def test_a_weightless_copy_refers_to_one_sparse_file_of_zeros_and_touches_no_weight():
+    model, _ = load_model(MODELS / "bert_torchscript.onnx")
+    tensors = {name: value.const_value for name, value in model.graph.initializers.items()}
+    with WeightlessFolder() as folder:
+        path = folder.write(weightless_clone(model, folder), "copy.onnx")
+        proto = onnx.load(str(path), load_external_data=False)
+        zeros = folder.path / ZEROS_FILE
+        external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        inline = [t for t in proto.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+        assert len(external) == 15 and len(inline) == 24  # the 2-D weights; gammas, betas, biases, shapes
+        for t in external:
+            info = {e.key: e.value for e in t.external_data}
+            assert (info["location"], info["offset"]) == (ZEROS_FILE, "0")
+        integer = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+        assert all(t.data_type in integer or len(t.raw_data) <= KEEP_BYTES for t in inline)
+        largest = max(int(dict((e.key, e.value) for e in t.external_data)["length"]) for t in external)
+        assert zeros.stat().st_size == largest == 512 * 64 * 4  # the word table
+        assert zeros.stat().st_blocks * 512 < zeros.stat().st_size  # sparse: made with truncate
+        assert path.stat().st_size < 0.1 * (MODELS / "bert_torchscript.onnx").stat().st_size
+    assert all(model.graph.initializers[name].const_value is t for name, t in tensors.items())
+
+
+@pytest.mark.parametrize("name", ["bert_torchscript", "distilbert_torchscript", "whisper_encoder_torchscript", "gpt2"])
+def test_zeros_change_none_of_onnx_runtimes_decisions(name, tmp_path):
+    """The session's and the transformers optimizer's graphs of the weightless copy have the op
+    counts of the real model's (docs/DESIGN.md section 10)."""
+    model, _ = load_model(MODELS / f"{name}.onnx")
+    with WeightlessFolder() as folder:
+        copy = str(folder.write(weightless_clone(model, folder), "copy.onnx"))
+        assert session_ops(copy, tmp_path) == session_ops(str(MODELS / f"{name}.onnx"), tmp_path)
+        for level in (0, 1):
+            assert optimized(copy, opt_level=level) == optimized(str(MODELS / f"{name}.onnx"), opt_level=level)
+
+
+# --- EmbedLayerNormalization: what the transformers optimizer fuses ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, folded, fused_by_ort, nodes",
+    [
+        # dynamo BERT: positions sized by the attention mask; the optimizer fuses no embedding
+        ("bert", ["node_layer_norm"], False, (113, 114)),
+        ("bert_ort_opt0", ["node_layer_norm"], False, (113, 114)),
+        ("bert_ort_opt1", ["node_layer_norm"], False, (115, 116)),
+        # TorchScript BERT and DistilBERT: fused (with the model's num_heads, as users pass it)
+        ("bert_torchscript", [], True, (56, 56)),
+        ("distilbert_torchscript", [], True, (29, 29)),
+    ],
+)
+def test_the_embeddings_ln_stays_exactly_where_onnx_runtime_fuses_it(name, folded, fused_by_ort, nodes):
+    path = MODELS / f"{name}.onnx"
+    # Every LN that folds exactly (the cost rule is tests/emit/test_beta_placement.py's): the fusion rule alone.
+    result = onnx_lnfold.fold(path, verify=False, fold_costly=True)
+    embeddings = result.plan.decisions[0]
+    assert [d.node for d in result.plan.folded] == folded
+    assert (embeddings.code == "fusion-cost") == fused_by_ort
+    # ORT's own node counts after optimize_model (model_type bert, opt_level 0) of the original
+    # and of the fold: the same EmbedLayerNormalization count, so the fold lost no fusion.
+    original, after_fold = optimized(str(path)), optimized(result.model_proto)
+    assert (original[0], after_fold[0]) == nodes
+    assert original[1] == after_fold[1] == int(fused_by_ort)
+    if fused_by_ort:
+        assert embeddings.stage == "cost" and "into com.microsoft::EmbedLayerNormalization" in embeddings.reason
+        assert "opt_level 0, num_heads 4, hidden_size 64; onnxruntime " in embeddings.reason
+        assert "stayed a LayerNorm" in result.plan.advice[0]
+        # without the check the fold costs the optimizer its fusion (+2 to +5 nodes)
+        unchecked = onnx_lnfold.fold(path, verify=False, keep_ort_fusions=False, fold_costly=True)
+        assert unchecked.plan.decisions[0].folded
+        lost = optimized(unchecked.model_proto)
+        assert lost[1] == 0 and lost[0] > nodes[0]
+    else:
+        assert all("EmbedLayerNormalization" not in advice for advice in result.plan.advice)
+
+
+@pytest.mark.parametrize("name", ["gpt_neo", "pegasus_decoder"])
+def test_embedding_sums_the_optimizer_leaves_alone_fold(name):
+    """GPT-Neo and the Pegasus decoder read their embedding sum with an LN (the structural
+    likeness of ORT's matcher that the fold used to trust); the optimizer fuses none of them."""
+    plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx", fold_costly=True)
+    assert fusion_check.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
+    assert len(plan.folded) == len(plan.decisions) == 5 and plan.advice == []
+    for model_type, level in fusion_check.EMBED_RUNS:
+        assert optimized(str(MODELS / f"{name}.onnx"), model_type, level)[1] == 0
+
+
+def _candidates(path):
+    from onnx_lnfold.analysis.planner import candidates
+    from onnx_lnfold.shapes.table import ShapeTable
+
+    model, _ = load_model(path)
+    return candidates(model, ShapeTable(model))
+
+
+# --- session fusions a fold would lose ------------------------------------------------------------
+
+
+def test_a_fold_that_would_lose_a_session_fusion_keeps_its_ln(tmp_path):
+    """ONNX Runtime's session AttentionFusion starts from a LayerNormalization: folding the LN
+    under a BERT attention block costs the Attention op."""
+    model = bert_attention_block()
+    assert session_ops(model, tmp_path)["com.microsoft::Attention"] == 1
+    result = onnx_lnfold.fold(model, fold_costly=True)  # the LN's beta would stay an Add: the fusion rule alone
+    (decision,) = result.plan.decisions
+    assert not decision.folded and (decision.code, decision.stage) == ("fusion-lost", "cost")
+    assert decision.reason.startswith(
+        "kept: folding it would cost ONNX Runtime's Attention fusion at 'context_reshape' (the fused pattern "
+        "reads its output): an onnxruntime "
+    )
+    assert decision.blocking_tensor == "context_reshape"
+    assert result.report.to_dict()["decisions"][0]["code"] == "fusion-lost"
+    # with the check off the LN would fold, and the session would lose its Attention
+    unchecked = onnx_lnfold.fold(model, keep_ort_fusions=False, fold_costly=True)
+    assert len(unchecked.plan.folded) == 1 and unchecked.report.verification.status == "passed"
+    assert session_ops(unchecked.model_proto, tmp_path)["com.microsoft::Attention"] == 0
+
+
+def test_the_explicit_centering_goes_after_the_gelu_so_its_fusion_stays(tmp_path, monkeypatch):
+    """A TorchScript GELU ends `* 0.5`: the centering after it keeps ONNX Runtime's (Bias)Gelu
+    fusion; inside it (on the product, as the fold used to place it) it costs the fusion, and the
+    check keeps both LNs it would unlock."""
+    model = gelu_stem_stream()
+    result = onnx_lnfold.fold(model)
+    assert len(result.plan.folded) == 2 and result.report.verification.status == "passed"
+    assert [c.tensor for c in result.plan.centerings] == ["gelu/half_out"]
+    before, after = session_ops(model, tmp_path), session_ops(result.model_proto, tmp_path)
+    assert before["com.microsoft::BiasGelu"] == after["com.microsoft::BiasGelu"] == 1
+
+    monkeypatch.setattr(edits, "_past_scalings", lambda value, axis, uses, names: (value, uses))
+    inside = onnx_lnfold.fold(model)
+    assert not inside.plan.folded
+    assert {(d.code, d.stage) for d in inside.plan.decisions} == {("fusion-lost", "cost")}
+    assert "BiasGelu fusion at 'gelu/half' (its explicit centering reads 'gelu/mul_out', inside the fused pattern)" in (
+        inside.plan.decisions[0].reason
+    )
+    unchecked = onnx_lnfold.fold(model, keep_ort_fusions=False, fold_costly=True)
+    assert [c.tensor for c in unchecked.plan.centerings] == ["gelu/mul_out"]
+    assert session_ops(unchecked.model_proto, tmp_path)["com.microsoft::BiasGelu"] == 0
+
+
+def test_a_fusion_that_took_in_a_decomposed_lns_gamma_is_not_a_loss(tmp_path):
+    """A decomposed LN with a scalar gamma: ONNX Runtime leaves the normalization as it is and
+    makes the gamma Mul the alpha of the next MatMul (FusedMatMul). The fold puts gamma into the
+    RMS op's scale, so that fused node goes, and nine nodes with it: nothing is lost, the LN folds
+    (found by the fuzz graphs)."""
+    from graphs import Graph, decomposed_ln
+
+    g = Graph(seed=3)
+    normalized = decomposed_ln(g, g.linear(g.input("x", ["b", "s", 16]), 16, 16, "proj"), 16, "ln", divide="Reciprocal", affine=False)
+    scaled = g.node("Mul", [normalized, g.const("ln.gamma", value=np.array([1.7], np.float32))], name="ln/gamma")
+    g.output(g.linear(scaled, 16, 16, "out", bias=False))
+    model = g.model()
+    result = onnx_lnfold.fold(model)
+    assert [d.folded for d in result.plan.decisions] == [True] and result.report.verification.status == "passed"
+    before, after = session_ops(model, tmp_path), session_ops(result.model_proto, tmp_path)
+    assert (before["com.microsoft::FusedMatMul"], after["com.microsoft::FusedMatMul"]) == (1, 0)
+    assert sum(after.values()) < sum(before.values()) - 5
+
+
+def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
+    path = MODELS / "whisper_encoder_torchscript.onnx"
+    result = onnx_lnfold.fold(path, fold_costly=True)
+    assert len(result.plan.folded) == len(result.plan.decisions) == 5
+    assert [c.tensor for c in result.plan.centerings] == ["/model/Mul_3_output_0"]  # after the stem's `* 0.5`
+    assert result.report.verification.status == "passed"
+    before, after = session_ops(str(path), tmp_path), session_ops(result.model_proto, tmp_path)
+    assert before["com.microsoft::Gelu"] == after["com.microsoft::Gelu"] == 2
+
+
+def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatch):
+    model = ir.from_proto(bert_attention_block())
+    onnx_lnfold.analyze(model, keep_ort_fusions=False)  # the analysis names an unnamed Constant tensor (as before)
+    before = ir.to_proto(model).SerializeToString()
+    fusion_check.clear_cache()
+    calls = []
+    session = fusion_check.session_graph
+    monkeypatch.setattr(fusion_check, "session_graph", lambda path, folder: calls.append(path.name) or session(path, folder))
+    first = onnx_lnfold.analyze(model, fold_costly=True)
+    assert calls == ["original.onnx", "folded.onnx"]
+    assert onnx_lnfold.analyze(model, fold_costly=True).to_dict() == first.to_dict() and len(calls) == 2  # cached
+    assert ir.to_proto(model).SerializeToString() == before
+
+
+# --- without onnxruntime -----------------------------------------------------------------------------
+
+
+def test_without_onnxruntime_everything_folds_and_the_advice_says_nothing_was_checked(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime.transformers.optimizer", None)  # `import` raises ImportError
+    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", fold_costly=True)
+    assert [d.node for d in plan.folded] == ["/model/embeddings/LayerNorm/LayerNormalization"]
+    assert plan.advice == [
+        "Fusions: not checked (onnxruntime (with its transformers optimizer) is not installed): folding may cost "
+        "fusions that ONNX Runtime's transformers optimizer (onnxruntime.transformers.optimizer.optimize_model) or "
+        "a session would make on the original; run the optimizer first, then fold the optimized model."
+    ]
+    fold_pass = onnx_lnfold.LnFoldPass(fold_costly=True)
+    fold_pass(ir.from_proto(bert_attention_block()))
+    assert len(fold_pass.plan.folded) == 1 and fold_pass.plan.advice[0].startswith("Fusions: not checked")
+
+
+def test_switched_off_nothing_is_checked_and_nothing_is_said():
+    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", keep_ort_fusions=False, fold_costly=True)
+    assert len(plan.folded) == 1 and plan.advice == []
+
+
+# --- the report ------------------------------------------------------------------------------------------
+
+
+def test_the_grouped_headline_of_a_fusion_reason_keeps_its_apostrophes():
+    report = onnx_lnfold.fold(MODELS / "bert_torchscript.onnx", verify=False).report
+    text = report.format_text()
+    assert "Runtime'...'" not in text
+    assert (
+        "  1 kept: (fusion-cost) ONNX Runtime's transformers optimizer fuses it into EmbedLayerNormalization,\n"
+        "    which has no RMS form: run the optimizer first\n"
+        "      /model/embeddings/LayerNorm/LayerNormalization  onnxruntime.transformers.optimizer.optimize_model;"
+    ) in text
+
+
+def test_a_code_without_a_heading_of_its_own_is_headed_by_its_meaning():
+    from onnx_lnfold.analysis.plan import LnDecision
+    from onnx_lnfold.core.blocked import CODES, Blocked
+
+    reason = "kept: ONNX Runtime's fusion reads 'a.weight' and 'b' (the graph's own)"
+    decision = LnDecision("ln", "LayerNormalization", "kept", 2, 1e-5, blocked=Blocked("internal", reason, stage="cost"))
+    assert explain_kept(decision) == (f"(internal) {CODES['internal']}", reason)
+
+
+# --- slow: the Whisper tiny.en TorchScript encoder ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_whisper_tiny_torchscript_encoder_folds_without_losing_a_gelu(tmp_path):
+    """WhisperModel.encoder at tiny.en sizes (d_model 384, 4 layers, 6 heads, 80 mel bins),
+    perturbed weights, exported by the TorchScript exporter at opset 17: the fold used to center
+    the conv stem's GELU product and cost ONNX Runtime one Gelu fusion (Gelu 2 -> 1)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, str(MODELS / "make"))
+    from export_models import perturb, seed_for
+
+    cfg = transformers.WhisperConfig(
+        d_model=384, encoder_layers=4, encoder_attention_heads=6, decoder_layers=4, decoder_attention_heads=6,
+        num_mel_bins=80, encoder_ffn_dim=1536, decoder_ffn_dim=1536, vocab_size=51864, max_source_positions=1500,
+        attn_implementation="eager",
+    )
+    encoder = transformers.WhisperModel(cfg).get_encoder().eval()
+    torch.manual_seed(seed_for("whisper_tiny_ts"))
+    perturb(encoder, seed_for("whisper_tiny_ts"))
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, features):
+            return self.encoder(features, return_dict=True).last_hidden_state
+
+    path = tmp_path / "whisper_tiny_en_encoder.onnx"
+    with contextlib.redirect_stderr(io.StringIO()):
+        torch.onnx.export(
+            Encoder().eval(), (torch.randn(1, 80, 3000),), str(path), dynamo=False, opset_version=17,
+            input_names=["input_features"], output_names=["last_hidden_state"],
+            dynamic_axes={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+        )
+    result = onnx_lnfold.fold(path, input_shapes={"input_features": (1, 80, 3000)})
+    assert len(result.plan.folded) == len(result.plan.decisions) == 9
+    assert [c.tensor for c in result.plan.centerings] == ["/encoder/Mul_3_output_0"]
+    assert result.report.verification.status == "passed"
+    before, after = session_ops(str(path), tmp_path), session_ops(result.model_proto, tmp_path)
+    assert before["com.microsoft::Gelu"] == after["com.microsoft::Gelu"] == 2
+    assert np.isfinite(result.report.verification.max_rel_diff)
+
+
+def test_a_large_model_is_optimized_in_a_child_that_reads_only_what_it_asks_for(monkeypatch):
+    """Above `CHILD_ABOVE_BYTES` of weights the transformers optimizer runs in a child process (in
+    the weightless copy's folder, so it loads only the zeros it reads): same decisions."""
+    from onnx_lnfold.ort_fusions import probe
+
+    expected = onnx_lnfold.analyze(MODELS / "distilbert_torchscript.onnx").to_dict()
+    fusion_check.clear_cache()
+    monkeypatch.setattr(fusion_check, "CHILD_ABOVE_BYTES", 0)
+    started = []
+    popen = probe.subprocess.Popen
+    monkeypatch.setattr(probe.subprocess, "Popen", lambda *a, **k: started.append(k["cwd"]) or popen(*a, **k))
+    assert onnx_lnfold.analyze(MODELS / "distilbert_torchscript.onnx").to_dict() == expected
+    assert len(started) == 1  # one child for every run of the analysis
+    assert expected["decisions"][0]["code"] == "fusion-cost"

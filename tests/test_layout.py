@@ -1,0 +1,45 @@
+"""The tree reads as the pipeline (docs/DESIGN.md section 7): one folder per step, each saying what it
+takes and gives, no step importing a later one, and nothing outside the package reaching into its
+private names."""
+
+import ast
+import importlib
+import importlib.util
+
+import onnx_lnfold
+
+from conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("step_imports", ROOT / "tools" / "step_imports.py")
+step_imports = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_imports)  # type: ignore[union-attr]
+
+# The drivers on top of the steps, which tests and scripts may call into (DESIGN.md section 7).
+DRIVERS = {"_api", "_pipeline", "_pass", "_cli"}
+
+
+def test_no_step_imports_a_later_step():
+    matrix, later = step_imports.check(step_imports.package_dir())
+    assert later == []
+    assert sum(map(sum, (c.values() for c in matrix.values()))) > 0  # the check saw the imports
+
+
+def test_the_steps_are_the_package_folders_and_each_says_what_it_takes_and_gives():
+    root = step_imports.package_dir()
+    folders = {p.parent.name for p in root.glob("*/__init__.py")}
+    assert folders == set(step_imports.STEPS)
+    for step in step_imports.STEPS:
+        doc = importlib.import_module(f"onnx_lnfold.{step}").__doc__
+        assert doc and len(doc.split()) >= 20, step
+
+
+def test_scripts_and_tests_import_no_private_name_of_the_package():
+    found = []
+    for folder in ("tests", "models", "benchmarks", "tools"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("onnx_lnfold"):
+                    private = [a.name for a in node.names if a.name.startswith("_") and a.name not in DRIVERS]
+                    found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{n}" for n in private]
+    assert found == []
+    assert onnx_lnfold.__all__  # the public face: what onnx_lnfold itself exports
