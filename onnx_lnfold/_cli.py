@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
 from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, VerificationFailed
+from onnx_lnfold.core.ops import target_help
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 from onnx_lnfold.core.progress import Progress
 
@@ -76,8 +77,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--target",
         choices=TARGETS,
         default="ort",
-        help="ort: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (ONNX Runtime ops; default); "
-        "onnx: the standard RMSNormalization (models at opset >= 23)",
+        help=target_help(),
     )
     p.add_argument(
         "--fuse-residual",

@@ -36,7 +36,8 @@ from olive.passes import Pass
 from olive.passes.pass_config import BasePassConfig, PassConfigParam
 
 from onnx_lnfold._api import fold
-from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.core.ops import target_help
+from onnx_lnfold.core.options import OPTION_NAMES, FoldOptions
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class OnnxLnFold(Pass):
     def _default_config(cls, accelerator_spec: AcceleratorSpec) -> dict[str, PassConfigParam]:
         return {
             "target": PassConfigParam(
-                type_=str, default_value=_DEFAULTS.target, description="'ort': SimplifiedLayerNormalization; 'onnx': RMSNormalization (opset >= 23)"
+                type_=str, default_value=_DEFAULTS.target, description=target_help()
             ),
             "fuse_residual": PassConfigParam(
                 type_=str, default_value=_DEFAULTS.fuse_residual, description="which residual Adds become SkipSimplifiedLayerNormalization: auto, always, never"
@@ -79,14 +80,7 @@ class OnnxLnFold(Pass):
         self, model: ONNXModelHandler, config: type[BasePassConfig], output_model_path: str
     ) -> ONNXModelHandler:
         output_model_path = resolve_onnx_path(output_model_path, Path(model.model_path).name)
-        options = FoldOptions(
-            target=config.target,
-            auxiliary_centering=config.auxiliary_centering,
-            fuse_residual=config.fuse_residual,
-            tied_weights=config.tied_weights,
-            keep_ort_fusions=config.keep_ort_fusions,
-            fold_costly=config.fold_costly,
-        )
+        options = FoldOptions(**{name: getattr(config, name) for name in OPTION_NAMES})
         result = fold(model.model_path, verify=config.verify, options=options)
         for line in result.report.format_text().splitlines():
             logger.info(line)

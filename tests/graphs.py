@@ -280,3 +280,9 @@ def gelu_stem_stream(d: int = 16) -> onnx.ModelProto:
     h = g.node("Add", [h, g.linear(g.ln(h, d, "ln0"), d, d, "mlp0")], name="residual0")
     g.output(g.ln(h, d, "ln_final"))
     return g.model(opset=17)
+
+
+def assert_fold_count(plan, folded: int, total: int) -> None:
+    """`folded` of `total` LNs fold; when not, the message lists the kept ones with their reasons."""
+    assert len(plan.decisions) == total
+    assert len(plan.folded) == folded, [(d.node, d.reason) for d in plan.kept]

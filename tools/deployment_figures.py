@@ -84,6 +84,13 @@ def input_sets(name: str, count: int) -> list[dict[str, np.ndarray]]:
     return [dict(np.load(MODELS / f"{name}.inputs.npz"))] + [synthesize_inputs(spec, shapes, seed=s) for s in range(1, count)]
 
 
+def references(name: str, sets: int) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]], list]:
+    """The committed model, its input sets and its outputs on them in ONNX Runtime."""
+    original = onnx.load(MODELS / f"{name}.onnx")
+    feeds_list = input_sets(name, sets)
+    return original, feeds_list, [session(original).run(None, f) for f in feeds_list]
+
+
 def error(model, refs, feeds_list) -> float:
     s = session(model)
     per_set = []
@@ -102,9 +109,7 @@ def fp16(names: list[str], sets: int) -> None:
 
     print("model             folded fp32  fp16->fold   drift: fp16(original)  fold->fp16  fp16->fold")
     for name in names:
-        original = onnx.load(MODELS / f"{name}.onnx")
-        feeds_list = input_sets(name, sets)
-        refs = [session(original).run(None, f) for f in feeds_list]
+        original, feeds_list, refs = references(name, sets)
         fp32 = onnx_lnfold.fold(original)
         late = onnx_lnfold.fold(convert(original))
         base = error(convert(original), refs, feeds_list)
@@ -142,9 +147,7 @@ def int8(names: list[str], sets: int, controls: int, tmp: Path) -> None:
 
     print("model             weights      int8 error: original  folded         controls (min..max)")
     for name in names:
-        original = onnx.load(MODELS / f"{name}.onnx")
-        feeds_list = input_sets(name, sets)
-        refs = [session(original).run(None, f) for f in feeds_list]
+        original, feeds_list, refs = references(name, sets)
         folded = onnx_lnfold.fold(original)
         for per_channel in (False, True):
             base = error(quantized(original, per_channel), refs, feeds_list)

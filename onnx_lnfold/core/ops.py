@@ -18,6 +18,20 @@ MS_DOMAIN = "com.microsoft"
 
 
 @dataclass(frozen=True)
+class Target:
+    """A choice of `--target`: what the folds of that target emit, and for which runtimes."""
+
+    name: str
+    description: str  # what the ops are, for `--help`
+
+
+TARGETS = (
+    Target("ort", "ONNX Runtime's ops, on its CPU and CUDA providers; the default"),
+    Target("onnx", "the standard op, for models at opset >= 23"),
+)
+
+
+@dataclass(frozen=True)
 class NormOp:
     """One normalization op: its name and domain, what it computes, and who emits it."""
 
@@ -50,6 +64,14 @@ SKIP_RMS_NORM = NormOp("SkipSimplifiedLayerNormalization", MS_DOMAIN, rms=True, 
 ONNX_RMS_NORM = NormOp("RMSNormalization", rms=True, target="onnx", since_opset=23)
 
 NORM_OPS = (LAYER_NORM, SKIP_LAYER_NORM, EMBED_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM, ONNX_RMS_NORM)
+
+
+def target_help() -> str:
+    """`ort: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (...); onnx: ...`."""
+    return "; ".join(
+        f"{t.name}: {' / '.join(op.op_type for op in NORM_OPS if op.target == t.name)} ({t.description})" for t in TARGETS
+    )
+
 
 # Op types (any domain) whose output is a normalization's: gamma * n + beta, a data-dependent mean.
 NORMALIZATION_TYPES = frozenset(op.op_type for op in NORM_OPS)

@@ -13,15 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onnx_lnfold.core import ops
 from onnx_lnfold.core.errors import InvalidInput
-from onnx_lnfold.core.ops import NORM_OPS, ONNX_RMS_NORM
+from onnx_lnfold.core.ops import ONNX_RMS_NORM
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
 # "ort": SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (ONNX Runtime ops);
 # "onnx": the standard RMSNormalization, for models already at opset >= ONNX_RMS_OPSET.
-TARGETS = tuple(dict.fromkeys(op.target for op in NORM_OPS if op.target))
+TARGETS = tuple(t.name for t in ops.TARGETS)
 ONNX_RMS_OPSET = ONNX_RMS_NORM.since_opset
 
 # Which residual Adds become SkipSimplifiedLayerNormalization (`fuse_residual`):
