@@ -284,7 +284,7 @@ def render(results: list[dict], command: str, machine: dict) -> str:
                      f"{c['created_bias'] / 1e3:.1f} | {c['centering'] / 1e3:.1f} | "
                      f"{c['centering'] / c['ln_to_sln_saving']:.2f} |")
     table = fit(results)
-    lines += ["", "## Fitted node costs (onnx_lnfold/_costs.py reads these)", "",
+    lines += ["", "## Fitted node costs (onnx_lnfold/emit/costs.py reads these)", "",
               "Instructions per run = fixed + per_token x tokens + per_element x tokens x d, least squares on "
               "the relative error over the shapes above; the largest relative error of the fit over them.", "",
               "| node | fixed | per token | per element | worst fit error |", "|---|---|---|---|---|"]

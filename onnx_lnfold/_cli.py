@@ -4,7 +4,7 @@ Exit codes: 0 done (also when nothing folds), 1 a fold that did not pass verific
 `VerificationFailed`), 2 bad input or usage, or an output that cannot be written (one line on stderr,
 nothing written; every other `LnFoldError`), 3 internal error, 130 interrupted.
 
-The parser is built from `_options`' choices alone: `-V`, `--help` and a usage error answer
+The parser is built from `core.options`' choices alone: `-V`, `--help` and a usage error answer
 before numpy, onnx and onnx_ir are imported (they take about a second); `_run` imports them.
 """
 

@@ -43,3 +43,27 @@ def test_scripts_and_tests_import_no_private_name_of_the_package():
                     found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{n}" for n in private]
     assert found == []
     assert onnx_lnfold.__all__  # the public face: what onnx_lnfold itself exports
+
+
+def _string_constants(path) -> set[str]:
+    """The string constants of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs}
+
+
+def test_each_normalization_op_is_named_in_core_ops_alone():
+    """docs/DESIGN.md section 8: a target op is the places that section names; every other module
+    reads the op's name from `core.ops`."""
+    from onnx_lnfold.core.ops import NORM_OPS
+
+    names = {op.op_type for op in NORM_OPS} | {op.qualified for op in NORM_OPS}
+    root = step_imports.package_dir()
+    naming = {str(p.relative_to(root)) for p in root.rglob("*.py") if names & _string_constants(p)}
+    assert naming == {"core/ops.py"}

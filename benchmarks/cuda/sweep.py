@@ -21,7 +21,7 @@ What the figures can be trusted for, and the line that makes each failure imposs
 - the bandwidth figure says which level a node's tensors live in (the device's L2, asked of the
   device) and gives a share of the nominal DRAM bandwidth only for tensors several times the L2;
 - equivalence of every variant with the original on every configuration and every output, with
-  onnx_lnfold's own tolerances (`_verify.output_types`, `rtol_for`); a mismatch fails the sweep (exit 3)
+  onnx_lnfold's own tolerances (`verify.check.output_types`, `rtol_for`); a mismatch fails the sweep (exit 3)
   after the results are written, marked FAILED (a placement failure, exit 2, likewise: the part it hit is
   not reported, the rest of the sweep runs, so one model cannot cost the others' figures);
 - end-to-end models as deployed (benchmarks/cuda_models.py): optimizer (Attention fused), fp16, fold;

@@ -128,7 +128,7 @@ def plan_edits(
 ) -> tuple[list[CenteringEdit], list[AuxCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
     for a tied embedding table, center the Gather outputs instead, as `tied_weights` says: one of
-    `_options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights)."""
+    `core.options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights)."""
     # Leaves that center blocks of the same length of one constant are one edit: each LN's
     # blocks (q's heads, k's heads of one fused projection) centered together.
     groups: dict[tuple[ir.Value, int | None, bool, Weights, int | None], list[tuple[Leaf, str]]] = {}

@@ -4,7 +4,7 @@ centerings that pay for themselves. Mutates nothing.
 
 Cost model: an explicit centering costs one ReduceMean + Sub per run, and each LN it unlocks saves
 what its fold saves (LayerNormalization -> SimplifiedLayerNormalization, or ORT's slow fused
-SkipLayerNormalization replaced), by the measured kernel costs of `_costs`: a root is kept only when
+SkipLayerNormalization replaced), by the measured kernel costs of `emit.costs`: a root is kept only when
 the LNs it unlocks save more than it costs over the whole measured range; roots that do not pay are
 denied and the fold set is recomputed without them.
 """
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 # centering must unlock.
 AUX_MIN_UNLOCKED = 2
 
-# What each LN's fold saves per run (`_costs.saving`), and its width; an LN without an entry saves
+# What each LN's fold saves per run (`emit.costs.saving`), and its width; an LN without an entry saves
 # nothing. None: every LN folds whatever it costs (`fold_costly`), and a centering is used where
 # it unlocks at least `AUX_MIN_UNLOCKED` LNs.
 Savings = dict[LnCandidate, tuple[float, int | None]]

@@ -2,7 +2,7 @@
 is in its fields (`plan.decisions`, `plan.edits`, `decision.reason`) and `to_dict()`.
 
 `--dry-run` prints it, the report serializes it, tests assert on it. The private fields (an edit's
-`_value`/`_uses`, a folded decision's `_rewrite`) bind the plan to the IR objects of the model it
+`_value`/`_uses`, a folded decision's `apply.rewrite`) bind the plan to the IR objects of the model it
 was computed on; `apply_plan` uses them and nothing else reads them.
 """
 
@@ -114,7 +114,7 @@ class AuxCentering:
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
     # The stream root the LNs needed centered, when the centering was placed past scalar factors
-    # of it (`_edits._past_scalings`); None when it is `_value` itself.
+    # of it (`analysis.edits._past_scalings`); None when it is `_value` itself.
     _root: ir.Value | None = field(repr=False, compare=False, default=None)
 
     @property

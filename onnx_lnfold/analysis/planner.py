@@ -2,14 +2,14 @@
 
 Following docs/DESIGN.md sections 2, 3 and 10, in five steps, one module each:
 
-1. **Recognize** (`_recognize`): every LN, in any form, as an `LnCandidate`.
-2. **Trace** (`_zero_mean`, backward, per LN): prove the LN input zero-mean along its axis by
+1. **Recognize** (`forms.recognize`): every LN, in any form, as an `LnCandidate`.
+2. **Trace** (`analysis.zero_mean`, backward, per LN): prove the LN input zero-mean along its axis by
    walking up through carry ops to the uses of constants to center.
-3. **Side effects** (`_side_effects`, forward, global) and the **fold set** (`_fold_set`): every
+3. **Side effects** (`analysis.side_effects`, forward, global) and the **fold set** (`analysis.fold_set`): every
    tensor the edits change must reach only LNs over that axis; a violation blocks every LN whose
    edits reach it, until none remains; explicit centerings are kept only where they pay.
-4. **Edits** (`_edits`): the constants to center (in place or untied) and the centerings to insert.
-5. **Fusion cost** (`_fusions`): ONNX Runtime's own optimizers, on weightless copies of the graph
+4. **Edits** (`analysis.edits`): the constants to center (in place or untied) and the centerings to insert.
+5. **Fusion cost** (`ort_fusions.check`): ONNX Runtime's own optimizers, on weightless copies of the graph
    and of the plan applied to it, decide which LNs to keep because folding them would cost a
    fusion; the plan is made again without them until it loses none.
 
@@ -62,7 +62,7 @@ def plan_for(
 ) -> CenteringPlan:
     """The plan with the LNs of `kept` (by name) kept for the reason given: what each fold would
     cost (`_priced`), which LNs fold together and through which explicit centerings
-    (`_folding`), the constants to center (`_edits`), and every LN's decision (`_decisions`)."""
+    (`_folding`), the constants to center (`analysis.edits`), and every LN's decision (`_decisions`)."""
     names = display_names(model.graph)
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
     savings, dearer = _priced(candidates, kept, options, shapes)

@@ -2,7 +2,7 @@
 center so that a tensor becomes zero-mean along an axis. Mutates nothing.
 
 A proof walks up from a tensor through carry ops (`carry.backward`) to leaves (`Leaf`): one *use*
-of a constant, centered along one axis (or in blocks of it, `_parts`), or, for explicit centering,
+of a constant, centered along one axis (or in blocks of it, `shapes.parts`), or, for explicit centering,
 one use of a computed tensor no weight edit can center (an LN or GELU output), which then reads
 `x - ReduceMean(x)` instead. Proofs are memoized per (tensor, axis, weights, part) and computed
 without recursion: streams are deep.
@@ -88,7 +88,7 @@ class Tracer:
         junctions: frozenset[ir.Value] = frozenset(),
     ):
         self.shapes = shapes
-        self.junctions = junctions  # stream sums to center explicitly rather than prove (see `_fold_set._junction_roots`)
+        self.junctions = junctions  # stream sums to center explicitly rather than prove (see `analysis.fold_set._junction_roots`)
         self.sinks = sinks
         self.aux_denied = aux_denied  # None: auxiliary centering off
         # Outputs of LNs written as a pattern of ops, with their labels: they stop a proof as an
@@ -271,7 +271,7 @@ class Tracer:
     def _aux_allowed(self, value: ir.Value) -> bool:
         if self.aux_denied is None or value in self.aux_denied:
             return False
-        # fp16/bf16 roots only for LNs of their own precision (`_fold_set._mixed_precision_roots`).
+        # fp16/bf16 roots only for LNs of their own precision (`analysis.fold_set._mixed_precision_roots`).
         return self.shapes.dtype(value) in FLOAT_TYPES
 
     def _leaf(self, node, req, out, out_weights: Weights, weights: Weights, aux: bool = False):

@@ -1,7 +1,7 @@
 """Carry out a `CenteringPlan` on the model it was computed from: center and untie constants,
-insert explicit centerings, then rewrite each folded LN (`_rewrite`).
+insert explicit centerings, then rewrite each folded LN (`apply.rewrite`).
 
-The arithmetic (float64, one rounding back) is in `_centering`; centered weights stay lazy until
+The arithmetic (float64, one rounding back) is in `apply.centering`; centered weights stay lazy until
 the model is written.
 """
 

@@ -1,6 +1,6 @@
 """The arithmetic of an edit: a weight minus its mean along one axis, and a bias plus beta pushed
 through a weight (b + beta @ W). Both read their weight a block of rows at a time
-(`_tensor_io.row_blocks`) and work in float64, rounding once back to the tensor's dtype.
+(`io.tensor_io.row_blocks`) and work in float64, rounding once back to the tensor's dtype.
 
 Both also hand out their float64 values before that rounding (`exact_float64()`): verification
 builds a float64 twin of the fold with them, in which an exact fold differs from the original by

@@ -1,4 +1,4 @@
-"""Rewrite one folded LN as the plan says (`Rewrite`, from `_targets`): the RMS op it becomes,
+"""Rewrite one folded LN as the plan says (`Rewrite`, from `emit.targets`): the RMS op it becomes,
 one function per emitted op, then what every op shares: beta (an `Add`, or folded into the
 consumers' biases), the output name moved onto the new tensor, the replaced nodes removed.
 
@@ -138,7 +138,7 @@ def _created_bias(graph: ir.Graph, matmul: ir.Node, tensor: ir.TensorProtocol, t
 def _fold_beta_into_consumers(graph: ir.Graph, sites, beta: np.ndarray, taken: set[str]) -> None:
     """consumer(y + beta) == consumer(y) with bias += beta @ W, for every linear consumer whose
     site is a bias (its own or one created for it); a key projection whose share the attention's
-    Softmax removes is left as it is (`_softmax_shift`)."""
+    Softmax removes is left as it is (`emit.softmax_shift`)."""
     for site in sites:
         if site.how == "softmax":
             continue

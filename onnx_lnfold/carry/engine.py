@@ -8,10 +8,10 @@ Two questions are asked of every node, one per direction:
 - `forward`: if input `i` changes by a shift that is constant along `axis`, which outputs change,
   and is each change still a shift constant along one of their axes?
 
-Both questions may be asked of a `Part` of the axis (`_parts`: blocks of it, positions of other
+Both questions may be asked of a `Part` of the axis (`shapes.parts`: blocks of it, positions of other
 axes), and answer with the part on the other side.
 
-Both are read off the same per-op rule in `_carry_rules.RULES` (its `Link`s), so the analysis
+Both are read off the same per-op rule in `carry.rules.RULES` (its `Link`s), so the analysis
 and the side-effect check cannot disagree. Both return a `Blocked` (its code and reason) when the
 node breaks the chain. Axes are always non-negative.
 """
@@ -26,6 +26,7 @@ from onnx_lnfold.carry.rule import In, Link, Out, axis_vector, fed
 from onnx_lnfold.carry.rules import RULES
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard, node_label, reads_only_shape
+from onnx_lnfold.core.ops import LAYER_NORM
 from onnx_lnfold.shapes.parts import WHOLE, Part
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -45,7 +46,7 @@ class Requirement:
     # Index of a constant input that multiplies this one and varies along the axis (a layer
     # scale): then `input * factor`, not the input, must be zero-mean (an affine chain).
     factor: int | None = None
-    part: Part = WHOLE  # which part of the axis: blocks, positions of other axes (`_parts`)
+    part: Part = WHOLE  # which part of the axis: blocks, positions of other axes (`shapes.parts`)
 
 
 # Ops whose changed inputs add up linearly: several of them may change at once. (An LN form whose
@@ -100,7 +101,7 @@ _SHAPE_BLIND_INPUTS: dict[str, set[int] | None] = {
     **dict.fromkeys(
         ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Neg", "Identity", "Cast", "Dropout", "Relu", "Gelu",
          "Erf", "Tanh", "Sigmoid", "Sqrt", "Exp", "Abs", "MatMul", "Gemm", "Softmax", "Transpose", "Concat",
-         "LayerNormalization", "Conv"),
+         LAYER_NORM.op_type, "Conv"),
         None,
     ),
     **dict.fromkeys(

@@ -92,7 +92,7 @@ def shapes_around(node: ir.Node, shapes: ShapeTable) -> tuple[Shape, Shape] | Bl
 
 class ReshapeRule(LayoutRule):
     """Reshape, Flatten, Squeeze, Unsqueeze: which axis stays whole, or which axis holds this one
-    in blocks (a split into heads, seen from either side), is `_reshape.blocked_axis`'s to say."""
+    in blocks (a split into heads, seen from either side), is `shapes.reshape.blocked_axis`'s to say."""
 
     def links(self, node, shapes, end):
         if isinstance(end, In) and end.index != 0:

@@ -20,7 +20,7 @@ from onnx_lnfold.shapes.table import ShapeTable
 
 @dataclass(frozen=True)
 class Out:
-    """Output `index` of a node, along `axis` (the `part` of it, `_parts`): backward's question
+    """Output `index` of a node, along `axis` (the `part` of it, `shapes.parts`): backward's question
     starts here."""
 
     index: int

@@ -28,7 +28,7 @@ ONNX_RMS_OPSET = ONNX_RMS_NORM.since_opset
 # Which residual Adds become SkipSimplifiedLayerNormalization (`fuse_residual`):
 # - "auto": those ONNX Runtime itself fuses with a LayerNormalization at session start (an Add
 #   whose only consumer is the LN, on 3-D tensors), where the fused op costs less than the residual
-#   Add followed by SimplifiedLayerNormalization by the measured costs (`_costs`): nowhere on ORT's
+#   Add followed by SimplifiedLayerNormalization by the measured costs (`emit.costs`): nowhere on ORT's
 #   CPU EP, whose fused kernel costs more at every shape measured
 #   (python -m benchmarks.emission_costs; benchmarks/results/EMISSION_COSTS.md);
 # - "always": every residual Add of two same-shaped tensors (the sum kept as output 3 when read

@@ -12,7 +12,7 @@ by that path alone (a Shape reads only its shape; anything else, a graph output 
 `present` key included, would see the shifted keys). A shift is tracked by the axes along which it
 is uniform (the same at every index): at the projection, every axis but the channels.
 
-- `Reshape`: an axis it keeps whole (`_reshape.reshaped_axis`: every element keeps its index along
+- `Reshape`: an axis it keeps whole (`shapes.reshape.reshaped_axis`: every element keeps its index along
   it) stays uniform; and where the shift varies only within the trailing dims, holding a block of P
   elements, an output ending in dims of product P keeps every dim before them uniform (row-major
   order puts each block back whole: the head split `[B*T, H*Dh] -> [B, T, H, Dh]`).

@@ -8,9 +8,9 @@ mutates nothing.
 - target "onnx": the standard `RMSNormalization` (opset 23), for models already at opset >= 23.
 
 `beta` goes where it costs nothing (`beta_placement`): the consumers' biases, a key projection's
-share dropped where the attention's Softmax removes it (`_softmax_shift`), a bias created where
+share dropped where the attention's Softmax removes it (`emit.softmax_shift`), a bias created where
 that costs less than the Add; else it stays an explicit `Add`. `cost_refusal` keeps an LN whose
-fold would cost ONNX Runtime more than the LN, by the measured costs of `_costs`.
+fold would cost ONNX Runtime more than the LN, by the measured costs of `emit.costs`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ONNX_RMS_OP = ONNX_RMS_NORM.qualified
 @dataclass(frozen=True)
 class Rewrite:
     """What one folded LN becomes, bound to the IR objects of the model it was planned on:
-    `_rewrite` carries it out, and nothing else needs it (the plan reports `op`, `beta` and the
+    `apply.rewrite` carries it out, and nothing else needs it (the plan reports `op`, `beta` and the
     residual Add's name)."""
 
     cand: LnCandidate  # the LN replaced: its nodes, output, gamma and beta
@@ -59,7 +59,7 @@ def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], 
     """The residual Add feeding `cand`, if it should become SkipSimplifiedLayerNormalization's sum:
     with "always" any it can take; with "auto" one ONNX Runtime fuses in the original, and only
     where the fused op costs less than `Add + SimplifiedLayerNormalization` (never on CPU:
-    `_costs.fused_residual_pays`)."""
+    `emit.costs.fused_residual_pays`)."""
     if mode == "never":
         return None
     add = _skip_able_add(cand, shapes)
@@ -335,7 +335,7 @@ _NODE_WORDS = {
 
 def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(original, emitted): the nodes ONNX Runtime's CPU EP runs for this LN before and after
-    the fold, each as (kind of `_costs.CPU`, width). The original's `Add + LayerNormalization`
+    the fold, each as (kind of `emit.costs.CPU`, width). The original's `Add + LayerNormalization`
     counts as the SkipLayerNormalization ORT fuses it into (with the bias Add before it, which
     ORT takes in too); a residual Add that runs in both models is left out of both."""
     cand = rewrite.cand

@@ -1,4 +1,4 @@
-"""Recognize: every LayerNorm of a model, in any form (`_forms`), as an `LnCandidate`."""
+"""Recognize: every LayerNorm of a model, in any form (`forms`), as an `LnCandidate`."""
 
 from __future__ import annotations
 

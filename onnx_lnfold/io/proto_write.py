@@ -29,7 +29,7 @@ STREAM_MIN_BYTES = LARGE_TENSOR_BYTES
 
 
 def _streamable(tensor: ir.TensorProtocol | None) -> bool:
-    """Large tensors of whole-byte elements (what `_proto_read` leaves in a file, and what a
+    """Large tensors of whole-byte elements (what `io.proto_read` leaves in a file, and what a
     `FileRegionTensor` can read back after `read_from`); strings and packed 4-bit types go in
     with the graph."""
     return (

@@ -1,7 +1,7 @@
 """Weights that stay in their file until used, and a reader of any tensor by blocks of rows.
 
 `FileRegionTensor` is a tensor whose bytes lie in a byte range of a file (the initializers of a
-model file read without their data, see `_proto_read`). `row_blocks` reads a tensor front to
+model file read without their data, see `io.proto_read`). `row_blocks` reads a tensor front to
 back, a block of rows (along axis 0) at a time: centering and the beta fold read each weight they
 touch once, in order. From a file, plain `read` calls into one reused buffer are several times
 faster than touching a memory map page by page (each first touch is a page fault), and only one

@@ -1,4 +1,4 @@
-"""The pieces of protobuf's wire format that `_proto_read` and `_proto_write` share.
+"""The pieces of protobuf's wire format that `io.proto_read` and `io.proto_write` share.
 
 https://protobuf.dev/programming-guides/encoding/ ; field numbers from onnx.proto.
 """

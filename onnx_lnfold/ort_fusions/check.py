@@ -1,6 +1,6 @@
 """The fusion-cost rule (docs/DESIGN.md section 10): the LNs whose fold would cost an ONNX Runtime
 fusion stay LNs, and what ONNX Runtime did is the reason. Every claim comes from ONNX Runtime's
-own code, run on weightless copies of the graph (`_weightless`, `_ort_probe`); the structural
+own code, run on weightless copies of the graph (`ort_fusions.weightless`, `ort_fusions.probe`); the structural
 pre-filters here only skip running it on graphs where it has nothing to find.
 
 - **EmbedLayerNormalization** (`embed_layer_norm_costs`): the transformers optimizer
@@ -17,7 +17,7 @@ pre-filters here only skip running it on graphs where it has nothing to find.
   are discounted: LayerNormalization and SkipLayerNormalization becoming the RMS ops.
 - **Reshape -> Gemm -> Reshape** (`gemm_order_advice`): the gpt2 optimizer's postprocess turns it
   into MatMul + Add behind a LayerNormalization; the folds still pay where that optimizer never
-  runs, so nothing is kept: the report advises the order instead (`_pipeline_order`), with ORT's
+  runs, so nothing is kept: the report advises the order instead (`ort_fusions.order`), with ORT's
   node counts of both orders. Pre-filter: a folded LN feeding `Reshape -> Gemm`.
 
 With `keep_ort_fusions=False` nothing runs and nothing is kept for a fusion. Without onnxruntime,

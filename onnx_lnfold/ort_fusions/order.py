@@ -2,7 +2,7 @@
 
 The optimizer (`onnxruntime.transformers.optimizer.optimize_model`) matches `LayerNormalization`
 by op type, so on a graph it has not seen yet, folding first can cost its fusions. What it does
-on this graph is decided by running it on weightless copies (`_fusions.FusionCheck`); this module
+on this graph is decided by running it on weightless copies (`ort_fusions.check.FusionCheck`); this module
 only words the advice. Folding an optimized graph costs nothing more: the SkipLayerNormalizations
 it wrote fold into SkipSimplifiedLayerNormalization.
 """

@@ -2,9 +2,9 @@
 the transformers optimizer (`onnxruntime.transformers.optimizer`: `optimize_by_onnxruntime`, then
 `optimize_by_fusion`, as `optimize_model` composes them) and the graph optimizations of an
 inference session (ORT_ENABLE_ALL, CPU). What ONNX Runtime made of the graph comes back as
-`onnx.GraphProto`s; what that means for the fold is `_fusions`' business.
+`onnx.GraphProto`s; what that means for the fold is `ort_fusions.check`' business.
 
-Nothing here reads a real weight: the models are `_weightless` copies, their large constants
+Nothing here reads a real weight: the models are `ort_fusions.weightless` copies, their large constants
 references into one sparse file of zeros. The session writes its optimized model's initializers
 to /dev/null (the graph is all that is read back) and never prepacks weights. The transformers
 optimizer reads constants (a table's shape, Q/K/V weights to concatenate, a bias), so it reads

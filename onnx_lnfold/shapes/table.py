@@ -2,7 +2,7 @@
 
 The analysis follows one axis through Reshape, Transpose, broadcasting and friends, so it needs
 ranks and, for reshapes, the dims around that axis. What the graph computes is the authority:
-`_shape_infer` runs ONNX shape inference (with data propagation through the Shape/Gather/Concat
+`shapes.infer` runs ONNX shape inference (with data propagation through the Shape/Gather/Concat
 chains that build a Reshape's target) and, where that leaves ranks unknown, ONNX Runtime's symbolic
 shape inference, both on a light copy. Declared `value_info` is only a hint: it is used where
 inference knows nothing, and its integer dims fill dims inference left open, but a declared symbol
@@ -129,7 +129,7 @@ class ShapeTable:
         return table
 
     def _key(self, value: ir.Value) -> tuple[tuple, str]:
-        """(graph path, name), as `_shape_infer` keys results: sibling If branches reuse names."""
+        """(graph path, name), as `shapes.infer` keys results: sibling If branches reuse names."""
         self._sources()
         return self._paths.get(id(defining_graph(value)), ()), value.name or ""
 
@@ -165,7 +165,7 @@ class ShapeTable:
         return shape
 
     def session_shape(self, value: ir.Value) -> Shape | None:
-        """`value`'s shape as ONNX Runtime's session optimizer sees it (`_shape_infer.session_view`):
+        """`value`'s shape as ONNX Runtime's session optimizer sees it (`shapes.infer.session_view`):
         a dim it cannot name is None."""
         if value.const_value is not None:
             return tuple(value.const_value.shape.dims)

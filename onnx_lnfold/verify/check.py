@@ -2,13 +2,13 @@
 anything is written (docs/DESIGN.md section 6).
 
 Both models run in ONNX Runtime (graph optimizations off, so that its fusions can neither hide nor
-cause a difference) on every input set (`_inputs`): the fold must load and run there, and the figures
+cause a difference) on every input set (`verify.inputs`): the fold must load and run there, and the figures
 users see come from there. But a float32 run is one rounding of the truth, and a deep model's own
 float32 error can exceed the tolerance while the fold is exact (or the fold can be wrong by less
-than that error). So the decision is taken in float64 (`_reference`), against three twins:
+than that error). So the decision is taken in float64 (`verify.reference`), against three twins:
 
 1. the original's twin vs the fold's twin with every constant the fold computed at its unrounded
-   float64 value (`_centering`'s `exact_float64`): an exact transformation differs by float64
+   float64 value (`apply.centering`'s `exact_float64`): an exact transformation differs by float64
    rounding alone, so any wrong fold, however small, is over `EXACT_RTOL`;
 2. the fold as written (its centered weights rounded to their type) vs the original's twin: the
    fold's own error against the truth, held to the tolerance of the output's type (`rtol`);
@@ -25,8 +25,8 @@ A fold is written only when this check *passed*. When it cannot run (no onnxrunt
 does not run on the inputs, no inputs can be made), the status is "unverified" and the fold is
 refused like a failed one, with the way out named (`refusal`).
 
-bfloat16 models run in ONNX Runtime through float32 shadows (`_shadow`). `check_equivalence` is the
-step as the pipeline runs it: inputs synthesized from the graph (`_inputs`), both models handed to
+bfloat16 models run in ONNX Runtime through float32 shadows (`verify.shadow`). `check_equivalence` is the
+step as the pipeline runs it: inputs synthesized from the graph (`verify.inputs`), both models handed to
 ONNX Runtime as bytes or, when large, as files (`OrtSource`).
 """
 
@@ -114,7 +114,7 @@ def verify(
     exact: Callable[[], dict[str, np.ndarray]] | None = None,
     float64_budget: float = FLOAT64_BUDGET_S,
 ) -> Verification:
-    """Compare the two models on every input set (`_inputs.InputSet`s).
+    """Compare the two models on every input set (`verify.inputs.InputSet`s).
 
     `rtol` applies to every output when given; else each output gets the tolerance of its
     element type in `output_types` (the original's). `shadow`: run float32 shadows in ONNX
@@ -228,7 +228,7 @@ def check_equivalence(
     """Run both models on the verification inputs; never raises for a check that cannot run
     (the status is then "unverified", with the reason and the way out). `spec_model` is the
     folded model in memory: its inputs are synthesized from it. `computed`: the constants the
-    fold computed (`_reference.exact_tensors`, taken before the model was written), which give
+    fold computed (`verify.reference.exact_tensors`, taken before the model was written), which give
     the exact twin their unrounded values; by default those `spec_model` still holds."""
     computed = exact_tensors(spec_model) if computed is None else computed
     try:

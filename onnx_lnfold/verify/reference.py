@@ -1,6 +1,6 @@
 """The float64 evaluation verification judges a fold against (docs/DESIGN.md section 6).
 
-A model's float64 twin (`_shadow.float64_twin`: every float tensor, type and dtype attribute widened
+A model's float64 twin (`verify.shadow.float64_twin`: every float tensor, type and dtype attribute widened
 to double) runs in `onnx.reference`, which evaluates any standard op in the dtype of its inputs.
 ONNX Runtime's CPU provider would be faster but has no double Conv or Erf. What `onnx.reference`
 lacks or gets wrong for this purpose is implemented here as `OpRun`s:
@@ -17,7 +17,7 @@ lacks or gets wrong for this purpose is implemented here as `OpRun`s:
   concatenates instead of stacking.
 
 A twin of the fold can carry its centered weights and beta-folded biases unrounded (`exact_values`:
-the float64 values `_centering` computed before rounding): then an exact fold differs from the
+the float64 values `apply.centering` computed before rounding): then an exact fold differs from the
 original by float64 rounding only. An op that no implementation covers (ONNX Runtime's `Attention`,
 `EmbedLayerNormalization`, ...) is named by `Float64Unavailable`, and verification falls back.
 """
@@ -251,7 +251,7 @@ class _Evaluator(ReferenceEvaluator):
 
 # --------------------------------------------------------------------------- the twins
 def exact_tensors(model: ir.Model) -> dict[str, Any]:
-    """Name -> tensor of every constant the fold computed (`_centering`'s tensors, which hand out
+    """Name -> tensor of every constant the fold computed (`apply.centering`'s tensors, which hand out
     their float64 values before rounding: `exact_float64()`), initializers and Constant nodes,
     bodies included. Taken before the model is written: writing it rebinds its tensors to the
     file, rounded."""

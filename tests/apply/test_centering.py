@@ -1,4 +1,4 @@
-"""The arithmetic of an edit (`_centering`) and the block reader under it (`_tensor_io`).
+"""The arithmetic of an edit (`apply.centering`) and the block reader under it (`io.tensor_io`).
 
 Blocks are made tiny here so that every tensor spans many of them, with a ragged last one: the
 results must equal a whole-tensor float64 reference, whatever the block size, axis and storage.

@@ -489,3 +489,25 @@ def test_parts_of_one_tensor_add_up_only_by_blocks_of_one_length():
     assert q.union(Part(8)) is None and q.union(WHOLE) is None
     rows = WHOLE.with_where({3: frozenset({0})}).union(WHOLE.with_where({3: frozenset({1}), 2: frozenset({0})}))
     assert rows == WHOLE.with_where({3: frozenset({0, 1})})  # positions asked of one only are dropped
+
+
+def test_a_new_carry_op_is_one_entry_in_the_table(monkeypatch):
+    """docs/DESIGN.md section 8: an op that passes a zero mean through is one entry in the carry
+    table. Pad with zeros along the sequence axis does (each new row is zero); without an entry it
+    stops the proof, with one the LN behind it folds, exactly."""
+    from onnx_lnfold.carry import rules
+    from onnx_lnfold.carry.elementwise import UnaryRule
+
+    def model():
+        g = Graph()
+        x = g.input("x", [2, 3, 8])
+        h = g.linear(x, 8, 8, "proj")
+        h = g.node("Pad", [h, g.ints("pads", [0, 1, 0, 0, 0, 0])])
+        g.output(g.ln(h, 8, "ln"))
+        return g.model()
+
+    assert "Pad" not in rules.RULES
+    kept = fold_checked(model(), folded=0, kept=1)
+    assert kept.plan.kept[0].code == "not-carried"
+    monkeypatch.setitem(rules.RULES, "Pad", UnaryRule())  # input 0's axes are the output's
+    fold_checked(model(), folded=1)

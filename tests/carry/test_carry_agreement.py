@@ -1,9 +1,9 @@
 """`carry.backward` and `carry.forward` agree for every op of the carry table, on random nodes.
 
-Both are read off one rule per op (`_carry_rules.RULES`); this checks that the reading is the
+Both are read off one rule per op (`carry.rules.RULES`); this checks that the reading is the
 same both ways: an input that backward requires zero-mean along `b` for output `k` along `a` is
 one whose shift along `b` forward sends to output `k` along `a`, and the other way round. Parts
-of an axis (`_parts`: blocks of it) are asked too: the part backward asks of an input is one
+of an axis (`shapes.parts`: blocks of it) are asked too: the part backward asks of an input is one
 whose shift forward follows, and a whole-axis requirement never asks for one that would shift
 the output block by block (which no LN removes).
 """
@@ -154,7 +154,7 @@ def _reshape(rng):
         shape, target = target, shape  # or split one
     if rng.random() < 0.5 and cut > 0:
         # Named leading dims copied by 0s and the rest flattened by -1: the output's last dim is
-        # unknown, so the axis is followed through the target (`_reshape._structural_axis`).
+        # unknown, so the axis is followed through the target (`shapes.reshape._structural_axis`).
         shape = [f"d{i}" for i in range(len(shape))]
         target = [0] * cut + [-1]
     return b.build("Reshape", [b.data(shape), b.ints(target)])

@@ -353,7 +353,7 @@ def test_skip_layer_norm_sum_that_is_a_graph_output_blocks_its_bias_edit():
 
 
 def test_a_new_form_is_one_class_in_forms(monkeypatch):
-    """docs/DESIGN.md section 8: a new LN form is one `LnForm` in `_forms.FORMS`; recognition, the
+    """docs/DESIGN.md section 8: a new LN form is one `LnForm` in `forms.FORMS`; recognition, the
     proof, the sinks and the rewrite all ask it. Here a made-up `com.example::MyLayerNorm` (a
     LayerNormalization under another name), registered for this test only, folds end to end."""
     from onnx_lnfold.carry.engine import Requirement

@@ -1,5 +1,5 @@
-"""One-file models read without their weights (`_proto_read`) and written a tensor at a time
-(`_proto_write`): the same model as `onnx.load` / `ir.to_proto` give, at a fraction of the memory."""
+"""One-file models read without their weights (`io.proto_read`) and written a tensor at a time
+(`io.proto_write`): the same model as `onnx.load` / `ir.to_proto` give, at a fraction of the memory."""
 
 import numpy as np
 import onnx

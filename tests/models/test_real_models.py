@@ -200,7 +200,7 @@ def test_auto_leaves_residual_adds_unfused_and_always_fuses_them():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_cost_rule_knows_which_layer_norms_onnxruntime_fuses(name, tmp_path):
     """The cost rule prices an LN as the SkipLayerNormalization ORT makes of it with its residual
-    Add exactly where ORT's session optimizer does so (`_targets.ort_fuses_residual`)."""
+    Add exactly where ORT's session optimizer does so (`emit.targets.ort_fuses_residual`)."""
     import onnx_ir as ir
     import onnxruntime as ort
 

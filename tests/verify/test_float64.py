@@ -1,5 +1,5 @@
 """Verification judged in float64 (docs/DESIGN.md section 6): the float64 twins and the ops they
-need (`_reference`), the judgment itself (a fold exact in float64 passes where ONNX Runtime's own
+need (`verify.reference`), the judgment itself (a fold exact in float64 passes where ONNX Runtime's own
 float32 noise exceeds the tolerance; a wrong fold smaller than that noise is refused), the
 fallback when no float64 run is possible, and the realistic-scale inputs.
 """
