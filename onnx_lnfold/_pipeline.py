@@ -9,6 +9,7 @@ skipped and why, and what is refused is decided here once."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +138,7 @@ def run_pipeline(
     `dry_run` stops after the analysis; `destination` stages the folded model there before the
     check, which then reads the staged file (a model with external data is written once)."""
     progress = progress or Progress(enabled=False)
+    started = time.monotonic()
     if check.inputs is not None and not dry_run:
         check_inputs(model, check.inputs)
     ops_before = count_ops(model)
@@ -168,7 +170,7 @@ def run_pipeline(
             elif check.enabled:
                 progress.phase("Verifying in onnxruntime")
                 original = path if path else original_src.source  # type: ignore[union-attr]
-                report.verification = _check_folded(model, original, staged, check, plan, computed)
+                report.verification = _check_folded(model, original, staged, check, plan, computed, time.monotonic() - started)
         except BaseException:
             if staged is not None:
                 staged.discard()
@@ -194,6 +196,7 @@ def _check_folded(
     check: VerifyRequest,
     plan: CenteringPlan,
     computed: dict,
+    fold_seconds: float,
 ) -> Verification:
     folded_src = None if staged is not None else OrtSource(model)
     try:
@@ -208,6 +211,7 @@ def _check_folded(
             plan=plan,
             float64_budget=check.float64_budget,
             computed=computed,
+            fold_seconds=fold_seconds,
         )
     finally:
         if folded_src is not None:

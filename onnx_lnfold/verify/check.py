@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,6 +44,7 @@ from onnx_lnfold.core.options import FLOAT64_BUDGET_S
 from onnx_lnfold.verify.inputs import verification_input_sets
 from onnx_lnfold.verify.judge import (
     Compared,
+    float64_allowance,
     float64_estimate,
     float64_figures,
     judge_float64,
@@ -52,7 +52,7 @@ from onnx_lnfold.verify.judge import (
     measure_sensitivity,
     over_budget,
 )
-from onnx_lnfold.verify.reference import Float64Unavailable, exact_tensors, exact_values
+from onnx_lnfold.verify.reference import Float64Unavailable, exact_tensors
 from onnx_lnfold.verify.runner import (
     ModelBytesOrPath,
     compare,
@@ -63,7 +63,7 @@ from onnx_lnfold.verify.runner import (
 )
 from onnx_lnfold.verify.shadow import bfloat16_rounding, float32_shadow, has_bfloat16, widen_feeds
 from onnx_lnfold.verify.synthesize import InputsUnavailable
-from onnx_lnfold.verify.verdict import LOW_PRECISION, OutputDiff, Verification, rtol_for
+from onnx_lnfold.verify.verdict import LOW_PRECISION, RTOL_ONLY, OutputDiff, Verification, rtol_for
 
 logger = logging.getLogger(__name__)
 
@@ -111,16 +111,19 @@ def verify(
     rtol: float | None,
     output_types: dict[str, int] | None = None,
     shadow: bool = False,
-    exact: Callable[[], dict[str, np.ndarray]] | None = None,
+    exact: dict[str, Any] | None = None,
     float64_budget: float = FLOAT64_BUDGET_S,
+    fold_seconds: float | None = None,
 ) -> Verification:
     """Compare the two models on every input set (`verify.inputs.InputSet`s).
 
     `rtol` applies to every output when given; else each output gets the tolerance of its
     element type in `output_types` (the original's). `shadow`: run float32 shadows in ONNX
-    Runtime. `exact`: gives the float64 values of the constants the fold computed (by name), for
-    the exact twin; without it that check is not made. `float64_budget`: seconds the float64
-    evaluation may take (0: none, judge by the sensitivity). 'failed' when a check fails or the
+    Runtime. `exact`: the constants the fold computed, by name (`verify.reference.exact_tensors`: they
+    give their float64 values), for the exact twin; without it that check is not made. `float64_budget`: seconds the float64
+    evaluation may take (0: none, judge by the sensitivity); `fold_seconds`, what the fold took,
+    bounds it further (`float64_allowance`). The float64 twins run on the input sets that fit, the
+    first always. 'failed' when a check fails or the
     folded model does not run; 'unverified' when the check cannot run at all.
     """
     output_types = output_types or {}
@@ -146,17 +149,13 @@ def verify(
         folded_model = float32_shadow(folded) if shadow else folded
     except Exception as e:  # noqa: BLE001 - e.g. a shadow over 2 GB
         return result("unverified", f"cannot build the float32 shadows: {first_line(e)}", way_out="decline")
+    # One session at a time: the original's outputs are kept, its session released, before the
+    # folded model's is made (two sessions of a large model would hold its weights twice).
     try:
-        reference_session = session_for(original_model)
+        session = session_for(original_model)
     except Exception as e:  # noqa: BLE001
         return result("unverified", f"the original model does not load in onnxruntime: {first_line(e)}", way_out="decline")
-    try:
-        folded_session = session_for(folded_model)
-    except Exception as e:  # noqa: BLE001
-        return result("failed", f"the folded model does not load in onnxruntime: {first_line(e)}")
-    worst: dict[str, OutputDiff] = {}
-    compared: list[Compared] = []
-    original_seconds = 0.0
+    runs: list[tuple[int, dict, dict, dict, float]] = []  # (number, feeds as given, as ORT took them, outputs, s)
     for number, input_set in enumerate(input_sets, 1):
         where = f"input set {number} of {len(input_sets)} ({input_set.label})"
         error: Exception | None = None
@@ -164,53 +163,82 @@ def verify(
             feeds = widen_feeds(candidate_feeds) if shadow else candidate_feeds
             try:
                 started = time.perf_counter()
-                reference = run_session(reference_session, feeds)
-                original_seconds += time.perf_counter() - started
+                reference = run_session(session, feeds)
+                seconds = time.perf_counter() - started
             except Exception as e:  # noqa: BLE001 - another reading of the shapes may run
                 error = error or e
                 continue
             input_set.feeds, input_set.alternatives = candidate_feeds, []
             labels[number - 1] = input_set.label
+            runs.append((number, candidate_feeds, feeds, reference, seconds))
             break
         else:  # nothing to compare against
             reason = f"the original model does not run in onnxruntime on {where}: {first_line(error)}"  # type: ignore[arg-type]
             if input_set.required:
-                return result("unverified", reason, worst.values(), way_out="inputs")
+                return result("unverified", reason, way_out="inputs")
             dropped.append(number - 1)
             notes.append(f"left out: {reason}")
-            continue
+    del session
+    try:
+        session = session_for(folded_model)
+    except Exception as e:  # noqa: BLE001
+        return result("failed", f"the folded model does not load in onnxruntime: {first_line(e)}")
+    worst: dict[str, OutputDiff] = {}
+    compared: list[Compared] = []
+    for number, given, feeds, reference, seconds in runs:
         try:
-            candidate = run_session(folded_session, feeds)
+            candidate = run_session(session, feeds)
         except Exception as e:  # noqa: BLE001
-            reason = f"the folded model does not run in onnxruntime on {where}: {first_line(e)}"
-            return result("failed", reason, worst.values())
-        compared.append(Compared(input_set.feeds, feeds, reference, candidate))
+            where = f"input set {number} of {len(input_sets)} ({labels[number - 1]})"
+            return result("failed", f"the folded model does not run in onnxruntime on {where}: {first_line(e)}", worst.values())
+        compared.append(Compared(given, feeds, reference, candidate, seconds))
         for diff in compare(reference, candidate):
             diff.rtol = rtol if rtol is not None else rtol_for(output_types.get(diff.name))
             if diff.name in worst:
                 worst[diff.name].merge(diff)
             else:
                 worst[diff.name] = diff
-    del reference_session, folded_session
-    estimate = float64_estimate(original_seconds)
+    del session
+    allowance = float64_allowance(float64_budget, fold_seconds)
+    chosen = _within(compared, allowance)
     reason64 = ""
     if float64_budget <= 0:
         reason64 = "none asked for (a float64 budget of 0 s)"
-    elif estimate > float64_budget:
-        reason64 = over_budget(estimate, float64_budget)
+    elif not chosen:
+        reason64 = over_budget(float64_estimate(compared[0].seconds), allowance)
     else:
         try:
-            float64_figures(original, folded, compared, worst, exact, float64_budget)
+            float64_figures(original, folded, chosen, worst, exact, allowance)
         except Float64Unavailable as e:
             reason64 = str(e)
     outputs = list(worst.values())
     if not reason64:
-        return judge_float64(outputs, result)
+        if len(chosen) < len(compared):
+            whole = float64_estimate(sum(run.seconds for run in compared))
+            notes.append(
+                f"judged in float64 on the first {len(chosen)} of {len(compared)} input sets, the others in "
+                f"onnxruntime against the original: float64 on all would take about {whole:.0f} s, over "
+                f"its allowance of {allowance:.0f} s"
+            )
+        return judge_float64(outputs, result, partial=len(chosen) < len(compared))
     try:
         measure_sensitivity(original_model, compared, worst)
-    except Exception as e:  # noqa: BLE001 - the perturbed original does not run: rtol alone
-        notes.append(f"the original's sensitivity could not be measured: {first_line(e)}")
+    except Exception as e:  # noqa: BLE001 - the perturbed original does not run: rtol alone, said so
+        why = f"{reason64}; the original's sensitivity could not be measured: {first_line(e)}"
+        return judge_sensitivity(outputs, result, why, RTOL_ONLY)
     return judge_sensitivity(outputs, result, reason64)
+
+
+def _within(compared: list[Compared], allowance: float) -> list[Compared]:
+    """The first input sets whose float64 evaluation, estimated from ONNX Runtime's time for the
+    original on each, fits in `allowance` seconds."""
+    chosen, total = [], 0.0
+    for run in compared:
+        total += float64_estimate(run.seconds)
+        if total > allowance:
+            break
+        chosen.append(run)
+    return chosen
 
 
 def check_equivalence(
@@ -224,6 +252,7 @@ def check_equivalence(
     plan: CenteringPlan | None = None,
     float64_budget: float = FLOAT64_BUDGET_S,
     computed: dict[str, Any] | None = None,
+    fold_seconds: float | None = None,
 ) -> Verification:
     """Run both models on the verification inputs; never raises for a check that cannot run
     (the status is then "unverified", with the reason and the way out). `spec_model` is the
@@ -243,8 +272,9 @@ def check_equivalence(
         rtol,
         output_types(spec_model),
         shadow=shadow,
-        exact=lambda: exact_values(computed),
+        exact=computed,
         float64_budget=float64_budget,
+        fold_seconds=fold_seconds,
     )
     if shadow and plan is not None and verification.status == "passed":
         verification.notes.extend(bfloat16_rounding(spec_model, plan))

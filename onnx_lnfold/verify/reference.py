@@ -37,7 +37,9 @@ from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 
 from onnx_lnfold.core.ops import MS_DOMAIN
-from onnx_lnfold.verify.shadow import float64_feeds, float64_twin
+from onnx_lnfold.io.tensor_io import row_blocks
+from onnx_lnfold.load.model import load_path
+from onnx_lnfold.verify.shadow import float64_feeds, widen_to_float64
 
 
 class Float64Unavailable(Exception):
@@ -275,9 +277,25 @@ def exact_tensors(model: ir.Model) -> dict[str, Any]:
     return found
 
 
-def exact_values(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The float64 values of `exact_tensors`' tensors."""
-    return {name: tensor.exact_float64() for name, tensor in tensors.items()}
+
+_FLOAT_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+# A Constant node holding more than this is served like an initializer (read when its node runs)
+# rather than written into the structure the evaluator loads.
+_INLINE_CONSTANT_BYTES = 1 << 16
+# The float64 evaluation may hold this share of the memory available when it starts.
+MEMORY_SHARE = 0.5
+
+
+def available_memory() -> int | None:
+    """Bytes the system can give without swapping (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _substitute(graph: onnx.GraphProto, values: dict[str, np.ndarray], done: set[str]) -> None:
@@ -299,19 +317,6 @@ def _substitute(graph: onnx.GraphProto, values: dict[str, np.ndarray], done: set
                     _substitute(g, values, done)
 
 
-def _sorted(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The evaluator runs nodes in the order written; ONNX Runtime sorts them (converters that
-    append nodes, such as the fp16 converter's input Casts, rely on that)."""
-    known = {i.name for i in proto.graph.input} | {t.name for t in proto.graph.initializer} | {""}
-    for node in proto.graph.node:
-        if any(name not in known for name in node.input):
-            model = ir.from_proto(proto)
-            model.graph.sort()
-            return ir.to_proto(model)
-        known.update(node.output)
-    return proto
-
-
 def _ops(proto: onnx.ModelProto) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
 
@@ -331,15 +336,67 @@ def _ops(proto: onnx.ModelProto) -> set[tuple[str, str]]:
     return found
 
 
-class Float64Model:
-    """A model's float64 twin, ready to run; `exact` replaces the named constants by the given
-    float64 values (the fold's unrounded ones). Raises `Float64Unavailable` when the evaluator
-    cannot take the model (an op it does not know, named)."""
+def _widened(array: np.ndarray) -> np.ndarray:
+    kind = array.dtype.kind
+    return array.astype(np.float64) if kind == "f" or array.dtype.name == "bfloat16" else array
 
-    def __init__(self, model: bytes | str | Path | onnx.ModelProto, exact: dict[str, np.ndarray] | None = None):
-        proto = float64_twin(model)
-        if exact:
-            _substitute(proto.graph, exact, set())
+
+def _body_reads(node: onnx.NodeProto) -> set[str]:
+    """The outer-scope names a node's subgraphs read (at any depth)."""
+    reads: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for inner in g.node:
+                reads.update(n for n in inner.input if n and n not in defined)
+                reads.update(n for n in _body_reads(inner) if n not in defined)
+                defined.update(inner.output)
+    return reads
+
+
+def _topological(nodes: list[onnx.NodeProto], known: set[str]) -> list[onnx.NodeProto]:
+    """The nodes in an order that runs (ONNX Runtime sorts them; converters that append nodes, as
+    the fp16 converter's input Casts, rely on that)."""
+    known = set(known) | {""}
+    ordered, waiting = [], list(nodes)
+    while waiting:
+        ready = [n for n in waiting if all(i in known for i in n.input) and _body_reads(n) <= known]
+        if not ready:  # a cycle, or a name nothing defines: let the evaluator say which
+            return ordered + waiting
+        ids = {id(n) for n in ready}
+        waiting = [n for n in waiting if id(n) not in ids]
+        for n in ready:
+            ordered.append(n)
+            known.update(n.output)
+    return ordered
+
+
+class Float64Model:
+    """A model's float64 twin, evaluated node by node in `onnx.reference`: every float tensor,
+    type, Cast target and dtype attribute widened to double (`verify.shadow`), the weights read
+    from the model as their node runs and dropped after it (a memory-mapped external tensor is
+    not copied until then), each intermediate dropped after its last reader. Its memory is the
+    live activations plus one node's weights in float64, not the model in float64, so a twin of
+    a 10 GB model runs in a few GB; `memory_budget` bounds it (default: a share of the memory
+    available), and a run that would exceed it raises `Float64Unavailable`.
+
+    `exact` replaces constants by name with tensors that give their float64 values
+    (`exact_float64()`: the fold's unrounded centered weights, `exact_tensors`). Raises
+    `Float64Unavailable` when the evaluator cannot take the model (an op it does not know, named)."""
+
+    def __init__(
+        self,
+        model: ir.Model | onnx.ModelProto | bytes | str | Path,
+        exact: dict[str, Any] | None = None,
+        memory_budget: int | None = None,
+    ):
+        if not isinstance(model, ir.Model):
+            model = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else _load_ir(model)
+        self._exact = dict(exact or {})
+        self._weights: dict[str, Any] = {}  # name -> tensor, read when its node runs
+        proto = self._structure(model)
+        widen_to_float64(proto)
         ops = _ops(proto)
         imported = {o.domain for o in proto.opset_import}
         if any(domain == MS_DOMAIN for domain, _ in ops) and MS_DOMAIN not in imported:
@@ -352,13 +409,124 @@ class Float64Model:
         if unknown:
             raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
         try:
-            self._evaluator = _Evaluator(_sorted(proto))
+            self._evaluator = _Evaluator(proto)
         except NotImplementedError as e:  # a standard op the reference lacks
             found = re.search(r"Node type '([^']+)' from domain '([^']*)'", str(e))
             what = f"{found[2] + '::' if found and found[2] else ''}{found[1]}" if found else str(e).splitlines()[0]
             raise Float64Unavailable(f"onnx.reference cannot evaluate {what}") from None
         self.output_names = [o.name for o in proto.graph.output]
+        self._reads = [list(node.input) + sorted(_body_reads(node)) for node in self._evaluator.nodes_]
+        last: dict[str, int] = {}
+        for index, names in enumerate(self._reads):
+            for name in names:
+                last[name] = index
+        self._last_use = last
+        available = available_memory()
+        self.memory_budget = memory_budget if memory_budget is not None else (
+            int(MEMORY_SHARE * available) if available is not None else None
+        )
+        self.peak_bytes = 0  # the most the last run held, activations and weights together
+
+    def _structure(self, model: ir.Model) -> onnx.ModelProto:
+        """The model without its weights: main-graph initializers and large Constant nodes become
+        graph inputs served by `_weight`; everything else (bodies included) as serialized."""
+        graph = model.graph
+        inputs = [ir.serde.serialize_value(v) for v in graph.inputs]
+        given = {v.name for v in graph.inputs}
+        for name, value in graph.initializers.items():
+            self._weights[name] = value.const_value
+            if name not in given:
+                inputs.append(ir.serde.serialize_value(value))
+        nodes = []
+        for node in graph:
+            tensor = _large_constant(node)
+            if tensor is not None:
+                out = node.outputs[0]
+                self._weights[out.name] = tensor
+                inputs.append(onnx.helper.make_tensor_value_info(out.name, int(tensor.dtype), list(tensor.shape)))
+                continue
+            nodes.append(ir.serde.serialize_node(node))
+        body_exact = {k: v for k, v in self._exact.items() if k not in self._weights}
+        if body_exact:
+            holder = onnx.helper.make_graph(nodes, "holder", [], [])
+            _substitute(holder, {k: t.exact_float64() for k, t in body_exact.items()}, set())
+            nodes = list(holder.node)
+        known = {i.name for i in inputs}
+        outputs = [ir.serde.serialize_value(v) for v in graph.outputs]
+        g = onnx.helper.make_graph(_topological(nodes, known), graph.name or "graph", inputs, outputs)
+        opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
+        proto = onnx.helper.make_model(g, opset_imports=opsets, ir_version=model.ir_version)
+        proto.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
+        return proto
+
+    def _weight(self, name: str) -> np.ndarray:
+        exact = self._exact.get(name)
+        if exact is not None:
+            return exact.exact_float64()
+        tensor = self._weights[name]
+        if tensor.dtype not in _FLOAT_DTYPES or not tuple(tensor.shape):
+            return _widened(np.asarray(tensor.numpy()))
+        # Read by blocks of rows from the file, not mapped: a mapping's pages would stay in this
+        # process's memory until the tensor is released, every weight of the model by the end.
+        out = np.empty(tuple(tensor.shape), dtype=np.float64)
+        for rows, block in row_blocks(tensor):
+            out[rows] = block
+        return out
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = self._evaluator.run(None, float64_feeds(feeds))
-        return {name: np.asarray(value) for name, value in zip(self.output_names, outputs)}
+        return self.run_many([feeds])[0]
+
+    def run_many(self, feeds_list: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """The outputs on each input set, the sets evaluated together node by node: each weight is
+        read once for all of them."""
+        sets: list[dict[str, Any]] = [{"": None, **float64_feeds(feeds)} for feeds in feeds_list]
+        keep = set(self.output_names)
+        self.peak_bytes = sum(map(_bytes, sets))
+        for index, (node, names) in enumerate(zip(self._evaluator.rt_nodes_, self._reads)):
+            weights = {n: self._weight(n) for n in names if n in self._weights and n not in sets[0]}
+            current = sum(a.nbytes for a in weights.values())
+            for results in sets:
+                results.update(weights)
+                inputs = [results[n] for n in node.input]
+                outputs = node.run(*inputs, context=results) if node.need_context() else node.run(*inputs)
+                results.update((name, value) for name, value in zip(node.output, outputs) if name)
+                current += _bytes(results) - sum(a.nbytes for a in weights.values())
+            self.peak_bytes = max(self.peak_bytes, current)
+            if self.memory_budget is not None and current > self.memory_budget:
+                label = node.onnx_node.name or node.op_type
+                raise Float64Unavailable(
+                    f"the float64 evaluation would hold {current / 2**30:.1f} GiB at node '{label}', over its "
+                    f"memory budget of {self.memory_budget / 2**30:.1f} GiB"
+                )
+            for name in names:
+                if self._last_use.get(name) == index and name not in keep:
+                    for results in sets:
+                        results.pop(name, None)
+            del weights
+        outputs = []
+        for results in sets:
+            for name in self.output_names:  # an output that is a weight no node reads
+                if name not in results:
+                    results[name] = self._weight(name)
+            outputs.append({name: np.asarray(results[name]) for name in self.output_names})
+        return outputs
+
+
+def _bytes(values: dict[str, Any]) -> int:
+    return sum(getattr(v, "nbytes", 0) for v in values.values())
+
+
+def _large_constant(node: ir.Node) -> ir.TensorProtocol | None:
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    attr = node.attributes.get("value")
+    tensor = attr.as_tensor() if attr is not None and attr.type == ir.AttributeType.TENSOR else None
+    if tensor is None or tensor.nbytes <= _INLINE_CONSTANT_BYTES or not node.outputs[0].name:
+        return None
+    return tensor
+
+
+def _load_ir(model: bytes | str | Path) -> ir.Model:
+    if isinstance(model, bytes):
+        return ir.from_proto(onnx.load_from_string(model))
+    return load_path(model)

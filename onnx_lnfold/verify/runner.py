@@ -38,6 +38,10 @@ def session_for(model: ModelBytesOrPath):
     # ONNX Runtime's own (colored) log line would repeat it on stderr.
     options.log_severity_level = 4
     options.log_verbosity_level = 0
+    # Prepacking gives each MatMul a private packed copy of its weight; without it ONNX Runtime
+    # runs on the external data file mapped into memory (session_state_utils.cc), pages the kernel
+    # can share and drop: a session of a file with external data holds about none of its weights.
+    options.add_session_config_entry("session.disable_prepacking", "1")
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 

@@ -133,6 +133,11 @@ def float64_twin(model: bytes | str | Path | onnx.ModelProto) -> onnx.ModelProto
     return proto
 
 
+def widen_to_float64(proto: onnx.ModelProto) -> None:
+    """Widen `proto` in place as `float64_twin` does (for a structure without weights, say)."""
+    _TO_FLOAT64.model(proto)
+
+
 def widen_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in feeds.items()}
 

@@ -54,10 +54,12 @@ _WAY_OUT = {
 }
 
 
+# What a verdict rests on (`Verification.judgment`), from the strongest to the weakest.
 FLOAT64 = "float64 reference"
-
-
 SENSITIVITY = "fp32 sensitivity"
+RTOL_ONLY = "rtol alone"  # neither a float64 run nor the original's sensitivity could be had
+# How the summary line names each.
+_RESTS_ON = {FLOAT64: "in float64, ", SENSITIVITY: "without float64, ", RTOL_ONLY: "by rtol alone, "}
 
 
 def rtol_for(elem_type: int | None) -> float:
@@ -180,7 +182,7 @@ class Verification:
         """A few words for the report's summary line: the verdict and the figure it rests on (`diff`
         names that figure); a skipped check says why, as the detail does."""
         if self.status == "passed":
-            where = {FLOAT64: "in float64, ", SENSITIVITY: "without float64, "}.get(self.judgment, "")
+            where = _RESTS_ON.get(self.judgment, "")
             return f"verified ({where}{diff} {self.decisive_rel_diff:.2g})"
         if self.status == "failed":
             if self.judgment == FLOAT64 and self.reason.startswith("the fold is not exact"):
@@ -235,13 +237,20 @@ class Verification:
                 f"  inputs {'; '.join(self.input_sets)}",
                 f"  tolerance: exact {EXACT_RTOL:g}, as written {rtol}",
             ]
-        else:
+        elif self.judgment == SENSITIVITY:
             lines = [
                 f"Verification ({self.status}, judged without float64; {how}):",
                 f"  no float64 reference: {self.judgment_reason}",
                 f"  inputs {'; '.join(self.input_sets)}",
                 f"  tolerance: {rtol} + {SENSITIVITY_FACTOR:g} x the original's sensitivity (how much its outputs "
                 "move when its weights move by one rounding step)",
+            ]
+        else:
+            lines = [
+                f"Verification ({self.status}, judged by rtol alone; {how}):",
+                f"  no float64 reference and no sensitivity: {self.judgment_reason}",
+                f"  inputs {'; '.join(self.input_sets)}",
+                f"  tolerance: {rtol}",
             ]
         for o in self.outputs:
             own = f" (rtol {o.rtol:g})" if len(rtols) > 1 and o.rtol is not None else ""

@@ -321,7 +321,46 @@ def test_an_evaluation_estimated_over_the_budget_is_not_started(monkeypatch):
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.judgment == SENSITIVITY and verification.status == "passed"
     assert verification.judgment_reason.startswith("a float64 evaluation would take about ")
-    assert verification.judgment_reason.endswith(" s, over the budget of 60 s")
+    assert verification.judgment_reason.endswith(" s, over its allowance of 10 s")  # a small model's floor
+
+
+def test_the_float64_allowance_follows_the_folds_own_time_within_the_budget():
+    from onnx_lnfold.verify.judge import FLOAT64_FLOOR_S, FLOAT64_SHARE, float64_allowance
+
+    assert float64_allowance(60.0, None) == 60.0  # nothing known of the fold: the budget
+    assert float64_allowance(60.0, 0.1) == FLOAT64_FLOOR_S  # a small model still gets the floor
+    assert float64_allowance(60.0, 20.0) == 40.0 == FLOAT64_SHARE * 20.0
+    assert float64_allowance(60.0, 100.0) == 60.0  # never past the budget asked for
+    assert float64_allowance(5.0, 0.1) == 5.0
+
+
+def test_only_the_input_sets_that_fit_are_judged_in_float64_and_the_others_in_onnxruntime(monkeypatch):
+    """With an allowance for one set, the first is judged in float64 and the rest against the
+    original in ONNX Runtime, held to the original's own error; the report says which and why."""
+    from onnx_lnfold.verify import check
+
+    original = check._within
+    monkeypatch.setattr(check, "_within", lambda compared, allowance: original(compared, allowance)[:1])
+    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
+    assert verification.status == "passed" and verification.judgment == FLOAT64
+    assert any(n.startswith("judged in float64 on the first 1 of 3 input sets") for n in verification.notes)
+
+
+def test_a_fold_far_from_the_original_on_a_set_judged_without_float64_is_refused():
+    """A set left out of the float64 evaluation is still judged: the fold within rtol plus the
+    original's own error (measured on the float64 sets) of the original, in ONNX Runtime."""
+    from onnx_lnfold.verify.judge import judge_float64
+    from onnx_lnfold.verify.verdict import OutputDiff, Verification
+
+    def result(status, reason="", outputs=(), **kwargs):
+        return Verification(status, reason)
+
+    fine = OutputDiff("y", (2,), 1e-7, 1.0, rtol=1e-4, exact=1e-15, written=1e-8, original_error=1e-6, fold_error=1e-6)
+    far = OutputDiff("y", (2,), 5e-4, 1.0, rtol=1e-4, exact=1e-15, written=1e-8, original_error=1e-6, fold_error=1e-6)
+    assert judge_float64([fine], result, partial=True).status == "passed"
+    assert judge_float64([far], result, partial=False).status == "passed"  # every set judged in float64
+    refused = judge_float64([far], result, partial=True)
+    assert refused.status == "failed" and "in onnxruntime, the fold is 0.0005 relative from the original" in refused.reason
 
 
 # --------------------------------------------------------------------------- realistic inputs
