@@ -200,15 +200,15 @@ def verify(
                 worst[diff.name] = diff
     del session
     allowance = float64_allowance(float64_budget, fold_seconds)
-    chosen = _within(compared, allowance)
+    chosen = _within(compared, allowance, float64_budget)
     reason64 = ""
     if float64_budget <= 0:
         reason64 = "none asked for (a float64 budget of 0 s)"
     elif not chosen:
-        reason64 = over_budget(float64_estimate(compared[0].seconds), allowance)
+        reason64 = over_budget(float64_estimate(compared[0].seconds), float64_budget)
     else:
         try:
-            float64_figures(original, folded, chosen, worst, exact, allowance)
+            float64_figures(original, folded, chosen, worst, exact, float64_budget)
         except Float64Unavailable as e:
             reason64 = str(e)
     outputs = list(worst.values())
@@ -229,13 +229,14 @@ def verify(
     return judge_sensitivity(outputs, result, reason64)
 
 
-def _within(compared: list[Compared], allowance: float) -> list[Compared]:
-    """The first input sets whose float64 evaluation, estimated from ONNX Runtime's time for the
-    original on each, fits in `allowance` seconds."""
+def _within(compared: list[Compared], allowance: float, budget: float) -> list[Compared]:
+    """The input sets to judge in float64, estimated from ONNX Runtime's time for the original on
+    each: the first whenever it fits the `budget` asked for, the next ones while they all fit the
+    `allowance`."""
     chosen, total = [], 0.0
     for run in compared:
         total += float64_estimate(run.seconds)
-        if total > allowance:
+        if total > (budget if not chosen else allowance):
             break
         chosen.append(run)
     return chosen
