@@ -23,6 +23,7 @@ from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, check_preconditions
 from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.ort_fusions.check import FusionCheck
 from onnx_lnfold.ort_fusions.order import order_advice
@@ -139,6 +140,8 @@ def run_pipeline(
     check, which then reads the staged file (a model with external data is written once)."""
     progress = progress or Progress(enabled=False)
     started = time.monotonic()
+    # What a killed run left (its staged output, its check's copies) goes before this run adds its own.
+    swept = scratch.sweep() + (scratch.sweep(destination.parent) if destination is not None else [])
     if check.inputs is not None and not dry_run:
         check_inputs(model, check.inputs)
     ops_before = count_ops(model)
@@ -154,6 +157,7 @@ def run_pipeline(
         if dry_run:
             skipped = Verification("skipped", "dry run: nothing was changed")
             report = FoldReport(plan, ops_before, ops_before, skipped, source=source, dry_run=True, trace=trace)
+            report.notes.extend(swept)
             return FoldRun(model, report)
         if proof:
             progress.phase("Folding")
@@ -161,6 +165,7 @@ def run_pipeline(
         release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
         skipped = Verification("skipped", check.disabled_because)
         report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
+        report.notes.extend(swept)
         # The check's exact twin needs the computed constants as computed: staging rebinds them.
         computed = exact_tensors(model) if check.enabled else {}
         staged = _stage(model, path, destination, plan, progress) if destination else None

@@ -18,10 +18,11 @@ The copies are clones (`clone_model`): the caller's model and its tensors are ne
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import onnx_ir as ir
+
+from onnx_lnfold.io import scratch
 
 # The size up to which ONNX Runtime's optimizer keeps a tensor inside the model it writes
 # (`optimize_by_onnxruntime`'s external_data_file_threshold): scalars and short vectors.
@@ -46,7 +47,7 @@ class WeightlessFolder:
     removed on `close()` (or leaving a `with` block)."""
 
     def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="lnfold-weightless-"))
+        self.path = scratch.make("weightless")
         self._zeros = self.path / ZEROS_FILE
         self._zeros.touch()
         self._size = 0

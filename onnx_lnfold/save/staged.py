@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import onnx
@@ -17,6 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.errors import CannotWrite, InvalidInput
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import release_mapped, save_with_external_data, uses_external_data
 from onnx_lnfold.io.proto_write import read_from, write_model
 
@@ -70,7 +70,7 @@ class StagedModel:
         if not os.access(folder, os.W_OK):
             raise CannotWrite(f"{folder}: output folder is not writable")
         try:
-            self._dir = Path(tempfile.mkdtemp(prefix=".lnfold-", dir=folder))
+            self._dir = scratch.make("staging", folder, hidden=True)
         except OSError as e:
             raise _os_error(f"{folder}: cannot write to the output folder", e) from None
         self.path = self._dir / destination.name

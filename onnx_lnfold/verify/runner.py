@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -15,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.core.ir import weight_bytes
+from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import save_with_external_data, uses_external_data
 from onnx_lnfold.verify.verdict import OutputDiff
 
@@ -109,7 +109,7 @@ class OrtSource:
     def __init__(self, model: ir.Model):
         self._dir: str | None = None
         if uses_external_data(model) or weight_bytes(model) > _IN_MEMORY_LIMIT:
-            self._dir = tempfile.mkdtemp(prefix="lnfold-verify-")
+            self._dir = str(scratch.make("verify"))
             path = os.path.join(self._dir, "model.onnx")
             try:
                 save_with_external_data(model, path, "model.onnx.data")

@@ -218,3 +218,31 @@ def test_model_over_2gb_folds_verifies_and_is_written_beside_the_output(tmp_path
     assert sorted(os.listdir(out.parent)) == ["big.lnfold.onnx", "big.lnfold.onnx.data"]
     assert _locations(out) == {"big.lnfold.onnx.data"}
     assert out.with_name("big.lnfold.onnx.data").stat().st_size > 0.99 * make_large_model.weight_bytes(**BIG)
+
+
+def test_what_a_killed_run_left_is_removed_by_the_next_and_said(tmp_path):
+    """A run killed by the kernel (SIGKILL) cannot clean up its staged output: the next run in
+    that folder removes it (its process is gone), says so, and leaves live runs' folders alone."""
+    import signal
+    import subprocess
+    import sys
+
+    src = make_large_model.make_model(tmp_path / "m.onnx", **SMALL)
+    out = tmp_path / "out"
+    out.mkdir()
+    code = (
+        "import os, signal, sys; from pathlib import Path; from onnx_lnfold.io import scratch; "
+        "d = scratch.make('staging', sys.argv[1], hidden=True); (d / 'm.onnx.data').write_bytes(b'x' * 4096); "
+        "print(d); os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = [p for p in out.iterdir()]
+    assert left.name.startswith(".lnfold-staging-") and left.is_dir()
+    from onnx_lnfold.io import scratch
+
+    live = scratch.make("staging", out, hidden=True)  # this process's own: alive, kept
+    code, text, err = _cli(src, "-o", out / "f.onnx", "--no-verify")
+    assert code == 0, err
+    assert not left.exists() and live.exists()
+    assert f"removed {left} " in " ".join(text.split()) and "left by an interrupted run" in text
