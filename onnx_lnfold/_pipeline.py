@@ -217,6 +217,7 @@ def _check_folded(
             float64_budget=check.float64_budget,
             computed=computed,
             fold_seconds=fold_seconds,
+            folder=original.parent if isinstance(original, Path) else None,
         )
     finally:
         if folded_src is not None:

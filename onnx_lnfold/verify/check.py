@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -254,15 +255,17 @@ def check_equivalence(
     float64_budget: float = FLOAT64_BUDGET_S,
     computed: dict[str, Any] | None = None,
     fold_seconds: float | None = None,
+    folder: Path | None = None,
 ) -> Verification:
     """Run both models on the verification inputs; never raises for a check that cannot run
     (the status is then "unverified", with the reason and the way out). `spec_model` is the
     folded model in memory: its inputs are synthesized from it. `computed`: the constants the
     fold computed (`verify.reference.exact_tensors`, taken before the model was written), which give
-    the exact twin their unrounded values; by default those `spec_model` still holds."""
+    the exact twin their unrounded values; by default those `spec_model` still holds. `folder`:
+    where the model was read from (a genai_config.json there describes its KV cache)."""
     computed = exact_tensors(spec_model) if computed is None else computed
     try:
-        input_sets = verification_input_sets(spec_model, input_shapes, inputs)
+        input_sets = verification_input_sets(spec_model, input_shapes, inputs, folder)
     except InputsUnavailable as e:
         return Verification("unverified", f"cannot synthesize verification inputs: {e}", rtol, way_out="inputs")
     shadow = has_bfloat16(spec_model)

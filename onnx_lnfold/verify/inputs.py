@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
-from onnx_lnfold.verify.synthesize import dim_rereadings, graph_inputs, synthesize_inputs
+from onnx_lnfold.verify.synthesize import KvCache, dim_rereadings, graph_inputs, kv_cache, synthesize_inputs
 
 # The two sizes verification runs at, (batch, sequence length): the second falls back to changing
 # only one of the two where the graph fixes the other (a Split of the batch into fixed parts).
@@ -54,10 +55,11 @@ class InputSet:
     alternatives: list[dict[str, np.ndarray]] = field(default_factory=list)
     required: bool = True
     kind: str = ""  # what sets it apart, for the report ("realistic scale")
+    named: str = ""  # how the report names its feeds, where listing every input says less
 
     @property
     def label(self) -> str:
-        return feeds_label(self.feeds) + (f" [{self.kind}]" if self.kind else "")
+        return (self.named or feeds_label(self.feeds)) + (f" [{self.kind}]" if self.kind else "")
 
 
 def feeds_label(feeds: dict[str, np.ndarray]) -> str:
@@ -74,15 +76,21 @@ def verification_input_sets(
     model: ir.Model,
     shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
+    folder: Path | None = None,
 ) -> list[InputSet]:
     """Two sizes, each with every bool input True, then False, then one set at realistic scale
     (bools True); or the user's inputs as given, then with their bools flipped. Every set but the
-    first size's is left out, with a note, if the original does not run on it."""
+    first size's is left out, with a note, if the original does not run on it. A decoder with a
+    GroupQueryAttention KV cache (`synthesize.kv_cache`; `folder` holds its genai_config.json, if
+    any) gets a prompt and a decode step at each size instead (`_decoder_steps`)."""
     has_bool = any(v.dtype == ir.DataType.BOOL for v in graph_inputs(model))
     if inputs is not None:
         given = InputSet(dict(inputs))
         flipped = {k: np.asarray(~v) if v.dtype == bool else v for k, v in inputs.items()}
         return [given, InputSet(flipped, required=False)] if has_bool else [given]
+    cache = kv_cache(model, folder)
+    if cache is not None and not set(shapes or {}) & {*cache.past, *cache.masks, *cache.tokens}:
+        return _decoder_steps(model, cache, dict(shapes or {}), has_bool)
     rereadings = dim_rereadings(model, dict(shapes or {}))
     sets = []
     for seed, sizes in enumerate(((FIRST_SIZE,), SECOND_SIZES)):
@@ -141,3 +149,23 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise InvalidInput(f"{path}: cannot read inputs ({e})".splitlines()[0]) from None
+
+
+# (batch, new tokens, past) of the steps a KV-cache decoder is checked on: a prompt (empty past)
+# and a decode step (one token over a past), at two shapes; then a prompt at realistic scale.
+DECODER_STEPS = (((2, 8, 0), "prompt"), ((2, 1, 8), "decode step"), ((3, 5, 0), "prompt"), ((3, 1, 5), "decode step"))
+
+
+def _decoder_steps(model: ir.Model, cache: KvCache, shapes: dict, has_bool: bool) -> list[InputSet]:
+    sets = []
+    for seed, ((batch, new, past), kind) in enumerate(DECODER_STEPS):
+        for flag in (True, False) if has_bool else (True,):
+            step = {**cache.shapes(batch, new, past), **shapes}
+            feeds = synthesize_inputs(model, step, batch_size=batch, sequence_length=new, seed=seed, bool_value=flag)
+            named = f"batch {batch}, {new} new token{'s' * (new > 1)}, past {past}"
+            sets.append(InputSet(feeds, required=seed < 2, kind=kind, named=named))
+    longest = next((n for _, n in REALISTIC_SIZES if cache.max_total is None or n <= cache.max_total), 16)
+    step = {**cache.shapes(1, longest, 0), **shapes}
+    feeds = synthesize_inputs(model, step, batch_size=1, sequence_length=longest, seed=len(DECODER_STEPS), realistic=True)
+    sets.append(InputSet(feeds, required=False, kind="prompt, realistic scale", named=f"batch 1, {longest} new tokens, past 0"))
+    return sets

@@ -191,6 +191,118 @@ class GatherElements(OpRun):
         return (np.take_along_axis(data, indices, axis=axis),)
 
 
+def _rotary(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
+    """Rotary embedding of x [B, N, S, D] over its first 2 * cos.shape[1] dims at `positions` [B, S]."""
+    half = cos.shape[1]
+    c, s = cos[positions][:, None], sin[positions][:, None]  # [B, 1, S, half]
+    out = x.copy()
+    if interleaved:
+        x1, x2 = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+        out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2] = x1 * c - x2 * s, x2 * c + x1 * s
+    else:
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
+        out[..., :half], out[..., half : 2 * half] = x1 * c - x2 * s, x2 * c + x1 * s
+    return out
+
+
+class GroupQueryAttention(OpRun):
+    """com.microsoft: attention of num_heads query heads over kv_num_heads key/value heads, each
+    shared by num_heads / kv_num_heads of them, causal, with a KV cache (past and present in
+    [B, kv_num_heads, S, head_size]) and rotary embedding of q and k inside, as ONNX Runtime's CPU
+    kernel computes it (contrib_ops/cpu/bert/group_query_attention.cc, gqa_attention_base.h):
+    `seqlens_k` is each batch row's total length minus one, the new tokens its last positions."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(  # noqa: PLR0913
+        self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None, total_sequence_length=None,
+        cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None, *, num_heads=None,
+        kv_num_heads=None, scale=None, softcap=None, local_window_size=None, do_rotary=None, rotary_interleaved=None,
+        smooth_softmax=None, qk_output=None,
+    ):  # fmt: skip
+        heads, kv_heads = int(num_heads), int(kv_num_heads)
+        batch, new = query.shape[:2]
+        if key is None:  # packed: [B, S, (heads + 2 kv_heads) * D]
+            size = query.shape[2] // (heads + 2 * kv_heads)
+            packed = query.reshape(batch, new, heads + 2 * kv_heads, size)
+            q, k, v = np.split(packed, [heads, heads + kv_heads], axis=2)
+        else:
+            size = query.shape[2] // heads
+            q = query.reshape(batch, new, heads, size)
+            k = key.reshape(batch, new, kv_heads, size)
+            v = value.reshape(batch, new, kv_heads, size)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, N, S, D]
+        lengths = seqlens_k.astype(np.int64).reshape(-1) + 1  # each row's total length
+        positions = lengths[:, None] - new + np.arange(new)[None, :]  # the new tokens' positions
+        if position_ids is not None:
+            positions = position_ids.astype(np.int64)
+        if do_rotary:
+            q = _rotary(q, np.maximum(positions, 0), cos_cache, sin_cache, bool(rotary_interleaved))
+            k = _rotary(k, np.maximum(positions, 0), cos_cache, sin_cache, bool(rotary_interleaved))
+        past_length = 0 if past_key is None else past_key.shape[2]
+        present_k = np.zeros((batch, kv_heads, max(past_length, int(lengths.max())), size), dtype=query.dtype)
+        present_v = np.zeros_like(present_k)
+        for b in range(batch):
+            start = int(lengths[b]) - new  # where the new tokens go: after the row's own past
+            if past_key is not None and start > 0:
+                present_k[b, :, :start] = past_key[b, :, :start]
+                present_v[b, :, :start] = past_value[b, :, :start]
+            present_k[b, :, start : start + new] = k[b]
+            present_v[b, :, start : start + new] = v[b]
+        group = heads // kv_heads
+        keys = np.repeat(present_k, group, axis=1)  # [B, heads, T, D]
+        values = np.repeat(present_v, group, axis=1)
+        factor = float(scale) if scale else 1.0 / math.sqrt(size)
+        scores = np.einsum("bhsd,bhtd->bhst", q, keys) * factor
+        if softcap:
+            scores = float(softcap) * np.tanh(scores / float(softcap))
+        if attention_bias is not None:
+            scores = scores + attention_bias
+        t = np.arange(keys.shape[2])[None, None, None, :]
+        allowed = t <= positions[:, None, :, None]  # causal, and within the row's length
+        if local_window_size is not None and int(local_window_size) > 0:
+            allowed &= t > positions[:, None, :, None] - int(local_window_size)
+        scores = np.where(allowed, scores, -np.inf)
+        top = scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores - top)
+        denominator = weights.sum(axis=-1, keepdims=True) + (np.exp(-top) if smooth_softmax else 0.0)
+        out = np.einsum("bhst,bhtd->bhsd", weights / denominator, values)
+        return out.transpose(0, 2, 1, 3).reshape(batch, new, heads * size), present_k, present_v
+
+
+class MatMulNBits(OpRun):
+    """com.microsoft: A @ W^T with W [N, K] stored in `bits`-bit blocks of `block_size` along K,
+    each with its scale (and zero point, default 2^(bits-1)), dequantized in float64; whatever the
+    kernel does with A (`accuracy_level` 4 rounds it to int8), the float64 reference is exact."""
+
+    op_domain = MS_DOMAIN
+
+    def _run(self, A, B, scales, zero_points=None, g_idx=None, bias=None, *, K=None, N=None, bits=None, block_size=None,
+             accuracy_level=None):  # noqa: ARG002
+        k, n, bits, size = int(K), int(N), int(bits or 4), int(block_size)
+        blocks = -(-k // size)
+        raw = np.asarray(B, dtype=np.uint8).reshape(n, blocks, -1)
+        if bits == 4:
+            q = np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(n, blocks, -1)[:, :, :size]
+        elif bits == 8:
+            q = raw[:, :, :size]
+        else:
+            raise NotImplementedError(f"MatMulNBits with bits={bits}")
+        scale = np.asarray(scales, dtype=np.float64).reshape(n, blocks)
+        if zero_points is None:
+            zero = np.full((n, blocks), 2 ** (bits - 1), dtype=np.float64)
+        elif zero_points.dtype == np.uint8:
+            packed = zero_points.reshape(n, -1)
+            zero = (np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, -1) if bits == 4 else packed)[:, :blocks]
+        else:
+            zero = np.asarray(zero_points, dtype=np.float64).reshape(n, blocks)
+        weight = ((q.astype(np.float64) - zero[:, :, None]) * scale[:, :, None]).reshape(n, -1)[:, :k]
+        out = A @ weight.T
+        if bias is not None:
+            out = out + bias
+        return (out.astype(A.dtype, copy=False),)
+
+
 class Loop(_ReferenceLoop):
     """The reference's Loop runs no iteration when the condition input is omitted (it means true),
     joins scan outputs with np.vstack ([M * d0, ...] where ONNX stacks them: [M, d0, ...]), and
@@ -227,6 +339,8 @@ class Loop(_ReferenceLoop):
 
 
 FLOAT64_OPS: list[type[OpRun]] = [
+    GroupQueryAttention,
+    MatMulNBits,
     SimplifiedLayerNormalization,
     SkipLayerNormalization,
     SkipSimplifiedLayerNormalization,
