@@ -130,9 +130,11 @@ def fold_checked(
     model: onnx.ModelProto, folded: int, kept: int = 0, rtol: float = 1e-4, **options
 ) -> onnx_lnfold.FoldResult:
     """Fold, assert the exact counts, and check equivalence through ONNX Runtime. The rule tests
-    are about what can fold exactly: they fold the LNs the cost rule would keep too
-    (`fold_costly=True`) unless they ask otherwise; tests/emit/test_beta_placement.py tests that rule."""
+    are about what weight edits can fold exactly: they fold the LNs the cost rule would keep too
+    (`fold_costly=True`; tests/emit/test_beta_placement.py tests that rule) and insert no explicit
+    centering (which makes any stream zero-mean; its tests ask for it) unless they ask otherwise."""
     options.setdefault("fold_costly", True)
+    options.setdefault("auxiliary_centering", False)
     result = onnx_lnfold.fold(model, **options)
     plan = result.plan
     assert len(plan.folded) == folded, [(d.node, d.reason) for d in plan.decisions]

@@ -30,19 +30,18 @@ logger = logging.getLogger(__name__)
 
 # A stream sum shared by fewer blocked LNs than this is not tried as a centering root (one LN's
 # fold pays for a centering only where it replaces ORT's fused SkipLayerNormalization, whose
-# residual Add is such a sum only where nothing else reads it); with `fold_costly`, the count a
-# centering must unlock.
+# residual Add is such a sum only where nothing else reads it).
 AUX_MIN_UNLOCKED = 2
 
 # What each LN's fold saves per run (`emit.costs.saving`), and its width; an LN without an entry saves
-# nothing. None: every LN folds whatever it costs (`fold_costly`), and a centering is used where
-# it unlocks at least `AUX_MIN_UNLOCKED` LNs.
+# nothing. None: every LN folds whatever it costs (`fold_costly`), and a centering is used wherever
+# it unlocks one.
 Savings = dict[LnCandidate, tuple[float, int | None]]
 
 
 def _centering_pays(cands, savings: Savings | None) -> bool:
-    if savings is None:
-        return len(cands) >= AUX_MIN_UNLOCKED
+    if savings is None:  # folding whatever it costs: any LN it unlocks is reason enough
+        return bool(cands)
     widths = [savings[c][1] for c in cands if c in savings and savings[c][1] is not None]
     return centering_pays(widths[0] if widths else None, [savings[c][0] for c in cands if c in savings])
 

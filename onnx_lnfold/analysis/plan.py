@@ -121,6 +121,11 @@ class AuxCentering:
     def cost(self) -> str:
         return "1 ReduceMean + 1 Sub"
 
+    @property
+    def root(self) -> ir.Value:
+        """The stream this centering removes the mean of (before any scalar factor it was moved past)."""
+        return self._root if self._root is not None else self._value
+
     def centers(self, value: ir.Value | None) -> bool:
         """Whether this centering removes the mean of `value`: the tensor it reads, or the stream
         root it was moved from past scalar factors."""

@@ -32,7 +32,7 @@ from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.emit.costs import saving
-from onnx_lnfold.emit.targets import choose_rewrite, cost_nodes, cost_refusal
+from onnx_lnfold.emit.targets import centering_refusal, choose_rewrite, cost_nodes, cost_refusal
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.forms.recognize import find_in_functions, find_layer_norms
 from onnx_lnfold.shapes.table import ShapeTable
@@ -70,7 +70,7 @@ def plan_for(
     fused = frozenset(cand.out for cand in candidates if cand.name in kept)
     active, blocked = _folding(foldable, options, shapes, sinks, names, savings, fused)
     edits, centerings = _edits(model, active, options, names)
-    blocked.update(_kept_for_cost(dearer, shapes, sinks, names, centerings))
+    blocked.update(_kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, sinks, names, savings, fused))
     claimed: set[ir.Node] = set()  # residual Adds already taken in by a fold
     decisions = []
     for cand in candidates:
@@ -132,16 +132,37 @@ def _edits(model: ir.Model, active, options: FoldOptions, names):
     )
 
 
-def _kept_for_cost(dearer, shapes: ShapeTable, sinks: Sinks, names, centerings) -> dict[LnCandidate, Blocked]:
-    """Why each LN kept for its cost stays. An LN that could not fold anyway is reported for what
-    blocks it, not for what its fold would have cost: unless where its proof breaks is a stream
-    the plan centers for other LNs."""
-    _, unfoldable = fold_set(list(dearer), shapes, sinks, names, None)
-    why = {}
+def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, sinks, names, savings, fused):
+    """The reasons of the LNs kept for a cost: by the yardstick of the fold that folds whatever it
+    costs (`fold_costly`), every LN that fold folds and this one keeps stays for a cost, and says
+    which: its own (`emit.targets.cost_refusal`: beta left as an Add, say), or the explicit
+    centering its fold needs, which costs more than the LNs it would unlock save together
+    (`centering_refusal`, with the figures). The others are reported for what blocks them: an LN
+    kept for its cost that no fold can take at all, for the first obstacle its proof meets."""
+    if options.fold_costly:
+        return {}
+    costly = dataclasses.replace(options, fold_costly=True)
+    anyway = [cand for cand in candidates if cand.name not in kept]
+    possible, _ = _folding(anyway, costly, shapes, sinks, names, None, fused)
+    _, first = fold_set(list(dearer), shapes, sinks, names, None)  # without centerings: the first obstacle
+    why: dict[LnCandidate, Blocked] = {}
     for cand, refusal in dearer.items():
-        blocked = unfoldable.get(cand)
-        centered = blocked is not None and any(c.centers(blocked.at) for c in centerings)
-        why[cand] = refusal.at_stage("cost") if blocked is None or centered else blocked
+        why[cand] = refusal.at_stage("cost") if cand in possible else first[cand]
+    roots: dict[ir.Value, tuple[int, list[LnCandidate]]] = {}  # centering -> (axis, the LNs its fold needs it for)
+    for cand, leaves in possible.items():
+        for leaf in leaves:
+            if leaf.aux:
+                roots.setdefault(leaf.value, (leaf.axis, []))[1].append(cand)
+    for root, (axis, lns) in roots.items():
+        held = [c for c in lns if c not in active and c not in dearer and c in blocked]
+        if not held:
+            continue
+        widths = [savings[c][1] for c in lns if c in savings and savings[c][1] is not None]
+        saved = sum(savings[c][0] for c in lns if c in savings and c not in dearer)
+        for cand in held:
+            constants = sum(not leaf.aux for leaf in possible[cand])
+            refusal = centering_refusal(root.name or "", axis, widths[0] if widths else None, len(lns), saved, constants)
+            why[cand] = refusal.at_stage("cost")
     return why
 
 

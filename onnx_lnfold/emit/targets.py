@@ -356,6 +356,26 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
     return original, emitted
 
 
+def centering_refusal(root: str, axis: int, width: int | None, lns: int, saved: float, constants: int) -> Blocked:
+    """Why an LN that folds once `root` is centered explicitly stays: the centering costs ONNX
+    Runtime more than the `lns` LNs it would unlock save together (`saved`), by the measured kernel
+    costs (docs/DESIGN.md section 2.3); `constants`: what this LN's proof centers besides. The
+    detail, the same for every LN of that centering, is what the report groups them under."""
+    d = width or NARROWEST
+    cost = total([("Centering", d)])
+    figures = f"{cost / 1e6:.2f}M against {saved / 1e6:.2f}M instructions per run at {DECIDING_TOKENS} tokens, d={d}"
+    centering = f"'{root}' - ReduceMean over axis {axis}"
+    unlocks = f"{lns} LN{'s' * (lns != 1)}"
+    return Blocked(
+        "centering-costs-more",
+        f"kept: its input is zero-mean once {constants} constant(s) are centered and {centering} is inserted (an "
+        f"explicit centering), and that centering costs ONNX Runtime's CPU EP more than the {unlocks} it would "
+        f"unlock save: {figures} ({COST_SOURCE})",
+        root,
+        detail=f"{centering} would unlock {unlocks}, and costs more than they save: {figures}",
+    )
+
+
 def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     """Why folding this LN would cost ONNX Runtime more than the LN, by the measured kernel costs;
     None when it costs less (docs/DESIGN.md section 4.1)."""

@@ -24,6 +24,8 @@ from onnx_lnfold.report import kept
 from onnx_lnfold.verify.verdict import Verification
 
 _WIDTH = 100  # long lines (reasons, lists of names) wrap here
+# A kept LN's specifics stand beside its name when that leaves them this column on; else under it.
+_DETAIL_COLUMN = 48
 
 
 
@@ -222,7 +224,11 @@ class FoldReport:
                 continue
             width = max(len(d.node) for d in members)
             for d in members:
-                lines += _wrap(explained[d.node][1], " " * (6 + width + 2), f"      {d.node:<{width}}  ")
+                if 6 + width + 2 <= _DETAIL_COLUMN:  # name and detail side by side
+                    lines += _wrap(explained[d.node][1], " " * (6 + width + 2), f"      {d.node:<{width}}  ")
+                else:  # names too long for a column: the detail under its name
+                    lines += _wrap(d.node, " " * 8, " " * 6)
+                    lines += _wrap(explained[d.node][1], " " * 10, " " * 10)
         return lines
 
     def _edit_lines(self) -> list[str]:

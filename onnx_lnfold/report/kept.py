@@ -26,9 +26,16 @@ HEADINGS: dict[tuple[str, str | None], str] = {
     "no RMS form: run the optimizer first",
     ("cost", "fusion-lost"): "folding it would cost a fusion an ONNX Runtime session makes on the original (checked "
     "on weightless copies)",
+    ("cost", "centering-costs-more"): "its fold needs an explicit centering x - ReduceMean(x) that costs ONNX Runtime's "
+    "CPU EP more than the LNs it would unlock save (measured kernel costs, benchmarks/results/EMISSION_COSTS.md)",
     ("cost", "costs-more"): "its fold would cost ONNX Runtime's CPU EP more than the LN saves: its beta would stay an "
     "Add over the stream, or need a created bias (measured kernel costs, benchmarks/results/EMISSION_COSTS.md)",
 }
+
+
+# Codes whose LNs are grouped by their cause (the detail, shared by every LN it keeps: an explicit
+# centering and its figures) under the code's heading, the LNs listed by name.
+BY_CAUSE = frozenset({"centering-costs-more"})
 
 
 def heading(stage: str | None, code: str) -> str:
@@ -41,4 +48,6 @@ def explain_kept(decision: LnDecision) -> tuple[str, str]:
     """(heading shared by the LNs kept for the same stage and code, this LN's specifics)."""
     blocked = decision.blocked
     assert blocked is not None, "a folded LN has no reason to stay"
+    if blocked.code in BY_CAUSE and blocked.detail:
+        return f"{heading(blocked.stage, blocked.code)}: {blocked.detail}", ""
     return heading(blocked.stage, blocked.code), blocked.detail or blocked.reason

@@ -222,7 +222,7 @@ def test_tile_by_counts_that_are_not_constants_is_kept():
     g = Graph()
     h = g.node("Tile", [_stream(g), g.input("repeats", [3], elem_type=7)], name="repeat")
     g.output(g.ln(h, 16, "ln"))
-    (kept,) = onnx_lnfold.fold(g.model(), verify=False).plan.kept
+    (kept,) = onnx_lnfold.fold(g.model(), verify=False, auxiliary_centering=False).plan.kept
     assert kept.code == "axes-not-constant" and "repeats by counts that are not constants" in kept.reason
 
 
@@ -347,7 +347,7 @@ def test_declared_shapes_still_help_where_inference_knows_nothing():
     model.graph.value_info.append(onnx.helper.make_tensor_value_info(h, onnx.TensorProto.FLOAT, ["b", "s", 16]))
     import onnx_lnfold
 
-    plan = onnx_lnfold.fold(model, verify=False).plan  # ORT cannot run the custom op
+    plan = onnx_lnfold.fold(model, verify=False, auxiliary_centering=False).plan  # ORT cannot run the custom op
     (kept,) = plan.kept
     assert "custom.domain" in kept.reason  # the real obstacle, not "rank unknown"
 
@@ -430,7 +430,7 @@ def test_a_stream_sum_no_weight_edit_reaches_is_centered_once():
     h = g.node("Add", [proj, gelu], name="stream")
     h1 = g.node("Add", [h, g.linear(g.ln(h, 16, "ln0"), 16, 16, "fc")], name="res")
     g.output(g.ln(h1, 16, "ln1"))
-    result = fold_checked(g.model(opset=20), folded=2)
+    result = fold_checked(g.model(opset=20), folded=2, auxiliary_centering=True)
     (centering,) = result.plan.centerings
     assert centering.tensor == "stream_out" and len(centering.required_by) == 2
 

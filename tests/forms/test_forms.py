@@ -205,7 +205,7 @@ def _relu_stem_model() -> onnx.ModelProto:
 
 
 def test_explicit_centering_unlocks_a_stream_no_weight_can_center():
-    result = fold_checked(_relu_stem_model(), folded=2)
+    result = fold_checked(_relu_stem_model(), folded=2, auxiliary_centering=True)
     (centering,) = result.plan.centerings
     assert centering.tensor == "act_out" and centering.axis == 2 and centering.required_by == ("ln1", "ln_f")
     assert ops(result.model_proto)["ReduceMean"] == 1

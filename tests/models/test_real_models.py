@@ -20,7 +20,7 @@ EXPECTED = {
     # The stream is exposed after the embeddings and after the first block: that block's two LNs
     # stay; the three behind hidden_states_1 (second block, ln_f) fold through one explicit
     # centering of it, which the exposed tensor does not see.
-    "gpt2_hidden_states": (3, 5, "would change, and it is a graph output"),
+    "gpt2_hidden_states": (3, 5, "is inserted (an explicit centering), and that centering costs"),
     # Post-LN: the embeddings LN's beta would stay an Add (it feeds a residual Add): kept, it costs
     # less. Each other LN folds through an explicit centering of the LN output before it: ORT runs
     # it fused with its residual Add as SkipLayerNormalization, whose CPU kernel costs more than

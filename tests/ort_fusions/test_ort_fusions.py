@@ -130,8 +130,9 @@ def test_zeros_change_none_of_onnx_runtimes_decisions(name, tmp_path):
 )
 def test_the_embeddings_ln_stays_exactly_where_onnx_runtime_fuses_it(name, folded, fused_by_ort, nodes):
     path = MODELS / f"{name}.onnx"
-    # Every LN that folds exactly (the cost rule is tests/emit/test_beta_placement.py's): the fusion rule alone.
-    result = onnx_lnfold.fold(path, verify=False, fold_costly=True)
+    # Every LN that folds exactly without explicit centerings (the cost rule is
+    # tests/emit/test_beta_placement.py's): the fusion rule alone.
+    result = onnx_lnfold.fold(path, verify=False, fold_costly=True, auxiliary_centering=False)
     embeddings = result.plan.decisions[0]
     assert [d.node for d in result.plan.folded] == folded
     assert (embeddings.code == "fusion-cost") == fused_by_ort
@@ -145,7 +146,7 @@ def test_the_embeddings_ln_stays_exactly_where_onnx_runtime_fuses_it(name, folde
         assert "opt_level 0, num_heads 4, hidden_size 64; onnxruntime " in embeddings.reason
         assert "stayed a LayerNorm" in result.plan.advice[0]
         # without the check the fold costs the optimizer its fusion (+2 to +5 nodes)
-        unchecked = onnx_lnfold.fold(path, verify=False, keep_ort_fusions=False, fold_costly=True)
+        unchecked = onnx_lnfold.fold(path, verify=False, keep_ort_fusions=False, fold_costly=True, auxiliary_centering=False)
         assert unchecked.plan.decisions[0].folded
         lost = optimized(unchecked.model_proto)
         assert lost[1] == 0 and lost[0] > nodes[0]
@@ -266,7 +267,7 @@ def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatc
 
 def test_without_onnxruntime_everything_folds_and_the_advice_says_nothing_was_checked(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime.transformers.optimizer", None)  # `import` raises ImportError
-    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", fold_costly=True)
+    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", fold_costly=True, auxiliary_centering=False)
     assert [d.node for d in plan.folded] == ["/model/embeddings/LayerNorm/LayerNormalization"]
     assert plan.advice == [
         "Fusions: not checked (onnxruntime (with its transformers optimizer) is not installed): folding may cost "
@@ -279,7 +280,7 @@ def test_without_onnxruntime_everything_folds_and_the_advice_says_nothing_was_ch
 
 
 def test_switched_off_nothing_is_checked_and_nothing_is_said():
-    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", keep_ort_fusions=False, fold_costly=True)
+    plan = onnx_lnfold.analyze(MODELS / "bert_torchscript.onnx", keep_ort_fusions=False, fold_costly=True, auxiliary_centering=False)
     assert len(plan.folded) == 1 and plan.advice == []
 
 
@@ -293,7 +294,8 @@ def test_the_grouped_headline_of_a_fusion_reason_keeps_its_apostrophes():
     assert (
         "  1 kept: (fusion-cost) ONNX Runtime's transformers optimizer fuses it into EmbedLayerNormalization,\n"
         "    which has no RMS form: run the optimizer first\n"
-        "      /model/embeddings/LayerNorm/LayerNormalization  onnxruntime.transformers.optimizer.optimize_model;"
+        "      /model/embeddings/LayerNorm/LayerNormalization\n"
+        "          onnxruntime.transformers.optimizer.optimize_model;"
     ) in text
 
 

@@ -137,7 +137,7 @@ def test_each_ln_line_is_its_refusals_own_detail_not_a_parse_of_its_reason():
 
 def test_long_lines_wrap_at_100_columns():
     text = _report("convnext_block.onnx").format_text()
-    assert "grouped Conv (group=32)" in text
+    assert "(centering-costs-more)" in text and "would unlock 1 LN" in text
     assert max(len(line) for line in text.splitlines()[1:]) <= 100
 
 
