@@ -353,8 +353,8 @@ def shape_of(vi: onnx.ValueInfoProto):
 # --------------------------------------------------------------------------- #
 # Export
 # --------------------------------------------------------------------------- #
-def finalize_onnx(path: Path) -> onnx.ModelProto:
-    """Load (with external data), inline local functions, save as one file."""
+def load_inlined(path: Path) -> onnx.ModelProto:
+    """Load (with external data) and inline local functions."""
     m = onnx.load(str(path), load_external_data=True)
     if len(m.functions):
         m = onnx.inliner.inline_local_functions(m)
@@ -363,6 +363,12 @@ def finalize_onnx(path: Path) -> onnx.ModelProto:
         keep = [f for f in m.functions if (f.domain, f.name) in used]
         del m.functions[:]
         m.functions.extend(keep)
+    return m
+
+
+def finalize_onnx(path: Path) -> onnx.ModelProto:
+    """Load (with external data), inline local functions, save as one file."""
+    m = load_inlined(path)
     for t in m.graph.initializer:  # make sure nothing points to external data
         if t.data_location == onnx.TensorProto.EXTERNAL:
             raise RuntimeError(f"initializer {t.name} still external")
