@@ -36,7 +36,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -86,6 +85,7 @@ def _decode_step_inputs(batch: int, past: int, seed: int) -> dict[str, np.ndarra
     return feeds
 
 
+# The dynamo exporter writes forward()'s line number into each node's metadata: lines above it are in the bytes.
 class _DecodeStep(torch.nn.Module):
     """GPT-2 with its cache as flat tensors in and out (torch.export needs a fixed arity)."""
 
@@ -116,6 +116,21 @@ def _check(path: Path, expected: dict[str, np.ndarray], feeds: dict[str, np.ndar
     if not diff < TOL:
         raise RuntimeError(f"{path.name}: onnxruntime differs from torch by {diff:.3g}")
     return diff
+
+
+def _check_merged(name: str, path: Path, out_dir: Path, feeds_for, torch_outputs) -> dict[str, float]:
+    """A merged decoder against torch, through its cached branch (batch 2, 3 tokens after 5 cached)
+    and its uncached one at two sizes; the cached branch's feeds and outputs are saved as the
+    reference. The differences by label."""
+    ref_in = feeds_for(em.REF_BATCH, 3, 5, True)
+    expected = torch_outputs(ref_in)
+    diffs = {"batch2_seq3_past5_cache": _check(path, expected, ref_in)}
+    for batch, seq, label in ((em.REF_BATCH, em.REF_SEQ, "batch2_seq8_nocache"), (em.ALT_BATCH, em.ALT_SEQ, "batch3_seq5_nocache")):
+        feeds = feeds_for(batch, seq, 0, False)
+        diffs[label] = _check(path, torch_outputs(feeds), feeds)
+    np.savez(out_dir / f"{name}.inputs.npz", **ref_in)
+    np.savez(out_dir / f"{name}.outputs.npz", **expected)
+    return diffs
 
 
 def export_gpt2_kv_cache(out_dir: Path) -> dict:
@@ -194,6 +209,10 @@ def export_gpt2_merged_decoder(out_dir: Path) -> dict:
         }
         for n in _past_names():
             feeds[n] = rng.standard_normal((batch, em.HEADS, past, HEAD_DIM)).astype(np.float32)
+        if not use_cache:
+            # Without the cache the past inputs are ignored (optimum feeds a length-1 placeholder).
+            for n in _past_names():
+                feeds[n] = np.zeros((batch, em.HEADS, 1, HEAD_DIM), dtype=np.float32)
         return {k: feeds[k] for k in graph_inputs}
 
     def torch_outputs(feeds) -> dict[str, np.ndarray]:
@@ -220,17 +239,7 @@ def export_gpt2_merged_decoder(out_dir: Path) -> dict:
             result[f"present.{layer}.key"], result[f"present.{layer}.value"] = keys.numpy(), values.numpy()
         return {k: result[k] for k in outputs}
 
-    ref_in = feeds_for(em.REF_BATCH, 3, 5, True)
-    expected = torch_outputs(ref_in)
-    diffs = {"batch2_seq3_past5_cache": _check(path, expected, ref_in)}
-    # Without the cache the past inputs are ignored (optimum feeds a length-1 placeholder).
-    for batch, seq, label in ((em.REF_BATCH, em.REF_SEQ, "batch2_seq8_nocache"), (em.ALT_BATCH, em.ALT_SEQ, "batch3_seq5_nocache")):
-        feeds = feeds_for(batch, seq, 0, False)
-        for n in _past_names():
-            feeds[n] = np.zeros((batch, em.HEADS, 1, HEAD_DIM), dtype=np.float32)
-        diffs[label] = _check(path, torch_outputs({**feeds, "use_cache_branch": np.array([False])}), feeds)
-    np.savez(out_dir / f"{name}.inputs.npz", **ref_in)
-    np.savez(out_dir / f"{name}.outputs.npz", **expected)
+    diffs = _check_merged(name, path, out_dir, feeds_for, torch_outputs)
     note = "GPT2LMHeadModel, optimum-onnx decoder + decoder with past merged by optimum's merge_decoders (If on use_cache_branch)"
     return _entry(name, merged, path, "optimum-onnx (TorchScript) + merge_decoders", diffs, note)
 
@@ -319,14 +328,7 @@ def export_whisper_merged_decoder(out_dir: Path) -> dict:
                 result[f"present.{i}.encoder.key"], result[f"present.{i}.encoder.value"] = cross_layer.keys.numpy(), cross_layer.values.numpy()
         return result
 
-    ref_in = feeds_for(em.REF_BATCH, 3, 5, True)
-    expected = torch_outputs(ref_in)
-    diffs = {"batch2_seq3_past5_cache": _check(path, expected, ref_in)}
-    for batch, seq, label in ((em.REF_BATCH, em.REF_SEQ, "batch2_seq8_nocache"), (em.ALT_BATCH, em.ALT_SEQ, "batch3_seq5_nocache")):
-        feeds = feeds_for(batch, seq, 0, False)
-        diffs[label] = _check(path, torch_outputs(feeds), feeds)
-    np.savez(out_dir / f"{name}.inputs.npz", **ref_in)
-    np.savez(out_dir / f"{name}.outputs.npz", **expected)
+    diffs = _check_merged(name, path, out_dir, feeds_for, torch_outputs)
     note = (
         "WhisperForConditionalGeneration decoder, optimum-cli's decoder_model_merged.onnx "
         "(automatic-speech-recognition-with-past: If on use_cache_branch, branches reuse value names)"
@@ -372,13 +374,7 @@ def main(argv=None) -> int:
         # optimum's merge names the weights it deduplicates in set order: the same bytes every run
         # only with string hashing fixed.
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="+", choices=sorted(EXPORTS))
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1]))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(2)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    args, out_dir = em.exporter_args(__doc__, EXPORTS, argv)
     manifest_path = out_dir / "manifest.json"
     source = manifest_path if manifest_path.exists() else Path(__file__).resolve().parents[1] / "manifest.json"
     doc = json.loads(source.read_text())

@@ -516,6 +516,20 @@ def export_one(spec: Spec, out_dir: Path, tol: float = 1e-3) -> dict:
     return entry
 
 
+def exporter_args(doc: str, names, argv=None) -> tuple[argparse.Namespace, Path]:
+    """The command line of the exporters that write into models/ (`--only NAME ...` of `names`, and
+    `--out-dir`, default models/) parsed, torch set to two threads and the folder made: the arguments
+    and the folder."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", choices=sorted(names))
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1]))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return args, out_dir
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", choices=sorted(SPECS), help="export only these models")
