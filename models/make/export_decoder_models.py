@@ -36,6 +36,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -85,8 +86,7 @@ def _decode_step_inputs(batch: int, past: int, seed: int) -> dict[str, np.ndarra
     return feeds
 
 
-# The dynamo exporter writes forward()'s line number into each node's metadata: lines above it are in the bytes.
-class _DecodeStep(torch.nn.Module):
+class _DecodeStep(torch.nn.Module):  # the dynamo export writes forward()'s line number into each node's metadata
     """GPT-2 with its cache as flat tensors in and out (torch.export needs a fixed arity)."""
 
     def __init__(self, model):
@@ -133,6 +133,23 @@ def _check_merged(name: str, path: Path, out_dir: Path, feeds_for, torch_outputs
     return diffs
 
 
+@contextlib.contextmanager
+def _saved(model):
+    """A temporary folder with `model` saved in hf/, where optimum's main_export reads it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(f"{tmp}/hf")
+        yield tmp
+
+
+def _optimum_export(tmp: str, output: str, task: str, **options) -> None:
+    """optimum-onnx's main_export of the model `_saved` in `tmp` into tmp/`output`, on CPU, its warnings silenced."""
+    from optimum.exporters.onnx import main_export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        main_export(f"{tmp}/hf", output=f"{tmp}/{output}", task=task, device="cpu", **options)
+
+
 def export_gpt2_kv_cache(out_dir: Path) -> dict:
     name = "gpt2_kv_cache"
     assert em.LAYERS == 2, "_DecodeStep takes the cache of two layers"
@@ -171,25 +188,18 @@ def export_gpt2_kv_cache(out_dir: Path) -> dict:
 
 
 def export_gpt2_merged_decoder(out_dir: Path) -> dict:
-    from optimum.exporters.onnx import main_export
     from optimum.exporters.onnx.model_configs import GPT2OnnxConfig
     from optimum.onnx.graph_transformations import merge_decoders
 
     name = "gpt2_merged_decoder"
     model = _build_gpt2(name)
     path = out_dir / f"{name}.onnx"
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(f"{tmp}/hf")
+    with _saved(model) as tmp:
         # The decoder without past must return the cache it starts (optimum's own merged exports
         # did, before optimum-onnx exported one with-past model only): use_past without past inputs.
         no_past = GPT2OnnxConfig(model.config, task="text-generation", use_past=True, use_past_in_inputs=False)
         for task, custom in (("text-generation", {"model": no_past}), ("text-generation-with-past", None)):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                main_export(
-                    f"{tmp}/hf", output=f"{tmp}/{task}", task=task, opset=em.OPSET_DYNAMO, device="cpu",
-                    custom_onnx_configs=custom,
-                )
+            _optimum_export(tmp, task, task, opset=em.OPSET_DYNAMO, custom_onnx_configs=custom)
         merge_decoders(
             f"{tmp}/text-generation/model.onnx", f"{tmp}/text-generation-with-past/model.onnx", strict=False, save_path=path
         )
@@ -264,18 +274,11 @@ def _build_whisper(name: str) -> transformers.WhisperForConditionalGeneration:
 
 
 def export_whisper_merged_decoder(out_dir: Path) -> dict:
-    from optimum.exporters.onnx import main_export
-
     name = "whisper_merged_decoder"
     model = _build_whisper(name)
     path = out_dir / f"{name}.onnx"
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(f"{tmp}/hf")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            main_export(
-                f"{tmp}/hf", output=f"{tmp}/onnx", task="automatic-speech-recognition-with-past", device="cpu"
-            )
+    with _saved(model) as tmp:
+        _optimum_export(tmp, "onnx", "automatic-speech-recognition-with-past")
         shutil.copy(f"{tmp}/onnx/decoder_model_merged.onnx", path)
     merged = em.finalize_onnx(path)
 
