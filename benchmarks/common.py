@@ -101,6 +101,16 @@ def machine_info() -> dict:
     }
 
 
+def results_header(title: str, command: str, machine: dict, run_note: str, hardware: str | None = None) -> list[str]:
+    """The opening lines of a results file: its title, the command that wrote it, the versions and the
+    machine (`hardware`, default the CPU's name) and when it ran, followed by `run_note`."""
+    return [f"# {title}", "",
+            f"Command: `{command}`  ",
+            f"onnxruntime {machine['onnxruntime']}, onnx_lnfold at git {machine['git_commit']}, "
+            f"{machine['cpu'] if hardware is None else hardware}  ",
+            f"Run {machine['date']}. {run_note}", ""]
+
+
 def cuda_available() -> tuple[bool, str]:
     """(usable, reason): CUDA EP present in this onnxruntime build and a GPU visible."""
     import onnxruntime as ort

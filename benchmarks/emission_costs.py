@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from benchmarks.common import CACHE, ROOT, log, machine_info
+from benchmarks.common import CACHE, ROOT, log, machine_info, results_header
 from benchmarks.instructions import measure, spread
 
 EPS = 1e-5
@@ -238,12 +238,10 @@ def fit(results: list[dict]) -> dict[str, tuple[float, float, float]]:
 
 
 def render(results: list[dict], command: str, machine: dict) -> str:
-    lines = ["# What each emitted form costs ONNX Runtime's CPU EP (callgrind, 1 thread)", "",
-             f"Command: `{command}`  ",
-             f"onnxruntime {machine['onnxruntime']}, onnx_lnfold at git {machine['git_commit']}, {machine['cpu']}  ",
-             f"Run {machine['date']}. Instructions per run (session.run included), mean over the processes; "
-             "the spread is (max - min) / min between processes (rotated orders). Definitions: "
-             "benchmarks/emission_costs.py.", ""]
+    lines = results_header("What each emitted form costs ONNX Runtime's CPU EP (callgrind, 1 thread)", command, machine,
+                           "Instructions per run (session.run included), mean over the processes; the spread is "
+                           "(max - min) / min between processes (rotated orders). Definitions: "
+                           "benchmarks/emission_costs.py.")
     kinds = [k for k in VARIANTS if any(k in r["variants"] for r in results)]
     lines += ["## Instructions per run (thousands)", "",
               "| d | tokens | " + " | ".join(kinds) + " | largest spread |",

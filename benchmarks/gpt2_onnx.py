@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numpy as np
 import onnx_ir as ir
@@ -53,6 +54,10 @@ class Gpt2Shape:
         return self.ffn or 4 * self.hidden
 
     @property
+    def head_size(self) -> int:
+        return self.hidden // self.n_heads
+
+    @property
     def label(self) -> str:
         return f"gpt2_d{self.hidden}_L{self.layers}"
 
@@ -60,6 +65,17 @@ class Gpt2Shape:
         d, f = self.hidden, self.n_ffn
         per_block = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
         return self.vocab * d + self.positions * d + self.layers * per_block + 2 * d
+
+
+class _Parts(NamedTuple):
+    """What the two styles write differently inside a block (`_blocks` writes the rest)."""
+
+    linear: Callable[[ir.Value, str, int, int], ir.Value]  # (input, name, n_in, n_out) -> output
+    probs: Callable[[ir.Value, ir.Value], ir.Value]  # (q, k^T) -> attention probabilities
+    gelu: Callable[[ir.Value], ir.Value]
+    split_axis: int  # of the q/k/v Split
+    heads_shape: ir.Value  # Reshape target [0, 0, heads, head size]
+    merge_shape: ir.Value  # Reshape target [0, 0, hidden]
 
 
 class _Weights:
@@ -116,8 +132,8 @@ def build_gpt2(shape: Gpt2Shape, dtype: str, path: str | Path, seed: int = 0, ep
         return op("LayerNormalization", [inp, w.gamma(f"{name}.weight", d), w.matrix(f"{name}.bias", (d,))],
                   {"axis": -1, "epsilon": eps})
 
-    blocks = _torchscript_blocks if style == "torchscript" else _dynamo_blocks
-    x = blocks(tape, w, shape, x, seq, layer_norm)
+    parts = _torchscript_parts if style == "torchscript" else _dynamo_parts
+    x = _blocks(tape, w, shape, x, layer_norm, parts(tape, w, shape, seq))
     logits = op("MatMul", [layer_norm(x, "ln_f"), op("Transpose", [wte], {"perm": [1, 0]})])
     logits.name = "logits"
     logits.type = ir.TensorType(ir_dtype)
@@ -133,12 +149,29 @@ def build_gpt2(shape: Gpt2Shape, dtype: str, path: str | Path, seed: int = 0, ep
     return path
 
 
-def _dynamo_blocks(tape: ir_tape.Tape, w: _Weights, shape: Gpt2Shape, x: ir.Value, seq: ir.Value,
-                   layer_norm) -> ir.Value:
-    """The transformer blocks as the dynamo exporter writes GPT-2 (sdpa); returns the stream."""
+def _blocks(tape: ir_tape.Tape, w: _Weights, shape: Gpt2Shape, x: ir.Value, layer_norm, parts: _Parts) -> ir.Value:
+    """The transformer blocks (pre-LN attention and MLP, each added to the stream), the same in both
+    styles but for `parts`; returns the stream."""
     op = tape.op
-    d, h = shape.hidden, shape.n_heads
-    dh = d // h
+    d = shape.hidden
+    for i in range(shape.layers):
+        p = f"h.{i}"
+        qkv = parts.linear(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", d, 3 * d)
+        q, k, v = tape.op_multi_out("Split", [qkv, w.ints(f"{p}.split", [d, d, d])], {"axis": parts.split_axis},
+                                    num_outputs=3)
+        q = op("Transpose", [op("Reshape", [q, parts.heads_shape])], {"perm": [0, 2, 1, 3]})
+        k = op("Transpose", [op("Reshape", [k, parts.heads_shape])], {"perm": [0, 2, 3, 1]})
+        v = op("Transpose", [op("Reshape", [v, parts.heads_shape])], {"perm": [0, 2, 1, 3]})
+        ctx = op("Transpose", [op("MatMul", [parts.probs(q, k), v])], {"perm": [0, 2, 1, 3]})
+        x = op("Add", [x, parts.linear(op("Reshape", [ctx, parts.merge_shape]), f"{p}.attn.c_proj", d, d)])
+        up = parts.linear(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", d, shape.n_ffn)
+        x = op("Add", [x, parts.linear(parts.gelu(up), f"{p}.mlp.c_proj", shape.n_ffn, d)])
+    return x
+
+
+def _dynamo_parts(tape: ir_tape.Tape, w: _Weights, shape: Gpt2Shape, seq: ir.Value) -> _Parts:
+    """The blocks' parts as the dynamo exporter writes GPT-2 (sdpa); makes their constants."""
+    op, d, h, dh = tape.op, shape.hidden, shape.n_heads, shape.head_size
     causal = tape.initializer(ir.tensor(np.tril(np.ones((shape.positions, shape.positions), dtype=bool)),
                                         name="causal_mask"), name="causal_mask")
     zero = w.ints("c_zero", [0])
@@ -157,29 +190,19 @@ def _dynamo_blocks(tape: ir_tape.Tape, w: _Weights, shape: Gpt2Shape, x: ir.Valu
         return op("Add", [op("MatMul", [inp, w.matrix(f"{name}.weight", (n_in, n_out))]),
                           w.matrix(f"{name}.bias", (n_out,))])
 
-    for i in range(shape.layers):
-        p = f"h.{i}"
-        qkv = linear(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", d, 3 * d)
-        q, k, v = tape.op_multi_out("Split", [qkv, w.ints(f"{p}.split", [d, d, d])], {"axis": -1}, num_outputs=3)
-        q = op("Transpose", [op("Reshape", [q, heads_shape])], {"perm": [0, 2, 1, 3]})
-        k = op("Transpose", [op("Reshape", [k, heads_shape])], {"perm": [0, 2, 3, 1]})
-        v = op("Transpose", [op("Reshape", [v, heads_shape])], {"perm": [0, 2, 1, 3]})
+    def probs(q: ir.Value, k: ir.Value) -> ir.Value:
         scores = op("Mul", [op("MatMul", [q, k]), scale])
-        probs = op("Softmax", [op("Where", [mask, scores, neg_inf])], {"axis": -1})
-        ctx = op("Transpose", [op("MatMul", [probs, v])], {"perm": [0, 2, 1, 3]})
-        x = op("Add", [x, linear(op("Reshape", [ctx, merge_shape]), f"{p}.attn.c_proj", d, d)])
-        up = linear(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", d, shape.n_ffn)
-        gelu = op("Mul", [op("Mul", [up, half]), op("Add", [op("Erf", [op("Mul", [up, inv_sqrt2])]), one_f])])
-        x = op("Add", [x, linear(gelu, f"{p}.mlp.c_proj", shape.n_ffn, d)])
-    return x
+        return op("Softmax", [op("Where", [mask, scores, neg_inf])], {"axis": -1})
+
+    def gelu(up: ir.Value) -> ir.Value:
+        return op("Mul", [op("Mul", [up, half]), op("Add", [op("Erf", [op("Mul", [up, inv_sqrt2])]), one_f])])
+
+    return _Parts(linear, probs, gelu, -1, heads_shape, merge_shape)
 
 
-def _torchscript_blocks(tape: ir_tape.Tape, w: _Weights, shape: Gpt2Shape, x: ir.Value, seq: ir.Value,
-                        layer_norm) -> ir.Value:
-    """The transformer blocks as the TorchScript exporter wrote GPT-2 (no past); returns the stream."""
-    op = tape.op
-    d, h = shape.hidden, shape.n_heads
-    dh = d // h
+def _torchscript_parts(tape: ir_tape.Tape, w: _Weights, shape: Gpt2Shape, seq: ir.Value) -> _Parts:
+    """The blocks' parts as the TorchScript exporter wrote GPT-2 (no past); makes their constants."""
+    op, d, h, dh = tape.op, shape.hidden, shape.n_heads, shape.head_size
     # GPT-2's `bias` buffer (bool, [1, 1, positions, positions]) and `masked_bias`
     bias = tape.initializer(ir.tensor(np.tril(np.ones((shape.positions, shape.positions), dtype=bool))[None, None],
                                       name="attn_bias"), name="attn_bias")
@@ -202,27 +225,20 @@ def _torchscript_blocks(tape: ir_tape.Tape, w: _Weights, shape: Gpt2Shape, x: ir
         lead = op("Slice", [op("Shape", [inp]), zero1, first2, axis0])
         return op("Reshape", [y, op("Concat", [lead, w.ints(f"{name}.n_out", [n_out])], {"axis": 0})])
 
-    for i in range(shape.layers):
-        p = f"h.{i}"
-        qkv = conv1d(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", d, 3 * d)
-        q, k, v = tape.op_multi_out("Split", [qkv, w.ints(f"{p}.split", [d, d, d])], {"axis": 2}, num_outputs=3)
-        q = op("Transpose", [op("Reshape", [q, heads_shape])], {"perm": [0, 2, 1, 3]})
-        k = op("Transpose", [op("Reshape", [k, heads_shape])], {"perm": [0, 2, 3, 1]})
-        v = op("Transpose", [op("Reshape", [v, heads_shape])], {"perm": [0, 2, 1, 3]})
+    def probs(q: ir.Value, k: ir.Value) -> ir.Value:
         scores = op("Div", [op("MatMul", [q, k]), sqrt_dh])
         dims = op("Shape", [scores])
         nd = op("Squeeze", [op("Slice", [dims, last2, last1, axis0]), axis0])
         ns = op("Squeeze", [op("Slice", [dims, last1, big, axis0]), axis0])
         rows = op("Slice", [bias, op("Unsqueeze", [op("Sub", [ns, nd]), axis0]), op("Unsqueeze", [ns, axis0]), axis2])
         mask = op("Slice", [rows, zero1, op("Unsqueeze", [ns, axis0]), axis3])
-        probs = op("Softmax", [op("Where", [mask, scores, masked_bias])], {"axis": -1})
-        ctx = op("Reshape", [op("Transpose", [op("MatMul", [probs, v])], {"perm": [0, 2, 1, 3]}), merge_shape])
-        x = op("Add", [x, conv1d(ctx, f"{p}.attn.c_proj", d, d)])
-        up = conv1d(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", d, shape.n_ffn)
+        return op("Softmax", [op("Where", [mask, scores, masked_bias])], {"axis": -1})
+
+    def gelu(up: ir.Value) -> ir.Value:
         inner = op("Mul", [op("Add", [up, op("Mul", [op("Pow", [up, three]), k0447])]), k7978])
-        gelu = op("Mul", [op("Mul", [up, half]), op("Add", [op("Tanh", [inner]), one_f])])
-        x = op("Add", [x, conv1d(gelu, f"{p}.mlp.c_proj", shape.n_ffn, d)])
-    return x
+        return op("Mul", [op("Mul", [up, half]), op("Add", [op("Tanh", [inner]), one_f])])
+
+    return _Parts(conv1d, probs, gelu, 2, heads_shape, merge_shape)
 
 
 def make_inputs(shape: Gpt2Shape, batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:

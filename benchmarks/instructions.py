@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import CACHE, ROOT, ensure_exported, log, machine_info
+from benchmarks.common import CACHE, ROOT, ensure_exported, log, machine_info, results_header
 
 SINGLE_SEGMENTS = 2
 ZERO_FN, DUMP_FN = "getpgrp", "getsid"
@@ -365,16 +365,14 @@ def _pct(triple, digits: int = 2) -> str:
 
 
 def render(results: list[dict], command: str, machine: dict) -> str:
-    lines = ["# Instructions per run under valgrind (callgrind, 1 thread)", "",
-             f"Command: `{command}`  ",
-             f"onnxruntime {machine['onnxruntime']}, onnx_lnfold at git {machine['git_commit']}, {machine['cpu']}  ",
-             f"Run {machine['date']}. Definitions: benchmarks/README.md, section Instruction counts. Every variant "
-             "is counted at two positions in each of the processes; a figure is the median, [the range over "
-             f"every pairing of the counts]; a variant whose counts spread more than {100 * TOLERANCE:g}% fails "
-             "the gate and its row is not trusted.", "",
-             "| model | shape | original (M instr/run) | folded | saved vs re-saved | reachable | share of reachable | "
-             "norm share | re-save effect | widest spread (variant) | trusted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = results_header("Instructions per run under valgrind (callgrind, 1 thread)", command, machine,
+                           "Definitions: benchmarks/README.md, section Instruction counts. Every variant is counted "
+                           "at two positions in each of the processes; a figure is the median, [the range over every "
+                           f"pairing of the counts]; a variant whose counts spread more than {100 * TOLERANCE:g}% "
+                           "fails the gate and its row is not trusted.")
+    lines += ["| model | shape | original (M instr/run) | folded | saved vs re-saved | reachable | share of reachable | "
+              "norm share | re-save effect | widest spread (variant) | trusted |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         p = r["per_run"]
         worst = max(r["gate"], key=r["gate"].get)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ROOT, log, machine_info
+from benchmarks.common import ROOT, log, machine_info, results_header
 
 TRAINED = Path(os.environ.get("LNFOLD_TRAINED_DIR") or ROOT / "models" / "trained")
 RESULTS = ROOT / "benchmarks" / "results" / "trained"
@@ -234,16 +234,15 @@ def _fmt(r: dict) -> str:
 
 
 def render(results: list[dict], command: str, machine: dict) -> str:
-    lines = ["# Trained models: wall clock and kernel time, original vs re-saved vs folded (CPU)", "",
-             f"Command: `{command}`  ",
-             f"onnxruntime {machine['onnxruntime']}, onnx_lnfold at git {machine['git_commit']}, {machine['cpu']}, "
-             f"{machine['cores_usable']} cores usable  ",
-             f"Run {machine['date']}. ORT_ENABLE_ALL, {results[0]['threads'] if results else '?'} intra-op threads, "
-             "spinning off. A ratio > 1: the folded model is faster. Each figure: median over fresh processes "
-             "(each running the three sessions interleaved, created in a rotated order) [bootstrap 95% interval] "
-             "(the range over processes).", "",
-             "| model | precision | original (ms) | original / folded | re-saved / folded | original / re-saved |",
-             "|---|---|---|---|---|---|"]
+    lines = results_header("Trained models: wall clock and kernel time, original vs re-saved vs folded (CPU)", command,
+                           machine,
+                           f"ORT_ENABLE_ALL, {results[0]['threads'] if results else '?'} intra-op threads, spinning "
+                           "off. A ratio > 1: the folded model is faster. Each figure: median over fresh processes "
+                           "(each running the three sessions interleaved, created in a rotated order) [bootstrap 95% "
+                           "interval] (the range over processes).",
+                           hardware=f"{machine['cpu']}, {machine['cores_usable']} cores usable")
+    lines += ["| model | precision | original (ms) | original / folded | re-saved / folded | original / re-saved |",
+              "|---|---|---|---|---|---|"]
     for r in results:
         t = r["timing"]
         lines.append(f"| {r['model']} | {r['precision']} | {t['median_ms']['original']:.1f} | "

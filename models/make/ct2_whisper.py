@@ -149,31 +149,29 @@ def whisper_state_dict(variables: dict[str, np.ndarray]) -> dict[str, np.ndarray
                 put(f"{hf}.{proj}.bias", bias)
         linear(f"{hf}.out_proj", f"{ct2}/{out}")
 
+    def layers(hf_stack: str, stack: str, cross_attention: bool) -> None:
+        """Every layer of the encoder or decoder stack; the decoder's attend to the encoder too."""
+        for i in range(_count_layers(variables, stack)):
+            hf, ct2 = f"{hf_stack}.layers.{i}", f"{stack}/layer_{i}"
+            attention(f"{hf}.self_attn", f"{ct2}/self_attention", fused_qkv=True)
+            layer_norm(f"{hf}.self_attn_layer_norm", f"{ct2}/self_attention/layer_norm")
+            if cross_attention:
+                attention(f"{hf}.encoder_attn", f"{ct2}/attention", fused_qkv=False)
+                layer_norm(f"{hf}.encoder_attn_layer_norm", f"{ct2}/attention/layer_norm")
+            linear(f"{hf}.fc1", f"{ct2}/ffn/linear_0")
+            linear(f"{hf}.fc2", f"{ct2}/ffn/linear_1")
+            layer_norm(f"{hf}.final_layer_norm", f"{ct2}/ffn/layer_norm")
+        layer_norm(f"{hf_stack}.layer_norm", f"{stack}/layer_norm")
+
     enc, dec = "model.encoder", "model.decoder"
     linear(f"{enc}.conv1", "encoder/conv1")
     linear(f"{enc}.conv2", "encoder/conv2")
     put(f"{enc}.embed_positions.weight", variables["encoder/position_encodings/encodings"])
-    for i in range(_count_layers(variables, "encoder")):
-        hf, ct2 = f"{enc}.layers.{i}", f"encoder/layer_{i}"
-        attention(f"{hf}.self_attn", f"{ct2}/self_attention", fused_qkv=True)
-        layer_norm(f"{hf}.self_attn_layer_norm", f"{ct2}/self_attention/layer_norm")
-        linear(f"{hf}.fc1", f"{ct2}/ffn/linear_0")
-        linear(f"{hf}.fc2", f"{ct2}/ffn/linear_1")
-        layer_norm(f"{hf}.final_layer_norm", f"{ct2}/ffn/layer_norm")
-    layer_norm(f"{enc}.layer_norm", "encoder/layer_norm")
+    layers(enc, "encoder", cross_attention=False)
 
     put(f"{dec}.embed_tokens.weight", variables["decoder/embeddings/weight"])
     put(f"{dec}.embed_positions.weight", variables["decoder/position_encodings/encodings"])
-    for i in range(_count_layers(variables, "decoder")):
-        hf, ct2 = f"{dec}.layers.{i}", f"decoder/layer_{i}"
-        attention(f"{hf}.self_attn", f"{ct2}/self_attention", fused_qkv=True)
-        layer_norm(f"{hf}.self_attn_layer_norm", f"{ct2}/self_attention/layer_norm")
-        attention(f"{hf}.encoder_attn", f"{ct2}/attention", fused_qkv=False)
-        layer_norm(f"{hf}.encoder_attn_layer_norm", f"{ct2}/attention/layer_norm")
-        linear(f"{hf}.fc1", f"{ct2}/ffn/linear_0")
-        linear(f"{hf}.fc2", f"{ct2}/ffn/linear_1")
-        layer_norm(f"{hf}.final_layer_norm", f"{ct2}/ffn/layer_norm")
-    layer_norm(f"{dec}.layer_norm", "decoder/layer_norm")
+    layers(dec, "decoder", cross_attention=True)
     put("proj_out.weight", variables["decoder/projection/weight"])
     return state
 

@@ -198,16 +198,13 @@ def _wrapper(model, spec: Spec):
 
 
 def _finalize(path: Path) -> int:
+    """Inline as export_models.py does; one file unless the weights need external data."""
     import onnx
-    import onnx.inliner
 
-    m = onnx.load(str(path), load_external_data=True)
-    if len(m.functions):
-        m = onnx.inliner.inline_local_functions(m)
-        used = {(n.domain, n.op_type) for n in m.graph.node}
-        keep = [f for f in m.functions if (f.domain, f.name) in used]
-        del m.functions[:]
-        m.functions.extend(keep)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from export_models import load_inlined
+
+    m = load_inlined(path)
     for stray in list(path.parent.glob(path.name + "*.data")) + [Path(str(path) + ".data")]:
         if stray.exists():
             stray.unlink()

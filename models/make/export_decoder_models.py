@@ -36,7 +36,7 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -86,7 +86,7 @@ def _decode_step_inputs(batch: int, past: int, seed: int) -> dict[str, np.ndarra
     return feeds
 
 
-class _DecodeStep(torch.nn.Module):
+class _DecodeStep(torch.nn.Module):  # the dynamo export writes forward()'s line number into each node's metadata
     """GPT-2 with its cache as flat tensors in and out (torch.export needs a fixed arity)."""
 
     def __init__(self, model):
@@ -116,6 +116,38 @@ def _check(path: Path, expected: dict[str, np.ndarray], feeds: dict[str, np.ndar
     if not diff < TOL:
         raise RuntimeError(f"{path.name}: onnxruntime differs from torch by {diff:.3g}")
     return diff
+
+
+def _check_merged(name: str, path: Path, out_dir: Path, feeds_for, torch_outputs) -> dict[str, float]:
+    """A merged decoder against torch, through its cached branch (batch 2, 3 tokens after 5 cached)
+    and its uncached one at two sizes; the cached branch's feeds and outputs are saved as the
+    reference. The differences by label."""
+    ref_in = feeds_for(em.REF_BATCH, 3, 5, True)
+    expected = torch_outputs(ref_in)
+    diffs = {"batch2_seq3_past5_cache": _check(path, expected, ref_in)}
+    for batch, seq, label in ((em.REF_BATCH, em.REF_SEQ, "batch2_seq8_nocache"), (em.ALT_BATCH, em.ALT_SEQ, "batch3_seq5_nocache")):
+        feeds = feeds_for(batch, seq, 0, False)
+        diffs[label] = _check(path, torch_outputs(feeds), feeds)
+    np.savez(out_dir / f"{name}.inputs.npz", **ref_in)
+    np.savez(out_dir / f"{name}.outputs.npz", **expected)
+    return diffs
+
+
+@contextlib.contextmanager
+def _saved(model):
+    """A temporary folder with `model` saved in hf/, where optimum's main_export reads it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(f"{tmp}/hf")
+        yield tmp
+
+
+def _optimum_export(tmp: str, output: str, task: str, **options) -> None:
+    """optimum-onnx's main_export of the model `_saved` in `tmp` into tmp/`output`, on CPU, its warnings silenced."""
+    from optimum.exporters.onnx import main_export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        main_export(f"{tmp}/hf", output=f"{tmp}/{output}", task=task, device="cpu", **options)
 
 
 def export_gpt2_kv_cache(out_dir: Path) -> dict:
@@ -156,25 +188,18 @@ def export_gpt2_kv_cache(out_dir: Path) -> dict:
 
 
 def export_gpt2_merged_decoder(out_dir: Path) -> dict:
-    from optimum.exporters.onnx import main_export
     from optimum.exporters.onnx.model_configs import GPT2OnnxConfig
     from optimum.onnx.graph_transformations import merge_decoders
 
     name = "gpt2_merged_decoder"
     model = _build_gpt2(name)
     path = out_dir / f"{name}.onnx"
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(f"{tmp}/hf")
+    with _saved(model) as tmp:
         # The decoder without past must return the cache it starts (optimum's own merged exports
         # did, before optimum-onnx exported one with-past model only): use_past without past inputs.
         no_past = GPT2OnnxConfig(model.config, task="text-generation", use_past=True, use_past_in_inputs=False)
         for task, custom in (("text-generation", {"model": no_past}), ("text-generation-with-past", None)):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                main_export(
-                    f"{tmp}/hf", output=f"{tmp}/{task}", task=task, opset=em.OPSET_DYNAMO, device="cpu",
-                    custom_onnx_configs=custom,
-                )
+            _optimum_export(tmp, task, task, opset=em.OPSET_DYNAMO, custom_onnx_configs=custom)
         merge_decoders(
             f"{tmp}/text-generation/model.onnx", f"{tmp}/text-generation-with-past/model.onnx", strict=False, save_path=path
         )
@@ -194,6 +219,10 @@ def export_gpt2_merged_decoder(out_dir: Path) -> dict:
         }
         for n in _past_names():
             feeds[n] = rng.standard_normal((batch, em.HEADS, past, HEAD_DIM)).astype(np.float32)
+        if not use_cache:
+            # Without the cache the past inputs are ignored (optimum feeds a length-1 placeholder).
+            for n in _past_names():
+                feeds[n] = np.zeros((batch, em.HEADS, 1, HEAD_DIM), dtype=np.float32)
         return {k: feeds[k] for k in graph_inputs}
 
     def torch_outputs(feeds) -> dict[str, np.ndarray]:
@@ -220,17 +249,7 @@ def export_gpt2_merged_decoder(out_dir: Path) -> dict:
             result[f"present.{layer}.key"], result[f"present.{layer}.value"] = keys.numpy(), values.numpy()
         return {k: result[k] for k in outputs}
 
-    ref_in = feeds_for(em.REF_BATCH, 3, 5, True)
-    expected = torch_outputs(ref_in)
-    diffs = {"batch2_seq3_past5_cache": _check(path, expected, ref_in)}
-    # Without the cache the past inputs are ignored (optimum feeds a length-1 placeholder).
-    for batch, seq, label in ((em.REF_BATCH, em.REF_SEQ, "batch2_seq8_nocache"), (em.ALT_BATCH, em.ALT_SEQ, "batch3_seq5_nocache")):
-        feeds = feeds_for(batch, seq, 0, False)
-        for n in _past_names():
-            feeds[n] = np.zeros((batch, em.HEADS, 1, HEAD_DIM), dtype=np.float32)
-        diffs[label] = _check(path, torch_outputs({**feeds, "use_cache_branch": np.array([False])}), feeds)
-    np.savez(out_dir / f"{name}.inputs.npz", **ref_in)
-    np.savez(out_dir / f"{name}.outputs.npz", **expected)
+    diffs = _check_merged(name, path, out_dir, feeds_for, torch_outputs)
     note = "GPT2LMHeadModel, optimum-onnx decoder + decoder with past merged by optimum's merge_decoders (If on use_cache_branch)"
     return _entry(name, merged, path, "optimum-onnx (TorchScript) + merge_decoders", diffs, note)
 
@@ -255,18 +274,11 @@ def _build_whisper(name: str) -> transformers.WhisperForConditionalGeneration:
 
 
 def export_whisper_merged_decoder(out_dir: Path) -> dict:
-    from optimum.exporters.onnx import main_export
-
     name = "whisper_merged_decoder"
     model = _build_whisper(name)
     path = out_dir / f"{name}.onnx"
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(f"{tmp}/hf")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            main_export(
-                f"{tmp}/hf", output=f"{tmp}/onnx", task="automatic-speech-recognition-with-past", device="cpu"
-            )
+    with _saved(model) as tmp:
+        _optimum_export(tmp, "onnx", "automatic-speech-recognition-with-past")
         shutil.copy(f"{tmp}/onnx/decoder_model_merged.onnx", path)
     merged = em.finalize_onnx(path)
 
@@ -319,14 +331,7 @@ def export_whisper_merged_decoder(out_dir: Path) -> dict:
                 result[f"present.{i}.encoder.key"], result[f"present.{i}.encoder.value"] = cross_layer.keys.numpy(), cross_layer.values.numpy()
         return result
 
-    ref_in = feeds_for(em.REF_BATCH, 3, 5, True)
-    expected = torch_outputs(ref_in)
-    diffs = {"batch2_seq3_past5_cache": _check(path, expected, ref_in)}
-    for batch, seq, label in ((em.REF_BATCH, em.REF_SEQ, "batch2_seq8_nocache"), (em.ALT_BATCH, em.ALT_SEQ, "batch3_seq5_nocache")):
-        feeds = feeds_for(batch, seq, 0, False)
-        diffs[label] = _check(path, torch_outputs(feeds), feeds)
-    np.savez(out_dir / f"{name}.inputs.npz", **ref_in)
-    np.savez(out_dir / f"{name}.outputs.npz", **expected)
+    diffs = _check_merged(name, path, out_dir, feeds_for, torch_outputs)
     note = (
         "WhisperForConditionalGeneration decoder, optimum-cli's decoder_model_merged.onnx "
         "(automatic-speech-recognition-with-past: If on use_cache_branch, branches reuse value names)"
@@ -372,13 +377,7 @@ def main(argv=None) -> int:
         # optimum's merge names the weights it deduplicates in set order: the same bytes every run
         # only with string hashing fixed.
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="+", choices=sorted(EXPORTS))
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1]))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(2)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    args, out_dir = em.exporter_args(__doc__, EXPORTS, argv)
     manifest_path = out_dir / "manifest.json"
     source = manifest_path if manifest_path.exists() else Path(__file__).resolve().parents[1] / "manifest.json"
     doc = json.loads(source.read_text())

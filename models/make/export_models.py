@@ -353,8 +353,8 @@ def shape_of(vi: onnx.ValueInfoProto):
 # --------------------------------------------------------------------------- #
 # Export
 # --------------------------------------------------------------------------- #
-def finalize_onnx(path: Path) -> onnx.ModelProto:
-    """Load (with external data), inline local functions, save as one file."""
+def load_inlined(path: Path) -> onnx.ModelProto:
+    """Load (with external data) and inline local functions."""
     m = onnx.load(str(path), load_external_data=True)
     if len(m.functions):
         m = onnx.inliner.inline_local_functions(m)
@@ -363,6 +363,12 @@ def finalize_onnx(path: Path) -> onnx.ModelProto:
         keep = [f for f in m.functions if (f.domain, f.name) in used]
         del m.functions[:]
         m.functions.extend(keep)
+    return m
+
+
+def finalize_onnx(path: Path) -> onnx.ModelProto:
+    """Load (with external data), inline local functions, save as one file."""
+    m = load_inlined(path)
     for t in m.graph.initializer:  # make sure nothing points to external data
         if t.data_location == onnx.TensorProto.EXTERNAL:
             raise RuntimeError(f"initializer {t.name} still external")
@@ -508,6 +514,20 @@ def export_one(spec: Spec, out_dir: Path, tol: float = 1e-3) -> dict:
     if spec.kind == "vision":
         entry["ort_max_abs_diff"] = {f"batch{REF_BATCH}": d_ref, f"batch{ALT_BATCH}": d_alt}
     return entry
+
+
+def exporter_args(doc: str, names, argv=None) -> tuple[argparse.Namespace, Path]:
+    """The command line of the exporters that write into models/ (`--only NAME ...` of `names`, and
+    `--out-dir`, default models/) parsed, torch set to two threads and the folder made: the arguments
+    and the folder."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", choices=sorted(names))
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1]))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return args, out_dir
 
 
 def main(argv=None):

@@ -34,7 +34,6 @@ Usage::
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
@@ -50,7 +49,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_coverage_models import no_packed_sequence_check  # noqa: E402
-from export_models import finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
+from export_models import exporter_args, finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, INTER = 32, 4, 4, 128
 VOCAB, MAX_POS = 320, 64
@@ -356,13 +355,7 @@ def export_artifact(art: Artifact, out_dir: Path, cache: dict) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="+", choices=sorted(ARTIFACTS))
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1]))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(2)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    args, out_dir = exporter_args(__doc__, ARTIFACTS, argv)
     manifest_path = out_dir / "pipeline_manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     models = manifest.get("models", {})
