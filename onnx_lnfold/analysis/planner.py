@@ -148,13 +148,15 @@ def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, s
     why: dict[LnCandidate, Blocked] = {}
     for cand, refusal in dearer.items():
         why[cand] = refusal.at_stage("cost") if cand in possible else first[cand]
-    roots: dict[ir.Value, tuple[int, list[LnCandidate]]] = {}  # centering -> (axis, the LNs its fold needs it for)
+    # centering -> (axis, the LNs whose fold needs it), in a fixed order: an LN needing several is
+    # told of the first (leaves are a set, whose order changes from run to run)
+    roots: dict[ir.Value, tuple[int, list[LnCandidate]]] = {}
     for cand, leaves in possible.items():
-        for leaf in leaves:
+        for leaf in sorted(leaves, key=lambda l: leaf_order(l, names)):
             if leaf.aux:
                 roots.setdefault(leaf.value, (leaf.axis, []))[1].append(cand)
     for root, (axis, lns) in roots.items():
-        held = [c for c in lns if c not in active and c not in dearer and c in blocked]
+        held = [c for c in lns if c not in active and c not in dearer and c in blocked and c not in why]
         if not held:
             continue
         widths = [savings[c][1] for c in lns if c in savings and savings[c][1] is not None]
@@ -175,7 +177,7 @@ def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: 
     rewrite = choose_rewrite(cand, options, shapes, claimed)
     return LnDecision(
         node=cand.name,
-        op_type=cand.kind.value,
+        op_type=str(cand.kind),
         status=FOLDED,
         proof=reason,
         axis=cand.axis,
@@ -190,5 +192,5 @@ def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: 
 
 def _kept(cand: LnCandidate, blocked: Blocked) -> LnDecision:
     return LnDecision(
-        node=cand.name, op_type=cand.kind.value, status=KEPT, axis=cand.axis, epsilon=cand.epsilon, blocked=blocked
+        node=cand.name, op_type=str(cand.kind), status=KEPT, axis=cand.axis, epsilon=cand.epsilon, blocked=blocked
     )

@@ -52,7 +52,7 @@ class LnCandidate:
     ones_scale: tuple[int, ir.DataType] | None = None
 
     @property
-    def kind(self) -> LnKind:
+    def kind(self) -> str:
         return self.form.kind
 
     @property
@@ -78,7 +78,7 @@ class RewriteSite:
 class LnForm:
     """One way a LayerNorm is written. Subclasses answer for their own nodes only."""
 
-    kind: ClassVar[LnKind]
+    kind: ClassVar[str]  # how the plan names the LNs of this form (`LnDecision.op_type`)
     op_type: ClassVar[str | None] = None  # the op it is, if it is one op
     # It normalizes `input + skip` itself: its fold is always SkipSimplifiedLayerNormalization,
     # and shifts of its several inputs add up (the side-effect rule lets them change together).
@@ -177,6 +177,20 @@ def check_unrolled(cand: LnCandidate, shapes: ShapeTable, x: ir.Value, axis: int
             cand.form_problem = Blocked("unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown")
         else:
             cand.ones_scale = (dim, dtype)
+
+
+def shared_intermediate(chain: list[ir.Node], holds: tuple[str, ...]) -> tuple[ir.Node, str, str] | None:
+    """The first node of an unrolled LN's pattern (all but its last) whose output is read outside
+    the pattern or is a graph output, what it holds (`holds`, in pattern order) and how it is read:
+    folding removes these nodes, and their readers need them."""
+    inside = set(chain)
+    for node, what in zip(chain[:-1], holds):
+        out = node.outputs[0]
+        if out.is_graph_output():
+            return node, what, "is a graph output"
+        if any(user not in inside for user, _ in out.uses()):
+            return node, what, "is read outside the pattern"
+    return None
 
 
 def absorbs_own_reads(cand: LnCandidate, node: ir.Node, index: int, axis: int) -> Blocked | dict | None:

@@ -21,6 +21,7 @@ from onnx_lnfold.forms.base import (
     only_use,
     other_input,
     reduce_axis,
+    shared_intermediate,
 )
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -106,7 +107,7 @@ class DecomposedForm(LnForm):
         cand = LnCandidate(self, mean, name, out, scale, beta, axis, epsilon)
         cand.nodes = tuple(chain)
         cand.terms = (Requirement(0, axis),)
-        shared = _shared_intermediate(chain)
+        shared = shared_intermediate(chain, _INTERMEDIATES)
         if shared is not None:
             node, what, how = shared
             if node is mean:
@@ -135,17 +136,3 @@ _INTERMEDIATES = (
     "the standard deviation",
     "1/std",
 )
-
-
-def _shared_intermediate(chain: list[ir.Node]) -> tuple[ir.Node, str, str] | None:
-    """The first node of the pattern (all but its last) whose output is read outside the pattern
-    or is a graph output, what it holds and how it is read: folding removes these nodes, and
-    their readers need them."""
-    inside = set(chain)
-    for node, what in zip(chain[:-1], _INTERMEDIATES):
-        out = node.outputs[0]
-        if out.is_graph_output():
-            return node, what, "is a graph output"
-        if any(user not in inside for user, _ in out.uses()):
-            return node, what, "is read outside the pattern"
-    return None
