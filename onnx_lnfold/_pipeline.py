@@ -136,8 +136,9 @@ def run_pipeline(
 ) -> FoldRun:
     """Fold `model` (owned: changed in place) once. `path` is the file it was read from, if any
     (onnxruntime then reads the original from there). `proof` adds the per-LN proof to the report;
-    `dry_run` stops after the analysis; `destination` stages the folded model there before the
-    check, which then reads the staged file (a model with external data is written once)."""
+    `dry_run` stops after the rewrite, for the node counts (nothing is verified or staged);
+    `destination` stages the folded model there before the check, which then reads the staged file
+    (a model with external data is written once)."""
     progress = progress or Progress(enabled=False)
     started = time.monotonic()
     # What a killed run left (its staged output, its check's copies) goes before this run adds its own.
@@ -156,7 +157,8 @@ def run_pipeline(
         trace = explain(model, plan) if proof else []
         if dry_run:
             skipped = Verification("skipped", "dry run: nothing was changed")
-            report = FoldReport(plan, ops_before, ops_before, skipped, source=source, dry_run=True, trace=trace)
+            apply_plan(model, plan)  # owned: its op counts are the fold's; nothing is written
+            report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, dry_run=True, trace=trace)
             report.notes.extend(swept)
             return FoldRun(model, report)
         if proof:

@@ -76,7 +76,7 @@ class CenteringEdit:
     def __repr__(self) -> str:
         copy = f", untied -> {self.new_name} (+{self.copy_bytes:,} B)" if self.untie else ""
         if self.means_name:
-            copy = f", untied, derived at load -> {self.new_name} (+{self.copy_bytes:,} B of row means)"
+            copy = f", derived at load -> {self.new_name} (+{self.copy_bytes:,} B of row means)"
         return f"<CenteringEdit {self.tensor}: {self.centered_along}, {self.role}{copy}; for {_lns(self.required_by)}>"
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +169,8 @@ class LnDecision:
     # Softmax over the keys removes it").
     beta_sites: tuple[str, ...] = ()
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
+    # Folded with its beta as an Add over the stream: why that runs (what it costs against the LN).
+    cost_note: str | None = None
     # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
     _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
 
@@ -217,6 +219,7 @@ class LnDecision:
             "beta_sites": list(self.beta_sites),
             "blocking_tensor": self.blocking_tensor,
             "residual_add": self.residual_add,
+            "cost_note": self.cost_note,
         }
 
 

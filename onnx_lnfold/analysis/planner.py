@@ -32,7 +32,7 @@ from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.emit.costs import saving
-from onnx_lnfold.emit.targets import centering_refusal, choose_rewrite, cost_nodes, cost_refusal
+from onnx_lnfold.emit.targets import beta_add_note, centering_refusal, choose_rewrite, cost_nodes, cost_refusal
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.forms.recognize import find_in_functions, find_layer_norms
 from onnx_lnfold.shapes.table import ShapeTable
@@ -186,6 +186,7 @@ def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: 
         beta=rewrite.beta.how,  # type: ignore[arg-type]
         beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
         residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
+        cost_note=beta_add_note(rewrite, shapes) if rewrite.beta.how == "add" else None,
         _rewrite=rewrite,
     )
 

@@ -376,6 +376,17 @@ def centering_refusal(root: str, axis: int, width: int | None, lns: int, saved: 
     )
 
 
+def beta_add_note(rewrite: Rewrite, shapes: ShapeTable) -> str:
+    """Why a fold whose beta stays an Add over the stream runs: what it costs against what the
+    original costs ONNX Runtime's CPU EP, by the measured kernel costs."""
+    original, emitted = cost_nodes(rewrite, shapes)
+    figures = f"{total(emitted) / 1e6:.2f}M against {total(original) / 1e6:.2f}M instructions per run at {DECIDING_TOKENS} tokens"
+    what = " + ".join(_NODE_WORDS[kind] for kind, _ in emitted)
+    if costs_more(emitted, original):
+        return f"folded as asked (--fold-costly), though {what} costs more than {_NODE_WORDS[original[0][0]]}: {figures}"
+    return f"it pays: {what} costs less than {_NODE_WORDS[original[0][0]]}: {figures}"
+
+
 def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     """Why folding this LN would cost ONNX Runtime more than the LN, by the measured kernel costs;
     None when it costs less (docs/DESIGN.md section 4.1)."""

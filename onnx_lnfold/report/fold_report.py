@@ -212,10 +212,12 @@ class FoldReport:
             return ["nothing to fold: the model has no LayerNormalization"]
         folded = "would fold" if self.dry_run else "folded"
         lines = [f"LayerNorm nodes: {len(plan.folded)} {folded}, {len(plan.kept)} kept (of {len(plan.decisions)})"]
-        for what, members in _grouped([(_folded_what(d), d) for d in plan.folded]):
+        for (what, note), members in _grouped([((_folded_what(d), d.cost_note), d) for d in plan.folded]):
             lines.append(f"  {len(members)} {folded} {what}:")
             names = ", ".join(d.node + (f" (Add '{d.residual_add}')" if d.residual_add else "") for d in members)
             lines += _wrap(names, " " * 6, " " * 6)
+            if note:
+                lines += _wrap(f"({note})", " " * 7, " " * 6)
         explained = {d.node: kept.explain_kept(d) for d in plan.kept}
         for headline, members in _grouped([(explained[d.node][0], d) for d in plan.kept]):
             lines += _wrap(headline, " " * 4, f"  {len(members)} kept: ")
@@ -250,8 +252,8 @@ class FoldReport:
         for e in edits:
             copy = f"  untied -> {e.new_name} (+{e.copy_bytes:,} B)" if e.untie else ""
             if e.means_name:
-                copy = f"  untied, derived at load (+{e.copy_bytes:,} B of row means)"
-            lines.append(f"  {e.tensor:<{width}}  {e.centered_along:<7}  {e.role}{copy}")
+                copy = f"  derived at load (+{e.copy_bytes:,} B of row means)"
+            lines += _wrap(f"{e.centered_along:<7}  {e.role}{copy}", " " * (4 + width + 4), f"  {e.tensor:<{width}}  ")
             if e.note:
                 lines += _wrap(f"({e.note})", " " * 6, " " * 6)
         for c in plan.centerings:
@@ -291,7 +293,9 @@ class FoldReport:
         lines += self._verification_lines()
         if self.trace:
             lines.append("Proof per LayerNorm (--verbose):")
-            lines += [f"  {line}" for line in self.trace]
+            for line in self.trace:  # indented by the proof itself
+                indent = "  " + line[: len(line) - len(line.lstrip())]
+                lines += _wrap(line.strip(), indent + "    ", indent)
         for note in self.notes:
             lines += _wrap(note, "  ")
         if self.output:

@@ -69,6 +69,14 @@ def explain(model: ir.Model, plan: CenteringPlan, shapes: ShapeTable | None = No
     names = display_names(model.graph)
     position = {node: i for i, node in enumerate(names)}  # display_names lists them in graph order
     lines: list[str] = []
+    said: dict[object, str] = {}  # a producer (by tensor) or a carry op already listed, with its LN
+    order = {d.node: i for i, d in enumerate(plan.decisions)}
+
+    def told_for(lns: set[str]) -> str:
+        """`ln_3`, or `ln_3 and 2 LNs before it`: the size of a line does not grow with depth."""
+        last = max(lns, key=order.__getitem__)
+        return last if len(lns) == 1 else f"{last} and {len(lns) - 1} LN{'s' * (len(lns) > 2)} before it"
+
     for d in plan.decisions:
         head = f"{d.node} ({d.op_type}, axis {d.axis}): {d.status}"
         if not d.folded:
@@ -81,19 +89,36 @@ def explain(model: ir.Model, plan: CenteringPlan, shapes: ShapeTable | None = No
         lines.append(f"{head} -> {d.rewrite}")
         edits = [e for e in plan.edits if d.node in e.required_by]
         centerings = [c for c in plan.centerings if d.node in c.required_by]
+        # Each producer and carry op is told once, for the first LN whose proof has it: a deep
+        # stream's later LNs name those LNs instead of repeating their proofs.
+        earlier = {said[("edit", e.tensor)] for e in edits if ("edit", e.tensor) in said}
         for e in edits:
+            if ("edit", e.tensor) in said:
+                continue
+            said[("edit", e.tensor)] = d.node
             readers = ", ".join(sorted({names.get(n, n.name) for n, _ in e._uses}))
             where = "made exactly zero" if e.axis is None else f"centered along axis {e.axis}"
-            copy = f", as the untied copy '{e.new_name}'" if e.untie else ""
-            lines.append(f"  producer: {e.role} '{e.tensor}' read by {readers}: {where}{copy}")
+            if e.means_name:
+                where += ", read as table - row means (derived at load: no copy in the file)"
+            elif e.untie:
+                where += f", as the untied copy '{e.new_name}'"
+            lines.append(f"  producer: {e.role} '{e.tensor}' read by {readers}: {where}")
+        if earlier:
+            shared = sum(1 for e in edits if said[("edit", e.tensor)] != d.node)
+            lines.append(f"  and {shared} producer(s) told above, for {told_for(earlier)}")
         for c in centerings:
             lines.append(f"  explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis}")
         leaves = {use for e in edits for use in e._uses} | {use for c in centerings for use in c._uses}
         carried = sorted(_carried(d, leaves, shapes), key=position.__getitem__)
-        if carried:
-            lines.append(f"  carried through {len(carried)} op(s): {_names(carried, names)}")
-        else:
+        new = [n for n in carried if ("op", n) not in said]
+        if new:
+            lines.append(f"  carried through {len(new)} op(s): {_names(new, names)}")
+        elif not carried:
             lines.append("  carried through no op: the producers feed the LN directly")
+        if len(new) < len(carried):
+            lns = {said[("op", n)] for n in carried if ("op", n) in said}
+            lines.append(f"  and through {len(carried) - len(new)} op(s) told above, for {told_for(lns)}")
+        said.update((("op", n), d.node) for n in new)
     return lines
 
 

@@ -171,16 +171,16 @@ def test_verbose_trace_names_producers_carry_ops_and_blocks():
     assert "  carried through 2 op(s): Add x2: node_add_14, node_add_22" in lines
     assert "node_layer_norm_1 (LayerNormalization, axis 2): kept" in lines
     assert "  'layer_norm' is produced by LayerNormalization 'node_layer_norm'" in lines
-    # The walk follows the residual stream only: GPT-2's last LN passes 5 Adds and 4 Reshapes.
+    # The walk follows the residual stream only: GPT-2's last LN passes 5 Adds and 4 Reshapes, 2
+    # new ones for each LN after the first; each op and producer is told once, for the first LN
+    # whose proof has it, so the proof grows with the depth, not with its square.
     gpt2 = load_path(MODELS / "gpt2.onnx")
-    carried = [line for line in explain(gpt2, onnx_lnfold.analyze(gpt2)) if "carried through" in line]
-    assert [line.split(":")[0] for line in carried] == [
-        "  carried through 1 op(s)",
-        "  carried through 3 op(s)",
-        "  carried through 5 op(s)",
-        "  carried through 7 op(s)",
-        "  carried through 9 op(s)",
-    ]
+    proof = explain(gpt2, onnx_lnfold.analyze(gpt2))
+    carried = [line.split(":")[0] for line in proof if "carried through" in line]
+    assert carried == ["  carried through 1 op(s)"] + ["  carried through 2 op(s)"] * 4
+    told = [line for line in proof if "told above" in line and "op(s)" in line]
+    assert told[-1] == "  and through 7 op(s) told above, for node_layer_norm_3 and 3 LNs before it"
+    assert sum(1 for line in proof if "producer: Gemm weight 'model.transformer.h.0.attn.c_proj.weight'" in line) == 1
 
 
 def test_the_report_of_fold_carries_elapsed_time():

@@ -203,4 +203,5 @@ def test_the_skip_reasons_are_decided_in_one_place():
     costly = FoldOptions(fold_costly=True)  # the model's one LN keeps its beta as an Add
     dry = _pipeline.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, costly, _pipeline.VerifyRequest(), dry_run=True)
     assert dry.report.verification.reason == "dry run: nothing was changed" and dry.report.dry_run
-    assert dry.report.ops_after == dry.report.ops_before and len(dry.report.plan.folded) == 1
+    assert len(dry.report.plan.folded) == 1  # the node counts are the fold's: the dry run says what it would write
+    assert dry.report.ops_after.get("SimplifiedLayerNormalization") == 1 and "LayerNormalization" not in dry.report.ops_after

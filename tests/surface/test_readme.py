@@ -48,10 +48,16 @@ def test_readme_fold_command(workdir, command):
     assert "Verification (passed" in proc.stdout
 
 
-@pytest.mark.parametrize("block", re.findall(r"```python\n(.*?)```", README, flags=re.S))
-def test_readme_python_blocks(workdir, block, monkeypatch):
+DOCS = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+# Every Python recipe of the README and docs/, as written (a `py` block needs what the suite does not
+# install: Olive, say).
+RECIPES = [(name, block) for name, text in DOCS.items() for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)]
+
+
+@pytest.mark.parametrize("name, block", RECIPES, ids=[f"{name}-{i}" for i, (name, _) in enumerate(RECIPES)])
+def test_documented_python_recipes_run_as_written(workdir, name, block, monkeypatch):
     monkeypatch.chdir(workdir)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, name, "exec"), {})
 
 
 def _elapsed_masked(line: str) -> str:
