@@ -115,6 +115,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta left as an Add "
         "over the stream, say; measured kernel costs): by default they are kept",
     )
+    p.add_argument(
+        "--costs",
+        metavar="COSTS.json",
+        help="decide what pays by the kernel costs in this table (`onnx-lnfold calibrate --provider NAME -o "
+        "COSTS.json`: another execution provider, this machine) instead of the built-in one (ONNX Runtime's CPU "
+        "EP, callgrind instructions)",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument(
         "--rtol",
@@ -278,6 +285,10 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
             way_out = "" if (args.output or args.in_place) else "use -o PATH to write elsewhere"
             _check_writable(destination.parent, "output", way_out)
     inputs = load_inputs(args.inputs) if args.inputs else None
+    if args.costs is not None:
+        from onnx_lnfold.emit.costs import load_table
+
+        load_table(args.costs)  # a bad table is a usage error before any work
 
     progress.phase(f"Loading {source}")
     model = load_path(source)
@@ -294,6 +305,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         tied_weights=args.tied_weights,
         keep_ort_fusions=not args.ignore_ort_fusions,
         fold_costly=args.fold_costly,
+        costs=args.costs,
     )
     check = VerifyRequest(
         enabled=not args.no_verify,

@@ -31,7 +31,6 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
-from onnx_lnfold.emit.costs import saving
 from onnx_lnfold.emit.targets import choose_rewrite, cost_nodes, cost_refusal
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.forms.recognize import find_in_functions, find_layer_norms
@@ -97,7 +96,7 @@ def _priced(
             continue
         would_be = choose_rewrite(cand, judged, shapes, set())
         original, emitted = cost_nodes(would_be, shapes)
-        savings[cand] = (saving(emitted, original), original[0][1])
+        savings[cand] = (would_be.pricing.saving(emitted, original), original[0][1], would_be.pricing)
         refusal = cost_refusal(would_be, shapes)
         if refusal is not None and not options.fold_costly:
             dearer[cand] = refusal

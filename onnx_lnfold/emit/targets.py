@@ -23,8 +23,8 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import constant_of, is_standard, node_label, reads_only_shape
 from onnx_lnfold.core.ops import LAYER_NORM, ONNX_RMS_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
 from onnx_lnfold.core.options import FoldOptions
-from onnx_lnfold.emit.costs import DECIDING_TOKENS, NARROWEST, costs_more, created_bias_pays, fused_residual_pays, total
-from onnx_lnfold.emit.costs import SOURCE as COST_SOURCE
+from onnx_lnfold.emit.costs import NARROWEST, Pricing, default_pricing, table_for
+from onnx_lnfold.emit.pricing import pricing_for
 from onnx_lnfold.emit.softmax_shift import softmax_removes
 from onnx_lnfold.forms import LnCandidate, LnKind, RewriteSite
 from onnx_lnfold.shapes.table import ShapeTable, dims_equal
@@ -48,6 +48,7 @@ class Rewrite:
     taken_in: tuple[ir.Node, ...]  # nodes outside the LN the op replaces too (that Add, a bias Add)
     beta: BetaPlacement  # where beta goes
     out_type: tuple  # inferred (shape, dtype) of the LN output, for tensors the model declares none of
+    pricing: Pricing  # the cost table and the token count this LN's fold is judged at
 
     @property
     def replaced(self) -> set[ir.Node]:
@@ -55,17 +56,19 @@ class Rewrite:
         return set(self.cand.nodes) | set(self.taken_in)
 
 
-def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], mode: str) -> ir.Node | None:
+def _residual_add(
+    cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], mode: str, pricing: Pricing
+) -> ir.Node | None:
     """The residual Add feeding `cand`, if it should become SkipSimplifiedLayerNormalization's sum:
     with "always" any it can take; with "auto" one ONNX Runtime fuses in the original, and only
     where the fused op costs less than `Add + SimplifiedLayerNormalization` (never on CPU:
-    `emit.costs.fused_residual_pays`)."""
+    `emit.costs.Pricing.fused_residual_pays`)."""
     if mode == "never":
         return None
     add = _skip_able_add(cand, shapes)
     if add is None or add in claimed:
         return None
-    if mode == "auto" and not (ort_fuses_residual(cand, shapes) and fused_residual_pays(ln_width(cand, shapes))):
+    if mode == "auto" and not (ort_fuses_residual(cand, shapes) and pricing.fused_residual_pays(ln_width(cand, shapes))):
         return None
     return add
 
@@ -254,7 +257,7 @@ class BetaPlacement:
     why: str | None = None
 
 
-def beta_placement(cand: LnCandidate, shapes: ShapeTable) -> BetaPlacement:
+def beta_placement(cand: LnCandidate, shapes: ShapeTable, pricing: Pricing | None = None) -> BetaPlacement:
     """Where a folded LN's beta goes (docs/DESIGN.md section 4): nowhere ('none'), into its
     consumers ('consumers': every consumer a linear layer whose bias takes `beta @ W`, whose share
     an attention's Softmax removes, or, where that costs less than the Add, that gets a bias
@@ -287,7 +290,8 @@ def beta_placement(cand: LnCandidate, shapes: ShapeTable) -> BetaPlacement:
             sites.append(BetaSite(node, "created"))
             refusals.append(f"{node_label(node)} has no bias, and its share cannot be dropped: {refusal}")
     created = [site.node for site in sites if site.how == "created"]
-    if created and not created_bias_pays([output_width(n) for n in created], ln_width(cand, shapes)):
+    pricing = pricing or default_pricing()
+    if created and not pricing.created_bias_pays([output_width(n) for n in created], ln_width(cand, shapes)):
         return BetaPlacement("add", why="; ".join(refusals) + " (a created bias costs more than the Add)")
     return BetaPlacement("consumers", tuple(sites), "; ".join(refusals) or None)
 
@@ -307,17 +311,18 @@ def _residual_site(add: ir.Node, bias_add: ir.Node | None) -> RewriteSite:
 
 def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, claimed: set[ir.Node]) -> Rewrite:
     """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in."""
-    beta = beta_placement(cand, shapes)
+    pricing = pricing_for(cand, shapes, table_for(options))
+    beta = beta_placement(cand, shapes, pricing)
     out_type = (shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out))
 
     def rewrite(op: str, site: RewriteSite, add: ir.Node | None = None, taken_in: tuple = ()) -> Rewrite:
-        return Rewrite(cand, op, site, add, taken_in, beta, out_type)
+        return Rewrite(cand, op, site, add, taken_in, beta, out_type, pricing)
 
     if cand.form.has_skip:
         return rewrite(SKIP_RMS_OP, cand.form.site(cand))
     if options.target == "onnx":
         return rewrite(ONNX_RMS_OP, cand.form.site(cand))
-    add = _residual_add(cand, shapes, claimed, options.fuse_residual)
+    add = _residual_add(cand, shapes, claimed, options.fuse_residual, pricing)
     if add is None:
         return rewrite(RMS_OP, cand.form.site(cand))
     claimed.add(add)
@@ -335,7 +340,7 @@ _NODE_WORDS = {
 
 def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(original, emitted): the nodes ONNX Runtime's CPU EP runs for this LN before and after
-    the fold, each as (kind of `emit.costs.CPU`, width). The original's `Add + LayerNormalization`
+    the fold, each as (kind of `emit.costs.KINDS`, width). The original's `Add + LayerNormalization`
     counts as the SkipLayerNormalization ORT fuses it into (with the bias Add before it, which
     ORT takes in too); a residual Add that runs in both models is left out of both."""
     cand = rewrite.cand
@@ -357,10 +362,11 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
 
 
 def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
-    """Why folding this LN would cost ONNX Runtime more than the LN, by the measured kernel costs;
-    None when it costs less (docs/DESIGN.md section 4.1)."""
+    """Why folding this LN would cost ONNX Runtime more than the LN, by the measured kernel costs
+    of its pricing's table; None when it costs less (docs/DESIGN.md section 4.1)."""
     original, emitted = cost_nodes(rewrite, shapes)
-    if not costs_more(emitted, original):
+    pricing, table = rewrite.pricing, rewrite.pricing.table
+    if not pricing.costs_more(emitted, original):
         return None
     d = original[0][1]
     norm = [kind for kind, _ in emitted if kind != "BiasAdd"]
@@ -371,8 +377,8 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     what = " + ".join(parts)
     before = _NODE_WORDS[original[0][0]]
     figures = (
-        f"{total(emitted) / 1e6:.2f}M against {total(original) / 1e6:.2f}M instructions per run at "
-        f"{DECIDING_TOKENS} tokens, d={d}"
+        f"{table.figure(pricing.total(emitted))} against {table.figure(pricing.total(original))} {table.unit_words} at "
+        f"{pricing.tokens} tokens, d={d}"
     )
     if rewrite.beta.how == "add":
         head = f"kept: its beta would stay a separate Add over the LN's output ({rewrite.beta.why})"
@@ -380,6 +386,6 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
         head = f"kept: beta would need a created bias ({rewrite.beta.why})"
     return Blocked(
         "costs-more",
-        f"{head}, and {what} costs more than {before} on ONNX Runtime's CPU EP: {figures} ({COST_SOURCE})",
+        f"{head}, and {what} costs more than {before} on {table.provider_words}: {figures} ({table.source})",
         detail=f"{rewrite.beta.why}; {figures}",
     )
