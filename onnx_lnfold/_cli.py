@@ -43,6 +43,13 @@ examples:
       fold into model.lnfold.onnx beside the input, verified in onnxruntime
   {prog} model.onnx --dry-run -v
       write nothing; show what would fold, and the proof for each LayerNorm
+
+subcommands (see {prog} bench --help):
+  {prog} bench ORIGINAL FOLDED [--provider NAME] [--inputs FILE.npz | --input-shape ...]
+      does the fold pay on this model, on this machine: both controls, intervals, a verdict
+  {prog} calibrate --provider NAME -o COSTS.json
+      measure the kernel costs the never-slower rule reads on one provider; fold with --costs COSTS.json
+  (a model file named bench or calibrate is folded, as any model file is)
 """
 
 
@@ -351,6 +358,13 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
 
 
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    from onnx_lnfold.bench.cli import is_subcommand  # argparse alone: the start-up stays light
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if is_subcommand(args):
+        from onnx_lnfold.bench.cli import main as subcommand
+
+        return subcommand(args, prog=program_name())
     try:
         return run(argv, started)
     except VerificationFailed as e:  # the pipeline reports refusals itself; kept for the mapping
