@@ -22,7 +22,7 @@ from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
-from onnx_lnfold.emit.costs import Pricing
+from onnx_lnfold.emit.costs import Saving
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -34,20 +34,20 @@ logger = logging.getLogger(__name__)
 # centering must unlock.
 AUX_MIN_UNLOCKED = 2
 
-# What each LN's fold saves per run (`emit.costs.Pricing.saving`), its width, and the pricing that
-# figure comes from; an LN without an entry saves nothing. None: every LN folds whatever it costs
+# What each LN's fold saves per run (`emit.costs.Saving`: with its spread, its width and the pricing
+# it comes from); an LN without an entry saves nothing. None: every LN folds whatever it costs
 # (`fold_costly`), and a centering is used where it unlocks at least `AUX_MIN_UNLOCKED` LNs.
-Savings = dict[LnCandidate, tuple[float, int | None, Pricing]]
+Savings = dict[LnCandidate, Saving]
 
 
 def _centering_pays(cands, savings: Savings | None) -> bool:
     if savings is None:
         return len(cands) >= AUX_MIN_UNLOCKED
-    priced = sorted((savings[c] for c in cands if c in savings), key=lambda s: s[1] is None)
+    priced = sorted((savings[c] for c in cands if c in savings), key=lambda s: s.width is None)
     if not priced:
         return False
     # The LNs a centering unlocks read the one stream it centers: one width, one token count.
-    return priced[0][2].centering_pays(priced[0][1], [s[0] for s in priced])
+    return priced[0].pricing.centering_pays(priced[0].width, priced)
 
 
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:

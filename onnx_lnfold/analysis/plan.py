@@ -164,6 +164,9 @@ class LnDecision:
     # Softmax over the keys removes it").
     beta_sites: tuple[str, ...] = ()
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
+    # The shape its fold was priced at by the cost rule ("at 1500 tokens (the given inputs)"); None
+    # where it was not priced (kept before the cost rule: its form, a fusion).
+    priced_at: str | None = None
     # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
     _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
 
@@ -212,6 +215,7 @@ class LnDecision:
             "beta_sites": list(self.beta_sites),
             "blocking_tensor": self.blocking_tensor,
             "residual_add": self.residual_add,
+            "priced_at": self.priced_at,
         }
 
 
@@ -224,6 +228,7 @@ class CenteringPlan:
     centerings: list[AuxCentering] = field(default_factory=list)
     target: str = "ort"
     advice: list[str] = field(default_factory=list)  # pipeline advice (which order to run the ORT optimizer in)
+    costs: str | None = None  # the cost table the rule decided by: its file, provider and unit
 
     @property
     def folded(self) -> list[LnDecision]:
@@ -281,4 +286,5 @@ class CenteringPlan:
             "untied_bytes": self.untied_bytes,
             "centerings": [c.to_dict() for c in self.centerings],
             "advice": list(self.advice),
+            "costs": self.costs,
         }

@@ -31,6 +31,7 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.emit.costs import table_for
 from onnx_lnfold.emit.targets import choose_rewrite, cost_nodes, cost_refusal
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.forms.recognize import find_in_functions, find_layer_norms
@@ -74,10 +75,15 @@ def plan_for(
     decisions = []
     for cand in candidates:
         if cand in active:
-            decisions.append(_folded(cand, edits, centerings, options, shapes, names, claimed))
+            decision = _folded(cand, edits, centerings, options, shapes, names, claimed)
         else:
-            decisions.append(_kept(cand, blocked.get(cand) or kept[cand.name].at_stage("cost")))
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)
+            decision = _kept(cand, blocked.get(cand) or kept[cand.name].at_stage("cost"))
+        if cand in savings:
+            decision.priced_at = savings[cand].pricing.words
+        decisions.append(decision)
+    table = table_for(options)
+    costs = f"{table.source} ({table.provider_words}, {table.unit_words})"
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target, costs=costs)
 
 
 def _priced(
@@ -96,7 +102,7 @@ def _priced(
             continue
         would_be = choose_rewrite(cand, judged, shapes, set())
         original, emitted = cost_nodes(would_be, shapes)
-        savings[cand] = (would_be.pricing.saving(emitted, original), original[0][1], would_be.pricing)
+        savings[cand] = would_be.pricing.saving(emitted, original, original[0][1])
         refusal = cost_refusal(would_be, shapes)
         if refusal is not None and not options.fold_costly:
             dearer[cand] = refusal

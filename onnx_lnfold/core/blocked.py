@@ -33,6 +33,7 @@ CODES: dict[str, str] = {
     "fusion-cost": "ONNX Runtime's transformers optimizer fuses the LN into an op with no RMS form (EmbedLayerNormalization)",
     "fusion-lost": "folding would cost a fusion an ONNX Runtime session makes on the original graph",
     "costs-more": "its fold would run nodes that cost ONNX Runtime more than the LN (measured kernel costs)",
+    "cost-unresolved": "its cost table cannot tell its fold from the LN within the spread of its figures: never-slower keeps it",
     # proving the input zero-mean (backward, through producers and carry ops)
     "not-carried": "an op on the way does not carry a zero mean",
     "axes-not-constant": "an op's axes are not constants",

@@ -158,7 +158,7 @@ class CostTable:
     def figure(self, value: float) -> str:
         """A cost as a reason writes it."""
         if self.unit == "instructions":
-            return f"{value / 1e6:.2f}M"
+            return f"{value / 1e6:.2f}M" if abs(value) >= 1e5 else f"{value / 1e3:.1f}k"
         return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
     # -- the file ------------------------------------------------------------------------------------
@@ -264,42 +264,108 @@ def table_for(options) -> CostTable:
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """`emitted` against `original` by one table at one token count, each with its spread."""
+
+    emitted: float
+    original: float
+    spread: float  # how far the difference may be off: the two sides' spreads added
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the table tells the two apart: their difference exceeds its spread."""
+        return abs(self.emitted - self.original) > self.spread
+
+    @property
+    def cheaper(self) -> bool:
+        return self.resolved and self.emitted < self.original
+
+    @property
+    def dearer(self) -> bool:
+        return self.resolved and self.emitted > self.original
+
+
+@dataclass(frozen=True)
+class Saving:
+    """What one LN's fold saves per run (`amount`, with its `spread`), its width, and the pricing
+    those figures come from: what an explicit centering must pay for."""
+
+    amount: float
+    spread: float
+    width: int | None
+    pricing: Pricing
+
+
+@dataclass(frozen=True)
 class Pricing:
     """One table at one deciding token count: what the cost rule reads for one LN (`emit.pricing`
-    finds the token count from the LN's shape)."""
+    finds the token count from the LN's shape).
+
+    The rule, within a table's spread: a change is made only where the table shows it cheaper than
+    what it replaces by more than the two sides' spreads (`pays`: a fold, an explicit centering);
+    where it cannot tell them apart the original stays, since never-slower is a promise and "as
+    fast, within what was measured" is not "faster". Between two forms of one fold (a residual Add
+    fused or not, beta in a created bias or an Add) the cheaper by the central figures is emitted:
+    both are the fold, and the LN was already judged against the original."""
 
     table: CostTable
     tokens: int = DEFAULT_TOKENS
     # Where `tokens` came from, as a reason says it ("the default", "the graph's static shape").
     source: str = "the default"
 
+    @property
+    def words(self) -> str:
+        """`at 1500 tokens (the given inputs)`, and where the count was brought into the measured range."""
+        priced = self.table.priced_tokens(self.tokens)
+        text = f"at {self.tokens} token{'s' if self.tokens != 1 else ''} ({self.source}"
+        if priced != self.tokens:
+            lo, hi = self.table.tokens_range
+            text += f"; priced at {priced}, the {'fewest' if priced == lo else 'most'} the table measured"
+        return text + ")"
+
     def total(self, nodes: list[tuple[str, int]]) -> float:
         return self.table.total(nodes, self.tokens)
 
+    def spread(self, nodes: list[tuple[str, int]]) -> float:
+        return self.table.total_spread(nodes, self.tokens)
+
+    def compare(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> Comparison:
+        return Comparison(self.total(emitted), self.total(original), self.spread(emitted) + self.spread(original))
+
+    def pays(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> bool:
+        """Whether `emitted` costs less than `original` by more than the table's spread."""
+        return self.compare(emitted, original).cheaper
+
     def costs_more(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> bool:
-        """Whether `emitted` costs more than `original`."""
+        """Whether `emitted` costs more than `original` by the central figures."""
         return self.total(emitted) > self.total(original)
 
-    def saving(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> float:
-        """What replacing `original` by `emitted` saves per run."""
-        return self.total(original) - self.total(emitted)
+    def saving(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]], width: int | None = None) -> Saving:
+        """What replacing `original` by `emitted` saves per run, with its spread."""
+        return Saving(self.total(original) - self.total(emitted), self.spread(emitted) + self.spread(original), width, self)
 
     def created_bias_pays(self, widths: list[int], d: int | None) -> bool:
         """Whether Adds of created biases of `widths` (after linear layers that had none: ORT does
         not fuse MatMul + Add on tensors of symbolic shape, and its Gemm with a bias costs more
-        still) cost less than one Add of beta over the LN's output of width `d`."""
+        still) cost less than one Add of beta over the LN's output of width `d` (two forms of one
+        fold: the central figures decide)."""
         if d is None:
             return False
         return self.total([("BiasAdd", w) for w in widths]) < self.total([("BiasAdd", d)])
 
-    def centering_pays(self, width: int | None, savings: list[float]) -> bool:
+    def centering_pays(self, width: int | None, savings: list[Saving]) -> bool:
         """Whether one explicit centering of a [tokens, width] stream costs less than the LNs it
-        unlocks save."""
-        return width is not None and sum(savings) > self.total([("Centering", width)])
+        unlocks save, by more than the spread of both."""
+        if width is None:
+            return False
+        cost = [("Centering", width)]
+        gain = sum(s.amount for s in savings) - self.total(cost)
+        return gain > sum(s.spread for s in savings) + self.spread(cost)
 
     def fused_residual_pays(self, d: int | None) -> bool:
         """Whether SkipSimplifiedLayerNormalization costs less than the residual `Add` followed by
-        SimplifiedLayerNormalization over [tokens, d] (what `--fuse-residual auto` emits)."""
+        SimplifiedLayerNormalization over [tokens, d] (what `--fuse-residual auto` emits; two forms
+        of one fold: the central figures decide)."""
         if d is None:
             return False
         return not self.costs_more([(SKIP_RMS_NORM.op_type, d)], [("Add", d), (RMS_NORM.op_type, d)])
@@ -324,7 +390,11 @@ def costs_more(emitted, original, tokens: int = DEFAULT_TOKENS, table: CostTable
 
 
 def saving(emitted, original, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> float:
-    return default_pricing(table, tokens).saving(emitted, original)
+    return default_pricing(table, tokens).saving(emitted, original).amount
+
+
+def pays(emitted, original, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
+    return default_pricing(table, tokens).pays(emitted, original)
 
 
 def created_bias_pays(widths: list[int], d: int | None, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
@@ -332,7 +402,9 @@ def created_bias_pays(widths: list[int], d: int | None, tokens: int = DEFAULT_TO
 
 
 def centering_pays(width: int | None, savings: list[float], tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
-    return default_pricing(table, tokens).centering_pays(width, savings)
+    """With `savings` as central figures (no spread of their own)."""
+    pricing = default_pricing(table, tokens)
+    return pricing.centering_pays(width, [Saving(s, 0.0, width, pricing) for s in savings])
 
 
 def fused_residual_pays(d: int | None, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:

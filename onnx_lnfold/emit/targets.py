@@ -362,11 +362,14 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
 
 
 def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
-    """Why folding this LN would cost ONNX Runtime more than the LN, by the measured kernel costs
-    of its pricing's table; None when it costs less (docs/DESIGN.md section 4.1)."""
+    """Why folding this LN would not pay, by the measured kernel costs of its pricing's table at the
+    tokens it runs at; None when the fold costs less than the LN by more than the table's spread
+    (docs/DESIGN.md section 4.1). Costs more: code "costs-more"; the table cannot tell the two
+    apart: "cost-unresolved" (the LN stays: never slower)."""
     original, emitted = cost_nodes(rewrite, shapes)
     pricing, table = rewrite.pricing, rewrite.pricing.table
-    if not pricing.costs_more(emitted, original):
+    cmp = pricing.compare(emitted, original)
+    if cmp.cheaper:
         return None
     d = original[0][1]
     norm = [kind for kind, _ in emitted if kind != "BiasAdd"]
@@ -376,16 +379,27 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     parts += [f"an Add of the bias created for {node_label(s.node)}" for s in rewrite.beta.sites if s.how == "created"]
     what = " + ".join(parts)
     before = _NODE_WORDS[original[0][0]]
-    figures = (
-        f"{table.figure(pricing.total(emitted))} against {table.figure(pricing.total(original))} {table.unit_words} at "
-        f"{pricing.tokens} tokens, d={d}"
-    )
     if rewrite.beta.how == "add":
         head = f"kept: its beta would stay a separate Add over the LN's output ({rewrite.beta.why})"
-    else:
+    elif rewrite.beta.why:
         head = f"kept: beta would need a created bias ({rewrite.beta.why})"
+    else:
+        head = "kept"
+    at = f"{pricing.words}, d={d}"
+    if cmp.dearer:
+        figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {at}"
+        return Blocked(
+            "costs-more",
+            f"{head}, and {what} costs more than {before} on {table.provider_words}: {figures} ({table.source})",
+            detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.why else figures,
+        )
+    figures = (
+        f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {at}, "
+        f"a difference within the figures' spread of {table.figure(cmp.spread)}"
+    )
     return Blocked(
-        "costs-more",
-        f"{head}, and {what} costs more than {before} on {table.provider_words}: {figures} ({table.source})",
-        detail=f"{rewrite.beta.why}; {figures}",
+        "cost-unresolved",
+        f"{head}: its cost table cannot tell {what} from {before} on {table.provider_words} ({figures}), and the "
+        f"never-slower rule folds only what it shows cheaper ({table.source})",
+        detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.why else figures,
     )
