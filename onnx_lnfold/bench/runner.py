@@ -77,10 +77,21 @@ def child(plan_path: str) -> int:
         return 3
 
 
+def _preload(ort, provider: str) -> None:
+    """A GPU provider's libraries (CUDA, cuDNN) from the `nvidia` packages, where onnxruntime can load
+    them (`preload_dlls`, onnxruntime >= 1.21); LD_LIBRARY_PATH or the system otherwise."""
+    if provider in DEVICE_OF and hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()
+        except Exception:  # noqa: BLE001 - the session says what is missing, if anything is
+            pass
+
+
 def _child(plan_path: str) -> int:
     import onnxruntime as ort
 
     plan = json.loads(Path(plan_path).read_text())
+    _preload(ort, plan.get("provider", CPU))
     if plan["mode"] == "calibrate":
         from onnx_lnfold.bench.calibrate import measure_child
 
