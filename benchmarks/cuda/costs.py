@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the same steps on the CPU EP at toy sizes")
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-seconds", type=float, default=150.0, help="time cap for both steps (default 150)")
-    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--processes", type=int, default=3, help="bench processes (default 3: the fewest a verdict takes)")
     ap.add_argument("--rounds", type=int, default=10, help="bench rounds per process (default 10)")
     args = ap.parse_args(argv)
     from onnx_lnfold.bench.calibrate import calibrate, costs_text, decisions_text

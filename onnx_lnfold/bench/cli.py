@@ -88,6 +88,8 @@ def calibrate_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                    help="the tensors' type (default float32, as the built-in table)")
     p.add_argument("--samples", metavar="FILE.json", help="also write every wall-clock sample, by process")
+    p.add_argument("--from-samples", metavar="FILE.json", help="make the table from the samples a run kept "
+                   "(--samples), measuring nothing")
     p.add_argument("--quick", action="store_true", help="fewer shapes and rounds: a rehearsal, not a table to fold by")
     return p
 

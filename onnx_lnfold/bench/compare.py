@@ -85,12 +85,18 @@ def profile_variants(files: dict[str, str], feeds: str, work: Path, tag: str, ro
 # The verdict
 # --------------------------------------------------------------------------- #
 FASTER, SLOWER, UNRESOLVED = "faster", "slower", "no change it can resolve"
+# The fewest processes and rounds whose bootstrap interval a verdict rests on: with fewer, the
+# percentile interval of a resampled median is the sample's own range, and says nothing.
+VERDICT_PROCESSES, VERDICT_ROUNDS = 3, 10
 
 
-def verdict(ratios: dict) -> tuple[str, str]:
+def verdict(ratios: dict, processes: int = VERDICT_PROCESSES, rounds: int = VERDICT_ROUNDS) -> tuple[str, str]:
     """(verdict, why in words) from original/folded and re-saved/folded (> 1: the fold is faster)."""
     a, b = ratios["original/folded"], ratios["resaved/folded"]
     resolves = 100 * max(stats.half_width(a), stats.half_width(b))
+    if processes < VERDICT_PROCESSES or rounds < VERDICT_ROUNDS:
+        return UNRESOLVED, (f"{processes} processes x {rounds} rounds are too few for a verdict (it takes "
+                            f"{VERDICT_PROCESSES} x {VERDICT_ROUNDS} at least); the intervals above are shown, not read")
     if a["lo"] > 1 and b["lo"] > 1:
         return FASTER, "the folded model is faster than the original and than its re-saved copy (both intervals above 1)"
     if a["hi"] < 1 and b["hi"] < 1:
@@ -242,7 +248,7 @@ def bench(original: str, folded: str, *, provider: str = CPU, provider_options: 
                                      provider_options) if profile else None)
     result = BenchResult(original, folded, provider, threads, {k: list(v.shape) for k, v in feeds.items()},
                          inputs_from, processes, rounds, timing, profiled)
-    result.verdict, result.why = verdict(timing["ratios"])
+    result.verdict, result.why = verdict(timing["ratios"], processes, rounds)
     control = timing["ratios"]["original/resaved"]
     if control["lo"] > 1 or control["hi"] < 1:
         result.notes.append(f"re-saving alone moved the time (original / re-saved x{control['ratio']:.3f}, interval "

@@ -17,10 +17,12 @@ from onnx_lnfold.emit.costs import KINDS, Cost, CostTable, Point
 def fit_points(points: list[Point]) -> Cost:
     """`fixed + per_token * tokens + per_element * tokens * width` through `points`, least squares
     on the relative error (every shape weighs the same, 1x16 as much as 8x1024), each coefficient
-    to 4 significant digits."""
+    to 4 significant digits. A point whose spread exceeds its value (a noisy wall-clock difference)
+    weighs by its spread instead: it says that little."""
     y = np.array([p.value for p in points], float)
     a = np.array([[1.0, p.tokens, p.tokens * p.width] for p in points], float)
-    w = 1.0 / np.where(np.abs(y) > 0, np.abs(y), 1.0)
+    scale = np.maximum(np.abs(y), np.array([p.spread for p in points], float))
+    w = 1.0 / np.where(scale > 0, scale, 1.0)
     coef, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
     return Cost(*(float(f"{c:.4g}") for c in coef))
 

@@ -27,8 +27,8 @@ _ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.
 def table_path(tmp_path_factory):
     """`onnx-lnfold calibrate --quick` (two widths, two token counts, three rounds, two processes)."""
     out = tmp_path_factory.mktemp("cal") / "costs.json"
-    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", "calibrate", "--quick", "--threads", "1", "-o", str(out)],
-                          capture_output=True, text=True, env=_ENV)
+    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", "calibrate", "--quick", "--threads", "1", "-o", str(out),
+                           "--samples", str(out.with_name("samples.json"))], capture_output=True, text=True, env=_ENV)
     assert proc.returncode == 0, proc.stderr
     assert "What the never-slower rule decides by this table and by the built-in CPU one" in proc.stdout
     assert "  fit: " in proc.stdout
@@ -44,6 +44,17 @@ def test_the_table_prices_every_kind_at_every_measured_shape_with_its_spread(tab
         assert shapes == {(w, t) for w in calibrate.QUICK_WIDTHS for t in calibrate.QUICK_TOKENS}, kind
         assert all(p.spread >= 0 for p in table.points[kind])
     assert "wall clock" in table.measured_by and "2 processes x 3 rounds" in table.measured_by
+
+
+def test_a_table_is_made_again_from_the_samples_it_kept(table_path):
+    again = table_path.with_name("again.json")
+    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", "calibrate", "--from-samples",
+                           str(table_path.with_name("samples.json")), "-o", str(again)], capture_output=True, text=True,
+                          env=_ENV)
+    assert proc.returncode == 0, proc.stderr
+    first, second = costs.load_table(table_path), costs.load_table(again)
+    assert first.costs == second.costs and first.points == second.points
+    assert "(table from " in second.measured_by
 
 
 def test_folding_by_the_calibrated_table_is_deterministic(table_path):

@@ -26,7 +26,7 @@ def test_smoke_writes_a_table_and_benches_the_fold_by_it(tmp_path):
     bench = (tmp_path / "BENCH.md").read_text()
     assert "## gpt2" in bench and "verdict: " in bench and "re-saved / folded" in bench
     result = json.loads((tmp_path / "bench.json").read_text())["results"][0]
-    assert result["provider"] == "CPUExecutionProvider" and result["processes"] == 2
+    assert result["provider"] == "CPUExecutionProvider" and result["processes"] == 3
 
 
 def test_smoke_figures_are_not_written_to_the_cuda_results():
@@ -34,3 +34,16 @@ def test_smoke_figures_are_not_written_to_the_cuda_results():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.cuda.costs", "--smoke", "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, env=_ENV)
     assert proc.returncode == 2 and "not written under" in proc.stderr and not out.exists()
+
+
+def test_the_gpu_host_scripts_find_the_checkout():
+    """Their ROOT is the checkout (they moved one folder down once, and found benchmarks/ instead: the
+    wheels, the trained models and `python -m benchmarks...` then all missed)."""
+    import re
+
+    for script in ("prepare.sh", "run_on_host.sh"):
+        path = ROOT / "benchmarks" / "cuda" / "gpu_host" / script
+        line = next(ln for ln in path.read_text().splitlines() if ln.startswith("ROOT="))
+        expr = re.match(r"ROOT=(\$\(.*\))", line.split("  #")[0]).group(1)
+        out = subprocess.run(["bash", "-c", f"set -- ; echo {expr}", str(path)], capture_output=True, text=True)
+        assert out.stdout.strip() == str(ROOT), script

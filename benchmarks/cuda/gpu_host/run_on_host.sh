@@ -37,7 +37,7 @@
 # REHEARSE_OUT (/tmp/lnfold-rehearse), REHEARSE_TRAINED (1), COSTS_OUT (benchmarks/results/cuda/costs),
 # CUDA_COSTS_SECONDS (150), SWEEP_SECONDS (250).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)  # benchmarks/cuda/gpu_host/ -> the checkout
 cd "$ROOT"
 WHL=${WHL:-.whl}
 SITE=${SITE:-/tmp/site}
