@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx_lnfold.bench.stats import fmt_ratio, ratio_of_medians  # noqa: F401 - the statistics, the package's
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / "cache"
 EXPORTER = ROOT / "models" / "make" / "export_bench_models.py"
@@ -151,28 +153,6 @@ def providers_for(device: str):
     if device == "cuda":
         return [("CUDAExecutionProvider", {}), "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
-
-
-# --------------------------------------------------------------------------- #
-# Statistics
-# --------------------------------------------------------------------------- #
-def ratio_of_medians(a: np.ndarray, b: np.ndarray, n_boot: int = 4000, seed: int = 0) -> dict:
-    """median(a) / median(b) with a paired bootstrap 95% interval (rounds are resampled together:
-    a[i] and b[i] were measured in the same interleaved round)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    n = len(a)
-    point = float(np.median(a) / np.median(b))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    boot = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"ratio": point, "lo": float(lo), "hi": float(hi), "n": n}
-
-
-def fmt_ratio(r: dict | None, digits: int = 3) -> str:
-    if not r:
-        return "-"
-    return f"{r['ratio']:.{digits}f} [{r['lo']:.{digits}f}, {r['hi']:.{digits}f}]"
 
 
 # --------------------------------------------------------------------------- #

@@ -36,6 +36,7 @@ rules read (docs/DESIGN.md section 4). With `--cache-sim`, callgrind also simula
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -48,8 +49,11 @@ from onnx import TensorProto, helper
 
 from benchmarks.common import CACHE, ROOT, log, machine_info, results_header
 from benchmarks.instructions import measure, spread
+from onnx_lnfold.bench.tables import fit_points, make_table, write_table
+from onnx_lnfold.emit.costs import CostTable, Point
 
 EPS = 1e-5
+TABLE = ROOT / "onnx_lnfold" / "emit" / "tables" / "cpu.json"  # the built-in table, written from the results
 VARIANTS = ["ln", "sln", "sln+beta", "beta_add", "center", "add+ln", "add+sln", "skip_sln", "add+sln+beta",
             "skip_sln+beta", "add+ln|sum", "add+sln|sum", "skip_sln|sum", "mm", "mm+bias", "mm+bias|static"]
 
@@ -203,7 +207,7 @@ def added_costs(shape: dict) -> dict[str, float]:
     }
 
 
-# The node kinds of onnx_lnfold.emit.costs.CPU, each as a function of one shape's variant means: what
+# The node kinds of onnx_lnfold.emit.costs.KINDS, each as a function of one shape's variant means: what
 # the node itself costs per run. R (the run's fixed cost: session.run, feeds, fetches) is the one-Add
 # graph less what that Add costs, and is taken out of the one-node graphs.
 KINDS = {
@@ -217,24 +221,43 @@ KINDS = {
 }
 
 
-def node_costs(shape: dict) -> dict[str, float]:
-    """Each node kind's instructions per run at one measured shape."""
-    v = {k: e["mean"] for k, e in shape["variants"].items()}
+def node_costs(shape: dict, process: int | None = None) -> dict[str, float]:
+    """Each node kind's instructions per run at one measured shape (the mean over its processes,
+    or what process `process` counted)."""
+    if process is None:
+        v = {k: e["mean"] for k, e in shape["variants"].items()}
+    else:
+        v = {k: e["per_run"][process] for k, e in shape["variants"].items()}
     r = v["beta_add"] - (v["sln+beta"] - v["sln"])
     return {kind: f(v, r) for kind, f in KINDS.items()}
 
 
-def fit(results: list[dict]) -> dict[str, tuple[float, float, float]]:
-    """Per node kind: (fixed, per_token, per_element) fitted over the shapes, least squares on the
-    relative error (every shape weighs the same, 1x16 as much as 8x1024)."""
-    out = {}
-    for kind in KINDS:
-        y = np.array([node_costs(r)[kind] for r in results])
-        a = np.array([[1.0, r["tokens"], r["tokens"] * r["d"]] for r in results])
-        w = 1.0 / y
-        coef, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
-        out[kind] = tuple(float(f"{c:.4g}") for c in coef)
+def points(results: list[dict]) -> dict[str, list[Point]]:
+    """Per node kind, each measured shape: its cost (mean over the processes) and spread (max - min
+    of what each process counted: every process held every variant)."""
+    out: dict[str, list[Point]] = {kind: [] for kind in KINDS}
+    for r in results:
+        mean = node_costs(r)
+        processes = min(len(e["per_run"]) for e in r["variants"].values())
+        each = [node_costs(r, i) for i in range(processes)]
+        for kind in KINDS:
+            values = [c[kind] for c in each]
+            out[kind].append(Point(r["tokens"], r["d"], mean[kind], max(values) - min(values)))
     return out
+
+
+def fit(results: list[dict]) -> dict[str, tuple[float, float, float]]:
+    """Per node kind: (fixed, per_token, per_element) fitted over the shapes (onnx_lnfold.bench.tables:
+    least squares on the relative error, every shape weighs the same, 1x16 as much as 8x1024)."""
+    return {kind: dataclasses.astuple(fit_points(ps)) for kind, ps in points(results).items()}
+
+
+def table(results: list[dict], command: str, machine: dict) -> CostTable:
+    """The built-in CPU table (onnx_lnfold/emit/tables/cpu.json) these results give."""
+    return make_table(points(results), provider="CPUExecutionProvider", unit="instructions",
+                      source="benchmarks/results/EMISSION_COSTS.md",
+                      measured_by=f"{command} (callgrind, 1 thread, ORT_ENABLE_ALL)",
+                      onnxruntime=machine.get("onnxruntime", ""))
 
 
 def render(results: list[dict], command: str, machine: dict) -> str:
@@ -282,7 +305,7 @@ def render(results: list[dict], command: str, machine: dict) -> str:
                      f"{c['created_bias'] / 1e3:.1f} | {c['centering'] / 1e3:.1f} | "
                      f"{c['centering'] / c['ln_to_sln_saving']:.2f} |")
     table = fit(results)
-    lines += ["", "## Fitted node costs (onnx_lnfold/emit/costs.py reads these)", "",
+    lines += ["", "## Fitted node costs (onnx_lnfold/emit/tables/cpu.json holds these, with each shape and its spread)", "",
               "Instructions per run = fixed + per_token x tokens + per_element x tokens x d, least squares on "
               "the relative error over the shapes above; the largest relative error of the fit over them.", "",
               "| node | fixed | per token | per element | worst fit error |", "|---|---|---|---|---|"]
@@ -316,6 +339,8 @@ def main(argv=None) -> int:
                     help="with --resume, measure these shapes again (64:1x16, say)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "emission_costs.json"))
     ap.add_argument("--md", default=str(ROOT / "benchmarks" / "results" / "EMISSION_COSTS.md"))
+    ap.add_argument("--table", default=str(TABLE),
+                    help="the cost table the fold reads, written from the results (default: the package's)")
     args = ap.parse_args(argv)
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("error: valgrind (with callgrind_control) is not installed", file=sys.stderr)
@@ -343,6 +368,8 @@ def main(argv=None) -> int:
                 Path(args.json).write_text(json.dumps({"command": command.strip(), "machine": machine,
                                                        "results": results}, indent=1))
                 Path(args.md).write_text(render(results, command.strip(), machine))
+    full = json.loads(Path(args.json).read_text())
+    write_table(table(full["results"], full["command"], full["machine"]), args.table)
     print(Path(args.md).read_text())
     return 0
 

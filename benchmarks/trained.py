@@ -5,13 +5,14 @@ in fp32 and after `quantize_dynamic`.
     python models/make/fetch_trained_models.py                     # once: models/trained/
     python -m benchmarks.trained [--models ...] [--processes 5] [--rounds 15] [--threads 2] [--no-int8]
 
-Every ratio is measured side by side in one run: each of `--processes` fresh processes creates the
-three sessions in a rotated order (the creation slot alone has moved a session by up to 5% here:
-field notes), warms each up, then runs them in `--rounds` interleaved rounds, the order rotated every
-round. A process contributes the ratio of its medians; a figure is the median over processes with
-the range over processes and a bootstrap 95% interval (processes resampled). Profiles come from a
-separate process per variant (ORT's profiler, the kernel time of every node, summed per op type,
-median over runs).
+Every ratio is measured side by side in one run, by the code of `onnx-lnfold bench`
+(onnx_lnfold/bench/compare.py): each of `--processes` fresh processes creates the three sessions in
+a rotated order (the creation slot alone has moved a session by up to 5% here: field notes), warms
+each up, then runs them in `--rounds` interleaved rounds, the order rotated every round. A process
+contributes the ratio of its medians; a figure is the median over processes with the range over
+processes and a bootstrap 95% interval (processes resampled, and the paired rounds within each).
+Profiles come from a separate process per variant (ORT's profiler, the kernel time of every node,
+summed per op type, median over runs).
 
 The instruction counts of the same models are `python -m benchmarks.instructions --file MODEL FEEDS`
 (`--feeds-dir DIR` keeps the feeds this script runs each model with).
@@ -25,17 +26,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.common import ROOT, log, machine_info, results_header
+from onnx_lnfold.bench.compare import profile_variants, time_variants
+from onnx_lnfold.bench.stats import fmt_across as _fmt
 
 TRAINED = Path(os.environ.get("LNFOLD_TRAINED_DIR") or ROOT / "models" / "trained")
 RESULTS = ROOT / "benchmarks" / "results" / "trained"
-VARIANTS = ("original", "resaved", "folded")
 WHISPER_PAST = 16  # a decode step after 16 tokens, as models/make/trained_inputs.py's tests run it
 
 sys.path.insert(0, str(ROOT / "models" / "make"))
@@ -111,128 +111,8 @@ def prepare(name: str, work: Path, int8: bool, fold_with: Path | None = None) ->
 
 
 # --------------------------------------------------------------------------- #
-# Child: one fresh process, three sessions, interleaved rounds
-# --------------------------------------------------------------------------- #
-def _options(threads: int, profile: str | None = None):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.log_severity_level = 3
-    if profile:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile
-    return so
-
-
-def child(plan_path: str) -> int:
-    import onnxruntime as ort
-
-    plan = json.loads(Path(plan_path).read_text())
-    with np.load(plan["feeds"]) as z:
-        feeds = {k: z[k] for k in z.files}
-    order = plan["order"]
-    if plan["mode"] == "profile":  # one variant, profiled
-        sess = ort.InferenceSession(plan["files"][order[0]], _options(plan["threads"], plan["profile"]),
-                                    providers=["CPUExecutionProvider"])
-        for _ in range(plan["warmup"] + plan["rounds"]):
-            sess.run(None, feeds)
-        print(json.dumps({"profile": sess.end_profiling()}))
-        return 0
-    sessions = {v: ort.InferenceSession(plan["files"][v], _options(plan["threads"]), providers=["CPUExecutionProvider"])
-                for v in order}  # created in the rotated order
-    for _ in range(plan["warmup"]):
-        for v in order:
-            sessions[v].run(None, feeds)
-    times: dict[str, list[float]] = {v: [] for v in order}
-    for r in range(plan["rounds"]):
-        for v in order[r % len(order):] + order[: r % len(order)]:
-            t0 = time.perf_counter()
-            sessions[v].run(None, feeds)
-            times[v].append(time.perf_counter() - t0)
-    print(json.dumps({"times": times}))
-    return 0
-
-
-def _run_child(plan: dict, work: Path, tag: str) -> dict:
-    path = work / f"plan.{tag}.json"
-    path.write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.trained", "--child", str(path)], cwd=ROOT,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{tag}: {proc.stderr.strip()[-600:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-# --------------------------------------------------------------------------- #
-# Statistics
-# --------------------------------------------------------------------------- #
-def across_processes(values: list[float], n_boot: int = 4000, seed: int = 0) -> dict:
-    """Median of per-process ratios, their range, and a bootstrap 95% interval of the median."""
-    a = np.asarray(values, float)
-    boot = np.median(np.random.default_rng(seed).choice(a, size=(n_boot, len(a))), axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"ratio": float(np.median(a)), "lo": float(lo), "hi": float(hi), "min": float(a.min()),
-            "max": float(a.max()), "per_process": [float(x) for x in a]}
-
-
-def time_variants(files: dict[str, str], feeds: str, work: Path, tag: str, processes: int, rounds: int,
-                  warmup: int, threads: int) -> dict:
-    per_process = []
-    for k in range(processes):
-        order = list(VARIANTS[k % 3:] + VARIANTS[: k % 3])
-        out = _run_child({"mode": "time", "files": files, "feeds": feeds, "order": order, "rounds": rounds,
-                          "warmup": warmup, "threads": threads}, work, f"{tag}.p{k}")
-        per_process.append({v: float(np.median(t)) for v, t in out["times"].items()})
-    ratio = {
-        "original/folded": across_processes([p["original"] / p["folded"] for p in per_process]),
-        "resaved/folded": across_processes([p["resaved"] / p["folded"] for p in per_process]),
-        "original/resaved": across_processes([p["original"] / p["resaved"] for p in per_process]),
-    }
-    median_ms = {v: 1e3 * float(np.median([p[v] for p in per_process])) for v in VARIANTS}
-    return {"median_ms": median_ms, "ratios": ratio, "per_process_median_s": per_process}
-
-
-def op_profile(profile_json: str, runs: int) -> dict[str, float]:
-    """Kernel time per op type, microseconds per run (median over the last `runs` runs)."""
-    events = json.loads(Path(profile_json).read_text())
-    model_runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                        key=lambda e: e["ts"])[-runs:]
-    per_run = [defaultdict(float) for _ in model_runs]
-    starts = [r["ts"] for r in model_runs]
-    for e in events:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
-            continue
-        for i, r in enumerate(model_runs):
-            if starts[i] <= e["ts"] <= r["ts"] + r["dur"]:
-                per_run[i][e.get("args", {}).get("op_name", "?")] += float(e["dur"])
-                break
-    ops = sorted({op for r in per_run for op in r})
-    return {op: float(np.median([r.get(op, 0.0) for r in per_run])) for op in ops}
-
-
-def profile_variants(files: dict[str, str], feeds: str, work: Path, tag: str, rounds: int, warmup: int,
-                     threads: int) -> dict:
-    out = {}
-    for variant in ("original", "folded"):
-        prefix = str(work / f"prof.{tag}.{variant}")
-        res = _run_child({"mode": "profile", "files": files, "feeds": feeds, "order": [variant], "rounds": rounds,
-                          "warmup": warmup, "threads": threads, "profile": prefix}, work, f"{tag}.prof.{variant}")
-        out[variant] = op_profile(res["profile"], rounds)
-        os.remove(res["profile"])
-    return out
-
-
-# --------------------------------------------------------------------------- #
 # Report
 # --------------------------------------------------------------------------- #
-def _fmt(r: dict) -> str:
-    return f"x{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] (processes {r['min']:.3f}-{r['max']:.3f})"
-
-
 def render(results: list[dict], command: str, machine: dict) -> str:
     lines = results_header("Trained models: wall clock and kernel time, original vs re-saved vs folded (CPU)", command,
                            machine,
@@ -304,10 +184,7 @@ def main(argv=None) -> int:
                     "(e.g. `git worktree add /tmp/before COMMIT`): the figures of an earlier version")
     ap.add_argument("--feeds-dir", help="also keep each model's feeds here (NAME.feeds.npz), for "
                     "`python -m benchmarks.instructions --file MODEL FEEDS`")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        return child(args.child)
     if args.processes < 2:
         print("error: --processes must be at least 2: every variant is measured in two processes", file=sys.stderr)
         return 2

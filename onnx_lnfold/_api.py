@@ -25,16 +25,27 @@ from onnx_lnfold.shapes.table import ShapeTable
 
 @takes_option_keywords
 def analyze(
-    model: ModelSource, shapes: ShapeTable | None = None, *, options: FoldOptions | None = None, **option_keywords
+    model: ModelSource,
+    shapes: ShapeTable | None = None,
+    *,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    inputs: dict[str, np.ndarray] | None = None,
+    options: FoldOptions | None = None,
+    **option_keywords,
 ) -> CenteringPlan:
     """Decide, for every LayerNorm, whether it folds and how, and why not; change nothing.
 
     Takes what `fold()` takes. An `onnx_ir.Model` is read as it is (the analysis mutates nothing);
-    a path or a ModelProto is loaded first, with the same one-line errors as `fold()`.
+    a path or a ModelProto is loaded first, with the same one-line errors as `fold()`. `inputs` or
+    `input_shapes`, as `fold()` takes them, say what shapes the model runs at: the cost rule prices
+    each LN at the tokens they give it where the graph does not fix them (docs/DESIGN.md 4.1).
     """
     options = keywords_to_options(options, option_keywords, "analyze")
     if not isinstance(model, ir.Model):
         model, _ = load_model(model)
+    if shapes is None and (inputs is not None or input_shapes):
+        given = _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs).run_shapes
+        shapes = ShapeTable(model, given=given)
     return _pipeline.analyze(model, options, shapes)
 
 

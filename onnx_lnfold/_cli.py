@@ -43,6 +43,13 @@ examples:
       fold into model.lnfold.onnx beside the input, verified in onnxruntime
   {prog} model.onnx --dry-run -v
       write nothing; show what would fold, and the proof for each LayerNorm
+
+subcommands (see {prog} bench --help):
+  {prog} bench ORIGINAL FOLDED [--provider NAME] [--inputs FILE.npz | --input-shape ...]
+      does the fold pay on this model, on this machine: both controls, intervals, a verdict
+  {prog} calibrate --provider NAME -o COSTS.json
+      measure the kernel costs the never-slower rule reads on one provider; fold with --costs COSTS.json
+  (a model file named bench or calibrate is folded, as any model file is)
 """
 
 
@@ -114,6 +121,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta left as an Add "
         "over the stream, say; measured kernel costs): by default they are kept",
+    )
+    p.add_argument(
+        "--costs",
+        metavar="COSTS.json",
+        help="decide what pays by the kernel costs in this table (`onnx-lnfold calibrate --provider NAME -o "
+        "COSTS.json`: another execution provider, this machine) instead of the built-in one (ONNX Runtime's CPU "
+        "EP, callgrind instructions)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument(
@@ -278,6 +292,10 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
             way_out = "" if (args.output or args.in_place) else "use -o PATH to write elsewhere"
             _check_writable(destination.parent, "output", way_out)
     inputs = load_inputs(args.inputs) if args.inputs else None
+    if args.costs is not None:
+        from onnx_lnfold.emit.costs import load_table
+
+        load_table(args.costs)  # a bad table is a usage error before any work
 
     progress.phase(f"Loading {source}")
     model = load_path(source)
@@ -294,6 +312,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         tied_weights=args.tied_weights,
         keep_ort_fusions=not args.ignore_ort_fusions,
         fold_costly=args.fold_costly,
+        costs=args.costs,
     )
     check = VerifyRequest(
         enabled=not args.no_verify,
@@ -339,6 +358,13 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
 
 
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    from onnx_lnfold.bench.cli import is_subcommand  # argparse alone: the start-up stays light
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if is_subcommand(args):
+        from onnx_lnfold.bench.cli import main as subcommand
+
+        return subcommand(args, prog=program_name())
     try:
         return run(argv, started)
     except VerificationFailed as e:  # the pipeline reports refusals itself; kept for the mapping

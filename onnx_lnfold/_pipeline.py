@@ -82,6 +82,14 @@ class VerifyRequest:
     inputs: dict[str, np.ndarray] | None = None
     float64_budget: float = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none)
 
+    @property
+    def run_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The input shapes given (the inputs', else `input_shapes`): the cost rule prices each LN at
+        the tokens they make it run at (`emit.pricing`), whether or not the check runs."""
+        if self.inputs is not None:
+            return {name: tuple(np.shape(array)) for name, array in self.inputs.items()}
+        return dict(self.input_shapes or {})
+
 
 @dataclass
 class FoldRun:
@@ -152,7 +160,7 @@ def run_pipeline(
     original_src = OrtSource(model) if (verifying and path is None) else None
     try:
         progress.phase("Analyzing" if (dry_run or proof) else "Folding")
-        plan = analyze(model, options)
+        plan = analyze(model, options, ShapeTable(model, given=check.run_shapes))
         # From the model as it was: the rewrite removes IR objects the proof walks.
         trace = explain(model, plan) if proof else []
         if dry_run:

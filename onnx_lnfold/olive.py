@@ -71,6 +71,9 @@ class OnnxLnFold(Pass):
             "fold_costly": PassConfigParam(
                 type_=bool, default_value=_DEFAULTS.fold_costly, description="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN"
             ),
+            "costs": PassConfigParam(
+                type_=str, default_value=_DEFAULTS.costs, description="a cost table (onnx-lnfold calibrate -o costs.json) to decide what pays by; default: the built-in CPU one"
+            ),
             "verify": PassConfigParam(
                 type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
             ),

@@ -19,16 +19,20 @@ DRIVERS = {"_api", "_pipeline", "_pass", "_cli"}
 
 
 def test_no_step_imports_a_later_step():
+    """Nor a tool package on top of the steps (`bench`): tools import steps, never the reverse."""
     matrix, later = step_imports.check(step_imports.package_dir())
     assert later == []
     assert sum(map(sum, (c.values() for c in matrix.values()))) > 0  # the check saw the imports
 
 
 def test_the_steps_are_the_package_folders_and_each_says_what_it_takes_and_gives():
+    """Every folder is a step of the pipeline or a tool package on top of it (`bench`), and says
+    what it takes and gives."""
     root = step_imports.package_dir()
     folders = {p.parent.name for p in root.glob("*/__init__.py")}
-    assert folders == set(step_imports.STEPS)
-    for step in step_imports.STEPS:
+    assert folders == set(step_imports.STEPS) | set(step_imports.TOOLS)
+    assert not set(step_imports.STEPS) & set(step_imports.TOOLS)
+    for step in step_imports.STEPS + step_imports.TOOLS:
         doc = importlib.import_module(f"onnx_lnfold.{step}").__doc__
         assert doc and len(doc.split()) >= 20, step
 
@@ -67,3 +71,15 @@ def test_each_normalization_op_is_named_in_core_ops_alone():
     root = step_imports.package_dir()
     naming = {str(p.relative_to(root)) for p in root.rglob("*.py") if names & _string_constants(p)}
     assert naming == {"core/ops.py"}
+
+
+def test_a_step_that_imports_the_tool_package_is_caught(tmp_path):
+    """`bench` sits on top like the drivers: a step importing it is reported as one importing a
+    later step is."""
+    package = tmp_path / "onnx_lnfold"
+    (package / "emit").mkdir(parents=True)
+    (package / "emit" / "x.py").write_text("from onnx_lnfold.bench import tables\nfrom onnx_lnfold.core import ops\n")
+    (package / "bench").mkdir()
+    (package / "bench" / "y.py").write_text("from onnx_lnfold.report import fold_report\n")
+    _, later = step_imports.check(package)
+    assert later == ["onnx_lnfold/emit/x.py:1: emit imports bench, a tool on top of the steps"]

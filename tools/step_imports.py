@@ -4,7 +4,9 @@ and a step may import only the steps before it (and itself).
     python tools/step_imports.py            # the matrix, then any import of a later step (exit 1)
 
 The drivers on top of the steps (`_api`, `_pipeline`, `_pass`, `_cli`, `olive`, `__init__`,
-`__main__`) compose them and may import any. tests/test_layout.py runs this check.
+`__main__`) compose them and may import any; so may the tool packages beside the pipeline (`TOOLS`:
+`bench`, which times models and measures cost tables), which are no step: no step may import them.
+tests/test_layout.py runs this check.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 # The steps in the order the pipeline runs them; shared layers first (docs/DESIGN.md section 7).
 STEPS = ("core", "io", "load", "shapes", "carry", "forms", "emit", "analysis", "apply", "ort_fusions", "verify", "save", "report")
+# Subpackages on top of the steps, like the drivers: they may import any step, and no step imports them.
+TOOLS = ("bench",)
 
 
 def package_dir() -> Path:
@@ -35,7 +39,7 @@ def imported_steps(path: Path) -> list[tuple[str, int]]:
             modules = [a.name for a in node.names]
         for module in modules:
             parts = module.split(".")
-            if parts[0] == "onnx_lnfold" and len(parts) > 1 and parts[1] in STEPS:
+            if parts[0] == "onnx_lnfold" and len(parts) > 1 and parts[1] in STEPS + TOOLS:
                 found.append((parts[1], node.lineno))
     return found
 
@@ -55,6 +59,9 @@ def check(root: Path) -> tuple[dict[str, Counter], list[str]]:
             continue
         for imported, line in imported_steps(path):
             if imported == step:
+                continue
+            if imported in TOOLS:
+                later.append(f"{path.relative_to(root.parent)}:{line}: {step} imports {imported}, a tool on top of the steps")
                 continue
             matrix[step][imported] += 1
             if STEPS.index(imported) > STEPS.index(step):

@@ -1,25 +1,12 @@
 """Where the CUDA sweep's sessions run, and the proof that every node of every timed session ran there.
 
-A session asked for CUDA can end up on the CPU in four ways; each one is closed here:
-
-1. onnxruntime's Python `InferenceSession` retries a session that fails to be created (or a run that
-   fails) on `CPUExecutionProvider` and only prints a banner: sessions are created with
-   `enable_fallback=0`, so the error is raised instead;
-2. an onnxruntime without the CUDA provider (the CPU wheel) warns and builds the session on the CPU:
-   `get_providers()[0]` must be the provider asked for, else `PlacementError`;
-3. nodes without a CUDA kernel go to the CPU EP. For graphs that have no shape arithmetic (the kernel
-   graphs, the probe) CPU fallback is disabled with the session config `session.disable_cpu_ep_fallback`
-   = "1" (kOrtSessionOptionsDisableCPUEPFallback, onnxruntime_session_options_config_keys.h), so
-   InferenceSession::Initialize fails with "This session contains graph nodes that are assigned to the
-   default CPU EP, but fallback to CPU EP has been explicitly disabled by the user."
-   (inference_session.cc), turned into a one-line `PlacementError`;
-4. models with dynamic shapes cannot be created with that config at all: the CUDA EP's GetCapability
-   hands the nodes that compute shapes from `Shape` outputs (Gather, Squeeze, Range, Concat of int64
-   scalars) to the CPU EP on purpose (GetCpuPreferredNodes, fallback_cpu_capability.cc), and the
-   session would be refused. Those sessions are profiled (they are anyway, for kernel time) and every
-   node that ran off the provider asked for must be shape arithmetic: every tensor it read or wrote,
-   in every profiled run, is an integer or bool tensor. Any other node is a `PlacementError` that
-   names it.
+The four ways a session asked for CUDA can end up on the CPU, and the line that closes each, are
+onnx_lnfold/bench/placement.py's (the code `onnx-lnfold bench` and `onnx-lnfold calibrate` run too):
+sessions are created with `enable_fallback=0` and must report the provider asked for first; kernel
+graphs and the probe run with CPU fallback disabled (`session.disable_cpu_ep_fallback` = "1");
+models, whose shape arithmetic onnxruntime keeps on the CPU on purpose, are checked node by node
+from their profile (`check_assignment`). This module adds the sweep's device: its session options,
+IO binding, the probe, the GPU's figures.
 
 On the CPU (`--smoke`) the CPU EP is the provider asked for; the same checks run and pass, and
 tests/benchmarks/test_bench_cuda_smoke.py rehearses their failures by asking for CUDA on a CPU-only onnxruntime.
@@ -34,12 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
-EXPECTED_PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
-DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"  # kOrtSessionOptionsDisableCPUEPFallback
-ORT_CPU_FALLBACK_ERROR = "assigned to the default CPU EP"  # in the Initialize() error quoted above
+from onnx_lnfold.bench.placement import (  # noqa: F401 - the sweep's placement checks are the package's
+    DISABLE_CPU_FALLBACK,
+    SHAPE_TYPES,
+    PlacementError,
+    check_assignment,
+    check_providers,
+    create_session,
+    off_device_nodes,
+)
+from onnx_lnfold.bench.sampling import bind
 
-# Element types of shape arithmetic: a node off the device that only touches these computes shapes.
-SHAPE_TYPES = {"int64", "int32", "bool"}
+EXPECTED_PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 
 # Nominal DRAM bandwidth (GB/s) by GPU name fragment (vendor data sheets), for the share-of-DRAM column.
 NOMINAL_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
@@ -50,10 +43,6 @@ NOMINAL_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350,
 # and H200 enable 50 MB of it.
 L2_BYTES = {"H200": 50 * 2**20, "H100": 50 * 2**20, "A100": 40 * 2**20, "L40S": 96 * 2**20, "L4": 48 * 2**20,
             "A10": 6 * 2**20, "RTX 4090": 72 * 2**20, "B200": 126 * 2**20}
-
-
-class PlacementError(Exception):
-    """A session did not run (entirely) on the provider asked for: the sweep stops, one line says which."""
 
 
 class SweepRefused(Exception):
@@ -104,31 +93,16 @@ class Device:
                 profile_prefix: str | None = None):
         """A session on this device, or PlacementError. `strict`: CPU fallback disabled (graphs
         without shape arithmetic); else the placement is checked after profiling (`check_assignment`)."""
-        so = self.session_options(optimize, strict, profile_prefix)
-        source = model if isinstance(model, (bytes, str)) else str(model)
-        try:
-            # enable_fallback=0: no silent retry on CPUExecutionProvider (onnxruntime_inference_collection.py)
-            sess = self.ort.InferenceSession(source, so, providers=self.providers, enable_fallback=0)
-        except Exception as e:  # noqa: BLE001 - the message is the reason
-            if ORT_CPU_FALLBACK_ERROR in str(e):
-                raise PlacementError(f"{label}: onnxruntime assigned nodes to the CPU EP while "
-                                     f"{self.expected} was asked with CPU fallback disabled "
-                                     f"({DISABLE_CPU_FALLBACK}=1)") from None
-            raise
-        check_providers(sess, self.expected, label)
-        return sess
+        so = self.session_options(optimize, strict, profile_prefix)  # the CPU fallback refused there when strict
+        options = self.providers[0][1] if isinstance(self.providers[0], tuple) else None
+        return create_session(self.ort, model, so, self.expected, options, label)
 
     # ---- device memory ----------------------------------------------------------------------------
     def to_device(self, arr: np.ndarray):
         return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), self.ort_device, 0)
 
     def binding(self, sess, device_feeds: dict):
-        io = sess.io_binding()
-        for name, value in device_feeds.items():
-            io.bind_ortvalue_input(name, value)
-        for out in sess.get_outputs():
-            io.bind_output(out.name, self.ort_device, 0)
-        return io
+        return bind(sess, device_feeds, self.ort_device)
 
     def run_once(self, sess, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         io = self.binding(sess, {k: self.to_device(v) for k, v in feeds.items()})
@@ -160,63 +134,6 @@ class Device:
         info["provider_options"] = sess.get_provider_options().get(self.expected, {})
         info.update(gpu_info())
         return info
-
-
-def check_providers(sess, expected: str, label: str) -> None:
-    got = list(sess.get_providers())
-    if not got or got[0] != expected:
-        raise PlacementError(f"{label}: the session runs on {got[0] if got else 'no provider'}, not {expected} "
-                             f"(providers {', '.join(got)})")
-
-
-# --------------------------------------------------------------------------- #
-# Node placement of sessions that may keep shape arithmetic off the device
-# --------------------------------------------------------------------------- #
-def node_events(events: list[dict]) -> list[dict]:
-    """The profile's per-node kernel events ({"cat": "Node", "name": NODE_kernel_time, "args": {...}})."""
-    out = []
-    for e in events:
-        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
-            continue
-        args = e.get("args", {})
-        types = {t for key in ("input_type_shape", "output_type_shape") for entry in args.get(key, []) or []
-                 for t in (entry if isinstance(entry, dict) else {})}
-        out.append({"node": e["name"][: -len("_kernel_time")], "op": args.get("op_name", ""),
-                    "provider": args.get("provider", ""), "types": types, "ts": e.get("ts", 0), "dur": e.get("dur", 0)})
-    return out
-
-
-def off_device_nodes(profile_events: list[dict], expected: str) -> tuple[list, list]:
-    """(shape nodes, offending nodes) among the nodes that ran off `expected` in the profiled runs: a
-    shape node read and wrote only integer/bool tensors in every run; anything else offends. (The
-    profile, not `get_provider_graph_assignment_info()`: that records the partitioning before the
-    later fusions, so it names nodes that never run and misses the fused ones that do.)"""
-    ran: dict[str, dict] = {}
-    for e in node_events(profile_events):
-        node = ran.setdefault(e["node"], {"node": e["node"], "op": e["op"], "providers": set(), "types": set()})
-        node["providers"].add(e["provider"])
-        node["types"] |= e["types"]
-    shape, offending = [], []
-    for node in ran.values():
-        off = sorted(p for p in node["providers"] if p != expected)
-        if not off:
-            continue
-        entry = {"node": node["node"], "op": node["op"], "provider": off[0], "types": sorted(node["types"])}
-        (shape if node["types"] and node["types"] <= SHAPE_TYPES else offending).append(entry)
-    return shape, offending
-
-
-def check_assignment(sess, profile_events: list[dict], expected: str, label: str) -> list[dict]:
-    """PlacementError if the session is not on `expected`, or if any node that ran off it handled
-    float data; returns the shape nodes onnxruntime kept off the device (recorded with the results)."""
-    check_providers(sess, expected, label)
-    shape, offending = off_device_nodes(profile_events, expected)
-    if offending:
-        o = offending[0]
-        more = f" (+{len(offending) - 1} more)" if len(offending) > 1 else ""
-        raise PlacementError(f"{label}: node '{o['node']}' ({o['op']}) runs on {o['provider']}, not {expected}, "
-                             f"with {', '.join(o['types']) or 'untyped'} data{more}: it would be timed as {expected}")
-    return shape
 
 
 # --------------------------------------------------------------------------- #

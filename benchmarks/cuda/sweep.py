@@ -67,6 +67,8 @@ from benchmarks.cuda.models import (
 )
 from benchmarks.cuda.timing import ProfiledPhase, Timed, calibrate_calls, interleave, rotated
 from benchmarks.gpt2_onnx import Gpt2Shape
+from onnx_lnfold.bench.graphs import chain_model
+from onnx_lnfold.bench.profile import load as load_profile
 
 RESULTS_CUDA = ROOT / "benchmarks" / "results" / "cuda"
 SMOKE_OUT = ROOT / "benchmarks" / "cache" / "cuda_smoke"
@@ -184,11 +186,7 @@ def _ratio(a, b) -> dict | None:
 
 
 def _load_profile(sess) -> list[dict]:
-    path = Path(sess.end_profiling())
-    try:
-        return json.loads(path.read_text())
-    finally:
-        path.unlink(missing_ok=True)
+    return load_profile(sess.end_profiling())
 
 
 def end_profiles(device: Device, sessions: dict, phase: ProfiledPhase, label: str) -> tuple[dict, str, dict]:
@@ -203,51 +201,9 @@ def end_profiles(device: Device, sessions: dict, phase: ProfiledPhase, label: st
 # 1. Kernels
 # --------------------------------------------------------------------------- #
 def _kernel_model(kind: str, hidden: int, dtype: str, repeat: int) -> bytes:
-    """A chain of `repeat` nodes of one kind; each reads the previous node's output (and, for the
-    residual forms, the running sum), so nothing is dead and no node reads a graph input twice."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    np_dtype = np.dtype(dtype)
-    elem = TensorProto.FLOAT16 if np_dtype == np.float16 else TensorProto.FLOAT
-    rng = np.random.default_rng(hidden)
-    inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(hidden)).astype(np_dtype), "gamma"),
-             numpy_helper.from_array((0.1 * rng.standard_normal(hidden)).astype(np_dtype), "beta")]
-    residual = kind in ("add+ln", "add+sln", "skip_ln", "skip_sln")
-    inputs = [helper.make_tensor_value_info("x", elem, [1, "rows", hidden])]
-    if residual:
-        inputs.append(helper.make_tensor_value_info("skip", elem, [1, "rows", hidden]))
-    nodes, x, r, eps = [], "x", "skip", 1e-5
-    for i in range(repeat):
-        y = f"y{i}"
-        if kind == "copy":
-            nodes.append(helper.make_node("Neg", [x], [y]))
-        elif kind == "ln":
-            nodes.append(helper.make_node("LayerNormalization", [x, "gamma", "beta"], [y], axis=-1, epsilon=eps))
-        elif kind == "sln":
-            nodes.append(helper.make_node("SimplifiedLayerNormalization", [x, "gamma"], [y], axis=-1, epsilon=eps))
-        elif kind in ("add+ln", "add+sln"):
-            nodes.append(helper.make_node("Add", [x, r], [f"r{i}"]))
-            norm = (helper.make_node("LayerNormalization", [f"r{i}", "gamma", "beta"], [y], axis=-1, epsilon=eps)
-                    if kind == "add+ln" else
-                    helper.make_node("SimplifiedLayerNormalization", [f"r{i}", "gamma"], [y], axis=-1, epsilon=eps))
-            nodes.append(norm)
-        elif kind == "skip_ln":
-            nodes.append(helper.make_node("SkipLayerNormalization", [x, r, "gamma", "beta"], [y, "", "", f"r{i}"],
-                                          domain="com.microsoft", epsilon=eps))
-        elif kind == "skip_sln":
-            nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, r, "gamma"], [y, "", "", f"r{i}"],
-                                          domain="com.microsoft", epsilon=eps))
-        else:
-            raise ValueError(kind)
-        x, r = y, (f"r{i}" if residual else r)
-    outputs = [helper.make_tensor_value_info(x, elem, [1, "rows", hidden])]
-    if residual:
-        outputs.append(helper.make_tensor_value_info(r, elem, [1, "rows", hidden]))
-    used = {i for n in nodes for i in n.input}
-    graph = helper.make_graph(nodes, f"{kind}_x{repeat}", inputs, outputs, [t for t in inits if t.name in used])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
-    m.ir_version = 9
-    return m.SerializeToString()
+    """A chain of `repeat` nodes of one kind (onnx_lnfold/bench/graphs.py, the calibration's chains);
+    the residual forms carry the running sum from node to node and output it."""
+    return chain_model(kind, hidden, dtype, repeat, residual_chain=True)
 
 
 def bandwidth(kernel_us: dict[str, float | None], tensor_bytes: int, info: dict) -> dict:

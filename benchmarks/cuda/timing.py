@@ -1,6 +1,6 @@
 """Timing for the CUDA sweep: the wall clock of bursts of runs, and the kernels' own time.
 
-Wall clock. A sample is `calls` runs issued back to back without synchronizing the device between
+Wall clock (onnx_lnfold/bench/sampling.py, the code `onnx-lnfold calibrate` times with). A sample is `calls` runs issued back to back without synchronizing the device between
 them (run option `disable_synchronize_execution_providers`), then one synchronized run; sample time /
 (calls + 1). `calls` is one number for every variant of a configuration (`calibrate_calls`: the
 median of several synchronized runs of each variant, the slowest one sets it), so every variant is
@@ -23,7 +23,8 @@ visit `runs` synchronized runs of one session:
   every kernel the device ran in that window, whoever launched it (the GPU host has torch with
   CUDA 13, which ships CUPTI). Used on CUDA when onnxruntime's profile has no `Kernel` events.
 
-Both read the same way (`kernel_us_per_run`): the events of a category inside each visit's window,
+Both read the same way (`kernel_us_per_run`, onnx_lnfold/bench/profile.py, which `onnx-lnfold bench`
+reads its profiles with): the events of a category inside each visit's window,
 summed, divided by the visit's runs. Runs are attributed to visits by counting: onnxruntime writes
 one `model_run` event per Run() (the counter `Timed.runs` counts them the same way).
 """
@@ -32,114 +33,17 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
-
-CALIBRATION_RUNS = 5   # synchronized runs per variant that set `calls`
-MAX_CALLS = 200
-
-
-class Timed:
-    """One session with its inputs and outputs bound on the device."""
-
-    def __init__(self, device, sess, device_feeds: dict):
-        self.sess, self.io = sess, device.binding(sess, device_feeds)
-        self.async_opts = device.ort.RunOptions()
-        self.async_opts.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        self.runs = 0  # Run() calls so far: the index of the next `model_run` event in the profile
-
-    def run_sync(self) -> None:
-        self.sess.run_with_iobinding(self.io)
-        self.runs += 1
-
-    def sample(self, calls: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            self.sess.run_with_iobinding(self.io, self.async_opts)
-        self.sess.run_with_iobinding(self.io)  # synchronizes the device: every queued run has finished
-        self.runs += calls + 1
-        return (time.perf_counter() - t0) / (calls + 1)
-
-    def outputs(self) -> list[np.ndarray]:
-        return self.io.copy_outputs_to_cpu()
-
-
-def rotated(names: list[str], r: int) -> list[str]:
-    i = r % len(names)
-    return names[i:] + names[:i]
-
-
-def calibrate_calls(timed: dict[str, Timed], sample_ms: float, warmup: int, runs: int = CALIBRATION_RUNS) -> dict:
-    """The one `calls` count of a configuration: warm-up, then `runs` synchronized runs of every
-    variant in rotated order; the slowest variant's median sets how many runs fill `sample_ms`."""
-    for t in timed.values():
-        for _ in range(max(1, warmup)):
-            t.run_sync()
-    names = list(timed)
-    per: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(max(1, runs)):
-        for k in rotated(names, r):
-            t0 = time.perf_counter()
-            timed[k].run_sync()
-            per[k].append(time.perf_counter() - t0)
-    run_s = {k: float(np.median(v)) for k, v in per.items()}
-    slowest = max(run_s, key=run_s.get)
-    calls = int(min(MAX_CALLS, max(0, round(sample_ms / 1e3 / max(run_s[slowest], 1e-9)) - 1)))
-    return {"calls": calls, "slowest": slowest, "calibration_runs": runs,
-            "run_ms": {k: v * 1e3 for k, v in run_s.items()}}
-
-
-def interleave(timed: dict[str, Timed], calls: int, min_rounds: int, max_rounds: int,
-               budget_s: float) -> dict[str, np.ndarray]:
-    """Wall-clock samples, every variant once per round, the order rotated each round, every
-    variant with the same `calls`; at least two rounds, so each variant is timed in two positions."""
-    names = list(timed)
-    samples: dict[str, list[float]] = {k: [] for k in names}
-    t_start, r = time.perf_counter(), 0
-    min_rounds = max(2, min_rounds)
-    while r < max(max_rounds, min_rounds) and (r < min_rounds or time.perf_counter() - t_start < budget_s):
-        for k in rotated(names, r):
-            samples[k].append(timed[k].sample(calls))
-        r += 1
-    return {k: np.array(v) for k, v in samples.items()}
+from onnx_lnfold.bench.profile import kernel_events as ort_kernel_events
+from onnx_lnfold.bench.profile import kernel_us_per_run, run_windows
+from onnx_lnfold.bench.runner import rotated  # noqa: F401 - the sweep's round order is the bench's
+from onnx_lnfold.bench.sampling import Timed, calibrate_calls, interleave  # noqa: F401 - the calibration's
 
 
 # --------------------------------------------------------------------------- #
 # Kernel time
 # --------------------------------------------------------------------------- #
-def kernel_us_per_run(events: list[dict], windows: list[tuple[float, float]], categories: set[str],
-                      runs: int, name_suffix: str = "") -> float | None:
-    """Sum of the durations (µs) of the events of `categories` that start inside one of `windows`,
-    divided by `runs`; None when no such event exists (nothing measured, never zero)."""
-    total, found = 0.0, False
-    for e in events:
-        if e.get("cat") not in categories or (name_suffix and not str(e.get("name", "")).endswith(name_suffix)):
-            continue
-        ts = float(e.get("ts", 0))
-        if any(lo <= ts <= hi for lo, hi in windows):
-            total += float(e.get("dur", 0))
-            found = True
-    return total / runs if found else None
-
-
-def ort_kernel_events(events: list[dict], expected_provider: str) -> tuple[set[str], str, str] | None:
-    """(categories, name suffix, source) of the kernel events in onnxruntime's profile, or None."""
-    if any(e.get("cat") == "Kernel" for e in events):
-        return {"Kernel"}, "", "onnxruntime profiler Kernel events (CUPTI)"
-    if expected_provider == "CPUExecutionProvider":
-        return {"Node"}, "_kernel_time", "onnxruntime profiler Node events (CPU EP kernels)"
-    return None
-
-
-def run_windows(events: list[dict]) -> list[tuple[float, float]]:
-    """(start, end) of every Run() in the profile, in order."""
-    runs = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-                  for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-    return runs
-
-
 class ProfiledPhase:
     """The profiled phase of one set of sessions created with `enable_profiling`.
 

@@ -5,7 +5,8 @@ centerings that pay for themselves. Mutates nothing.
 Cost model: an explicit centering costs one ReduceMean + Sub per run, and each LN it unlocks saves
 what its fold saves (LayerNormalization -> SimplifiedLayerNormalization, or ORT's slow fused
 SkipLayerNormalization replaced), by the measured kernel costs of `emit.costs`: a root is kept only when
-the LNs it unlocks save more than it costs over the whole measured range; roots that do not pay are
+the LNs it unlocks save more than it costs, by more than the figures' spread, at the tokens they run
+at; roots that do not pay are
 denied and the fold set is recomputed without them.
 """
 
@@ -22,7 +23,7 @@ from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
-from onnx_lnfold.emit.costs import centering_pays
+from onnx_lnfold.emit.costs import Saving
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -33,17 +34,20 @@ logger = logging.getLogger(__name__)
 # residual Add is such a sum only where nothing else reads it).
 AUX_MIN_UNLOCKED = 2
 
-# What each LN's fold saves per run (`emit.costs.saving`), and its width; an LN without an entry saves
-# nothing. None: every LN folds whatever it costs (`fold_costly`), and a centering is used wherever
-# it unlocks one.
-Savings = dict[LnCandidate, tuple[float, int | None]]
+# What each LN's fold saves per run (`emit.costs.Saving`: with its spread, its width and the pricing
+# it comes from); an LN without an entry saves nothing. None: every LN folds whatever it costs
+# (`fold_costly`), and a centering is used wherever it unlocks one.
+Savings = dict[LnCandidate, Saving]
 
 
 def _centering_pays(cands, savings: Savings | None) -> bool:
     if savings is None:  # folding whatever it costs: any LN it unlocks is reason enough
         return bool(cands)
-    widths = [savings[c][1] for c in cands if c in savings and savings[c][1] is not None]
-    return centering_pays(widths[0] if widths else None, [savings[c][0] for c in cands if c in savings])
+    priced = sorted((savings[c] for c in cands if c in savings), key=lambda s: s.width is None)
+    if not priced:
+        return False
+    # The LNs a centering unlocks read the one stream it centers: one width, one token count.
+    return priced[0].pricing.centering_pays(priced[0].width, priced)
 
 
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:

@@ -171,6 +171,9 @@ class LnDecision:
     residual_add: str | None = None  # the Add fused into a SkipSimplifiedLayerNormalization
     # Folded with its beta as an Add over the stream: why that runs (what it costs against the LN).
     cost_note: str | None = None
+    # The shape its fold was priced at by the cost rule ("at 1500 tokens (the given inputs)"); None
+    # where it was not priced (kept before the cost rule: its form, a fusion).
+    priced_at: str | None = None
     # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
     _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
 
@@ -220,6 +223,7 @@ class LnDecision:
             "blocking_tensor": self.blocking_tensor,
             "residual_add": self.residual_add,
             "cost_note": self.cost_note,
+            "priced_at": self.priced_at,
         }
 
 
@@ -232,6 +236,7 @@ class CenteringPlan:
     centerings: list[AuxCentering] = field(default_factory=list)
     target: str = "ort"
     advice: list[str] = field(default_factory=list)  # pipeline advice (which order to run the ORT optimizer in)
+    costs: str | None = None  # the cost table the rule decided by: its file, provider and unit
 
     @property
     def folded(self) -> list[LnDecision]:
@@ -289,4 +294,5 @@ class CenteringPlan:
             "untied_bytes": self.untied_bytes,
             "centerings": [c.to_dict() for c in self.centerings],
             "advice": list(self.advice),
+            "costs": self.costs,
         }

@@ -31,7 +31,7 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
-from onnx_lnfold.emit.costs import saving
+from onnx_lnfold.emit.costs import table_for
 from onnx_lnfold.emit.targets import beta_add_note, centering_refusal, choose_rewrite, cost_nodes, cost_refusal
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.forms.recognize import find_in_functions, find_layer_norms
@@ -75,10 +75,15 @@ def plan_for(
     decisions = []
     for cand in candidates:
         if cand in active:
-            decisions.append(_folded(cand, edits, centerings, options, shapes, names, claimed))
+            decision = _folded(cand, edits, centerings, options, shapes, names, claimed)
         else:
-            decisions.append(_kept(cand, blocked.get(cand) or kept[cand.name].at_stage("cost")))
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target)
+            decision = _kept(cand, blocked.get(cand) or kept[cand.name].at_stage("cost"))
+        if cand in savings:
+            decision.priced_at = savings[cand].pricing.words
+        decisions.append(decision)
+    table = table_for(options)
+    costs = f"{table.source} ({table.provider_words}, {table.unit_words})"
+    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target, costs=costs)
 
 
 def _priced(
@@ -97,7 +102,7 @@ def _priced(
             continue
         would_be = choose_rewrite(cand, judged, shapes, set())
         original, emitted = cost_nodes(would_be, shapes)
-        savings[cand] = (saving(emitted, original), original[0][1])
+        savings[cand] = would_be.pricing.saving(emitted, original, original[0][1])
         refusal = cost_refusal(would_be, shapes)
         if refusal is not None and not options.fold_costly:
             dearer[cand] = refusal
@@ -159,11 +164,10 @@ def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, s
         held = [c for c in lns if c not in active and c not in dearer and c in blocked and c not in why]
         if not held:
             continue
-        widths = [savings[c][1] for c in lns if c in savings and savings[c][1] is not None]
-        saved = sum(savings[c][0] for c in lns if c in savings and c not in dearer)
+        saved = [savings[c] for c in lns if c in savings and c not in dearer]  # held LNs are among them
         for cand in held:
             constants = sum(not leaf.aux for leaf in possible[cand])
-            refusal = centering_refusal(root.name or "", axis, widths[0] if widths else None, len(lns), saved, constants)
+            refusal = centering_refusal(root.name or "", axis, len(lns), saved, constants)
             why[cand] = refusal.at_stage("cost")
     return why
 

@@ -34,6 +34,7 @@ CODES: dict[str, str] = {
     "fusion-lost": "folding would cost a fusion an ONNX Runtime session makes on the original graph",
     "costs-more": "its fold would run nodes that cost ONNX Runtime more than the LN (measured kernel costs)",
     "centering-costs-more": "its fold needs an explicit centering that costs ONNX Runtime more than the LNs it would unlock save (measured kernel costs)",
+    "cost-unresolved": "its cost table cannot tell its fold from the LN within the spread of its figures: never-slower keeps it",
     # proving the input zero-mean (backward, through producers and carry ops)
     "not-carried": "an op on the way does not carry a zero mean",
     "axes-not-constant": "an op's axes are not constants",

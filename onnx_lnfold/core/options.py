@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,8 @@ class FoldOptions:
     graph, so no LN is kept because folding it would cost an ONNX Runtime fusion.
     `fold_costly=True` folds the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta
     left as an Add over the stream, say), which are kept by default (stage "cost", code "costs-more").
+    `costs` is the path of a cost table (`onnx-lnfold calibrate -o costs.json`) the cost rule
+    decides by instead of the built-in one (ONNX Runtime's CPU EP, callgrind instructions).
     """
 
     target: str = "ort"
@@ -88,12 +91,17 @@ class FoldOptions:
     tied_weights: str = "auto"
     keep_ort_fusions: bool = True
     fold_costly: bool = False
+    costs: str | None = None
 
     def __post_init__(self) -> None:
         # In this order, so a call with several bad values names the same one as before.
         _check_choice("fuse_residual", self.fuse_residual, FUSE_RESIDUAL)
         _check_choice("target", self.target, TARGETS)
         _check_choice("tied_weights", self.tied_weights, TIED_WEIGHTS)
+        if self.costs is not None:
+            if not isinstance(self.costs, (str, os.PathLike)) or not str(self.costs):
+                raise InvalidInput(f"costs must be the path of a cost table file, not {self.costs!r}")
+            object.__setattr__(self, "costs", os.fspath(self.costs))  # read where it is used (emit.costs)
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(FoldOptions))

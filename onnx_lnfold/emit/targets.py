@@ -23,8 +23,8 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import constant_of, is_standard, node_label, reads_only_shape
 from onnx_lnfold.core.ops import LAYER_NORM, ONNX_RMS_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
 from onnx_lnfold.core.options import FoldOptions
-from onnx_lnfold.emit.costs import DECIDING_TOKENS, NARROWEST, costs_more, created_bias_pays, fused_residual_pays, total
-from onnx_lnfold.emit.costs import SOURCE as COST_SOURCE
+from onnx_lnfold.emit.costs import NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
+from onnx_lnfold.emit.pricing import pricing_for
 from onnx_lnfold.emit.softmax_shift import softmax_removes
 from onnx_lnfold.forms import LnCandidate, LnKind, RewriteSite
 from onnx_lnfold.shapes.table import ShapeTable, dims_equal
@@ -48,6 +48,7 @@ class Rewrite:
     taken_in: tuple[ir.Node, ...]  # nodes outside the LN the op replaces too (that Add, a bias Add)
     beta: BetaPlacement  # where beta goes
     out_type: tuple  # inferred (shape, dtype) of the LN output, for tensors the model declares none of
+    pricing: Pricing  # the cost table and the token count this LN's fold is judged at
 
     @property
     def replaced(self) -> set[ir.Node]:
@@ -55,17 +56,19 @@ class Rewrite:
         return set(self.cand.nodes) | set(self.taken_in)
 
 
-def _residual_add(cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], mode: str) -> ir.Node | None:
+def _residual_add(
+    cand: LnCandidate, shapes: ShapeTable, claimed: set[ir.Node], mode: str, pricing: Pricing
+) -> ir.Node | None:
     """The residual Add feeding `cand`, if it should become SkipSimplifiedLayerNormalization's sum:
     with "always" any it can take; with "auto" one ONNX Runtime fuses in the original, and only
     where the fused op costs less than `Add + SimplifiedLayerNormalization` (never on CPU:
-    `emit.costs.fused_residual_pays`)."""
+    `emit.costs.Pricing.fused_residual_pays`)."""
     if mode == "never":
         return None
     add = _skip_able_add(cand, shapes)
     if add is None or add in claimed:
         return None
-    if mode == "auto" and not (ort_fuses_residual(cand, shapes) and fused_residual_pays(ln_width(cand, shapes))):
+    if mode == "auto" and not (ort_fuses_residual(cand, shapes) and pricing.fused_residual_pays(ln_width(cand, shapes))):
         return None
     return add
 
@@ -254,7 +257,7 @@ class BetaPlacement:
     why: str | None = None
 
 
-def beta_placement(cand: LnCandidate, shapes: ShapeTable) -> BetaPlacement:
+def beta_placement(cand: LnCandidate, shapes: ShapeTable, pricing: Pricing | None = None) -> BetaPlacement:
     """Where a folded LN's beta goes (docs/DESIGN.md section 4): nowhere ('none'), into its
     consumers ('consumers': every consumer a linear layer whose bias takes `beta @ W`, whose share
     an attention's Softmax removes, or, where that costs less than the Add, that gets a bias
@@ -287,7 +290,8 @@ def beta_placement(cand: LnCandidate, shapes: ShapeTable) -> BetaPlacement:
             sites.append(BetaSite(node, "created"))
             refusals.append(f"{node_label(node)} has no bias, and its share cannot be dropped: {refusal}")
     created = [site.node for site in sites if site.how == "created"]
-    if created and not created_bias_pays([output_width(n) for n in created], ln_width(cand, shapes)):
+    pricing = pricing or default_pricing()
+    if created and not pricing.created_bias_pays([output_width(n) for n in created], ln_width(cand, shapes)):
         return BetaPlacement("add", why="; ".join(refusals) + " (a created bias costs more than the Add)")
     return BetaPlacement("consumers", tuple(sites), "; ".join(refusals) or None)
 
@@ -307,17 +311,18 @@ def _residual_site(add: ir.Node, bias_add: ir.Node | None) -> RewriteSite:
 
 def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, claimed: set[ir.Node]) -> Rewrite:
     """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in."""
-    beta = beta_placement(cand, shapes)
+    pricing = pricing_for(cand, shapes, table_for(options))
+    beta = beta_placement(cand, shapes, pricing)
     out_type = (shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out))
 
     def rewrite(op: str, site: RewriteSite, add: ir.Node | None = None, taken_in: tuple = ()) -> Rewrite:
-        return Rewrite(cand, op, site, add, taken_in, beta, out_type)
+        return Rewrite(cand, op, site, add, taken_in, beta, out_type, pricing)
 
     if cand.form.has_skip:
         return rewrite(SKIP_RMS_OP, cand.form.site(cand))
     if options.target == "onnx":
         return rewrite(ONNX_RMS_OP, cand.form.site(cand))
-    add = _residual_add(cand, shapes, claimed, options.fuse_residual)
+    add = _residual_add(cand, shapes, claimed, options.fuse_residual, pricing)
     if add is None:
         return rewrite(RMS_OP, cand.form.site(cand))
     claimed.add(add)
@@ -335,7 +340,7 @@ _NODE_WORDS = {
 
 def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(original, emitted): the nodes ONNX Runtime's CPU EP runs for this LN before and after
-    the fold, each as (kind of `emit.costs.CPU`, width). The original's `Add + LayerNormalization`
+    the fold, each as (kind of `emit.costs.KINDS`, width). The original's `Add + LayerNormalization`
     counts as the SkipLayerNormalization ORT fuses it into (with the bias Add before it, which
     ORT takes in too); a residual Add that runs in both models is left out of both."""
     cand = rewrite.cand
@@ -356,42 +361,71 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
     return original, emitted
 
 
-def centering_refusal(root: str, axis: int, width: int | None, lns: int, saved: float, constants: int) -> Blocked:
-    """Why an LN that folds once `root` is centered explicitly stays: the centering costs ONNX
-    Runtime more than the `lns` LNs it would unlock save together (`saved`), by the measured kernel
-    costs (docs/DESIGN.md section 2.3); `constants`: what this LN's proof centers besides. The
-    detail, the same for every LN of that centering, is what the report groups them under."""
-    d = width or NARROWEST
-    cost = total([("Centering", d)])
-    figures = f"{cost / 1e6:.2f}M against {saved / 1e6:.2f}M instructions per run at {DECIDING_TOKENS} tokens, d={d}"
+def centering_refusal(root: str, axis: int, lns: int, savings: list[Saving], constants: int) -> Blocked:
+    """Why an LN that folds once `root` is centered explicitly stays: the centering does not cost
+    less than the LNs it would unlock save together (`savings`, of the `lns` LNs that fold with it,
+    by their pricing) by more than the figures' spread (docs/DESIGN.md section 2.3); `constants`:
+    what this LN's proof centers besides. Costs more: code "centering-costs-more"; within the spread:
+    "cost-unresolved". The detail, the same for every LN of that centering, is what the report
+    groups them under."""
+    pricing = savings[0].pricing
+    table = pricing.table
+    d = next((s.width for s in savings if s.width is not None), None) or NARROWEST
+    cost = [("Centering", d)]
+    cmp = Comparison(
+        pricing.total(cost), sum(s.amount for s in savings), pricing.spread(cost) + sum(s.spread for s in savings)
+    )
+    figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}, d={d}"
     centering = f"'{root}' - ReduceMean over axis {axis}"
     unlocks = f"{lns} LN{'s' * (lns != 1)}"
-    return Blocked(
-        "centering-costs-more",
+    proof = (
         f"kept: its input is zero-mean once {constants} constant(s) are centered and {centering} is inserted (an "
-        f"explicit centering), and that centering costs ONNX Runtime's CPU EP more than the {unlocks} it would "
-        f"unlock save: {figures} ({COST_SOURCE})",
+        "explicit centering)"
+    )
+    if cmp.dearer:
+        return Blocked(
+            "centering-costs-more",
+            f"{proof}, and that centering costs {table.provider_words} more than the {unlocks} it would unlock "
+            f"save: {figures} ({table.source})",
+            root,
+            detail=f"{centering} would unlock {unlocks}, and costs more than they save: {figures}",
+        )
+    figures += f", a difference within the figures' spread of {table.figure(cmp.spread)}"
+    return Blocked(
+        "cost-unresolved",
+        f"{proof}, and its cost table cannot tell that centering from what the {unlocks} it would unlock save on "
+        f"{table.provider_words} ({figures}): the never-slower rule inserts only what it shows cheaper ({table.source})",
         root,
-        detail=f"{centering} would unlock {unlocks}, and costs more than they save: {figures}",
+        detail=f"{centering} would unlock {unlocks}, within the spread of what they save: {figures}",
     )
 
 
 def beta_add_note(rewrite: Rewrite, shapes: ShapeTable) -> str:
-    """Why a fold whose beta stays an Add over the stream runs: what it costs against what the
-    original costs ONNX Runtime's CPU EP, by the measured kernel costs."""
+    """Why a fold whose beta stays an Add over the stream runs: what it costs against the original,
+    by its pricing's table (or that it was asked for, `--fold-costly`, where the table does not
+    show it cheaper)."""
     original, emitted = cost_nodes(rewrite, shapes)
-    figures = f"{total(emitted) / 1e6:.2f}M against {total(original) / 1e6:.2f}M instructions per run at {DECIDING_TOKENS} tokens"
+    pricing, table = rewrite.pricing, rewrite.pricing.table
+    cmp = pricing.compare(emitted, original)
+    figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}"
     what = " + ".join(_NODE_WORDS[kind] for kind, _ in emitted)
-    if costs_more(emitted, original):
-        return f"folded as asked (--fold-costly), though {what} costs more than {_NODE_WORDS[original[0][0]]}: {figures}"
-    return f"it pays: {what} costs less than {_NODE_WORDS[original[0][0]]}: {figures}"
+    before = _NODE_WORDS[original[0][0]]
+    if cmp.cheaper:
+        return f"it pays: {what} costs less than {before} on {table.provider_words}: {figures}"
+    if cmp.dearer:
+        return f"folded as asked (--fold-costly), though {what} costs more than {before}: {figures}"
+    return f"folded as asked (--fold-costly), though its table cannot tell {what} from {before}: {figures}"
 
 
 def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
-    """Why folding this LN would cost ONNX Runtime more than the LN, by the measured kernel costs;
-    None when it costs less (docs/DESIGN.md section 4.1)."""
+    """Why folding this LN would not pay, by the measured kernel costs of its pricing's table at the
+    tokens it runs at; None when the fold costs less than the LN by more than the table's spread
+    (docs/DESIGN.md section 4.1). Costs more: code "costs-more"; the table cannot tell the two
+    apart: "cost-unresolved" (the LN stays: never slower)."""
     original, emitted = cost_nodes(rewrite, shapes)
-    if not costs_more(emitted, original):
+    pricing, table = rewrite.pricing, rewrite.pricing.table
+    cmp = pricing.compare(emitted, original)
+    if cmp.cheaper:
         return None
     d = original[0][1]
     norm = [kind for kind, _ in emitted if kind != "BiasAdd"]
@@ -401,16 +435,27 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     parts += [f"an Add of the bias created for {node_label(s.node)}" for s in rewrite.beta.sites if s.how == "created"]
     what = " + ".join(parts)
     before = _NODE_WORDS[original[0][0]]
-    figures = (
-        f"{total(emitted) / 1e6:.2f}M against {total(original) / 1e6:.2f}M instructions per run at "
-        f"{DECIDING_TOKENS} tokens, d={d}"
-    )
     if rewrite.beta.how == "add":
         head = f"kept: its beta would stay a separate Add over the LN's output ({rewrite.beta.why})"
-    else:
+    elif rewrite.beta.why:
         head = f"kept: beta would need a created bias ({rewrite.beta.why})"
+    else:
+        head = "kept"
+    at = f"{pricing.words}, d={d}"
+    if cmp.dearer:
+        figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {at}"
+        return Blocked(
+            "costs-more",
+            f"{head}, and {what} costs more than {before} on {table.provider_words}: {figures} ({table.source})",
+            detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.why else figures,
+        )
+    figures = (
+        f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {at}, "
+        f"a difference within the figures' spread of {table.figure(cmp.spread)}"
+    )
     return Blocked(
-        "costs-more",
-        f"{head}, and {what} costs more than {before} on ONNX Runtime's CPU EP: {figures} ({COST_SOURCE})",
-        detail=f"{rewrite.beta.why}; {figures}",
+        "cost-unresolved",
+        f"{head}: its cost table cannot tell {what} from {before} on {table.provider_words} ({figures}), and the "
+        f"never-slower rule folds only what it shows cheaper ({table.source})",
+        detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.why else figures,
     )

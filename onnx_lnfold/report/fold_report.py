@@ -233,6 +233,14 @@ class FoldReport:
                     lines += _wrap(explained[d.node][1], " " * 10, " " * 10)
         return lines
 
+    def _pricing_lines(self) -> list[str]:
+        """Which cost table decided, at which shapes (the LNs the cost rule priced)."""
+        priced = Counter(d.priced_at for d in self.plan.decisions if d.priced_at)
+        if not priced or not self.plan.costs:
+            return []
+        shapes = "; ".join(f"{at}: {_plural(n, 'LN')}" for at, n in priced.most_common())
+        return _wrap(f"Priced by {self.plan.costs}, {shapes}", "  ")
+
     def _edit_lines(self) -> list[str]:
         plan = self.plan
         if not plan.edits:
@@ -287,6 +295,7 @@ class FoldReport:
         nodes = _wrap(f"Nodes: {self.nodes_before} -> {self.nodes_after}{counts}", "  ")
         lines += [line.replace("\u00a0", " ") for line in nodes]
         lines += self._layer_norm_lines()
+        lines += self._pricing_lines()
         lines += self._edit_lines()
         for advice in self.plan.advice:  # pipeline order (see _pipeline_order)
             lines += _wrap(advice, "  ")

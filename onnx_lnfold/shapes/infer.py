@@ -522,6 +522,28 @@ def _infer_bodies(model: ir.Model, by_onnx: Inferred, by_ort: Inferred, by_hint:
         by_ort.update(_rebased(symbolic, path, outer, ort_back, f"ort@{label}", ort_shared))
 
 
+def with_input_shapes(model: ir.Model, given: dict[str, tuple[int, ...]]) -> Inferred:
+    """ONNX inference (with data propagation) of the graph with its inputs' shapes fixed to
+    `given` (input name -> shape): the sizes the model runs at, where the graph computes them from
+    its inputs' (a convolution's output length, say). {} where inference fails."""
+    try:
+        proto = stripped(light_proto(model))
+    except Exception as e:  # a model the IR cannot write back cannot be inferred either
+        logger.debug("shape inference skipped: %s", e)
+        return {}
+    for vi in proto.graph.input:
+        shape = given.get(vi.name)
+        if shape is None or not vi.type.HasField("tensor_type"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            continue
+        for dim, size in zip(dims, shape):
+            dim.Clear()
+            dim.dim_value = int(size)
+    return onnx_inference(proto)
+
+
 def infer(model: ir.Model) -> tuple[Inferred, Inferred, Inferred]:
     """(ONNX inference, ONNX Runtime symbolic inference, ONNX inference seeded with the declared
     shapes) of `model`, generated symbols tagged.

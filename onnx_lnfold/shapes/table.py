@@ -31,6 +31,7 @@ from onnx_lnfold.shapes.infer import (
     session_view,
     subgraphs,
     tag,
+    with_input_shapes,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,14 +104,22 @@ _SAME_RANK = {
 
 
 class ShapeTable:
-    """Shapes of the values of one model, inferred from its graph (never written back)."""
+    """Shapes of the values of one model, inferred from its graph (never written back).
 
-    def __init__(self, model: ir.Model):
+    `given`: the shapes of graph inputs the caller runs the model at (the verification inputs, or
+    `--input-shape`), by input name; they bind the input dims' names to sizes (`bindings`) for
+    `concrete`, which the cost rule reads to price an LN at the tokens it runs at. The inferred
+    shapes themselves stay symbolic: the analysis must hold for every size."""
+
+    def __init__(self, model: ir.Model, given: dict[str, tuple[int, ...]] | None = None):
         self._model = model
         self._inferred: tuple[Inferred, Inferred, Inferred] | None = None
         self._shared: set[str] | None = None
         self._memo: dict[ir.Value, Shape | None] = {}
         self._session: Inferred | None = None
+        self._given = dict(given or {})
+        self._at_given: Inferred | None = None  # inference with the given input shapes
+        self.bindings = _bindings(model, self._given)
 
     def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
         if self._inferred is None:
@@ -123,6 +132,7 @@ class ShapeTable:
         """This table for `clone`, an `onnx_ir.Model.clone()` of this model (same names, same
         structure): the inference results are shared, not computed again."""
         table = ShapeTable(clone)
+        table.bindings, table._given, table._at_given = self.bindings, self._given, self._at_given
         table._inferred = self._sources()
         table._shared = self._shared
         table._paths = {id(graph): path for path, graph, _ in subgraphs(clone.graph)}
@@ -164,6 +174,47 @@ class ShapeTable:
         self._memo[value] = shape
         return shape
 
+    def concrete(self, value: ir.Value | None) -> tuple[tuple[int | None, ...], bool] | None:
+        """`value`'s shape with every dim the given input shapes fix made a size, the others None;
+        and whether any dim needed them (False: the graph itself fixes every size that is known).
+        A dim is fixed by them where ONNX inference with the inputs at those shapes finds a size
+        (`shapes.infer.with_input_shapes`: a convolution's output length too), or where it is named
+        after input dims (a product of such names) the given shapes bind."""
+        shape = self.shape(value)
+        if shape is None:
+            return None
+        at_given: Shape | None = None
+        if self._given and not all(isinstance(d, int) for d in shape):
+            if self._at_given is None:
+                self._at_given = with_input_shapes(self._model, self._given)
+            at_given = self._at_given.get(self._key(value), (None, 0))[0]
+            if at_given is not None and len(at_given) != len(shape):
+                at_given = None
+        out: list[int | None] = []
+        bound = False
+        for i, d in enumerate(shape):
+            if isinstance(d, int):
+                out.append(d)
+                continue
+            size = at_given[i] if at_given is not None and isinstance(at_given[i], int) else self._bound_size(d)
+            out.append(size)
+            bound = bound or size is not None
+        return tuple(out), bound
+
+    def _bound_size(self, d: Dim) -> int | None:
+        """A dim named after input dims (or a product of them), as the given shapes bind them."""
+        if not isinstance(d, str) or _generated(d):
+            return None
+        size = 1
+        for f in factors(d):
+            if f.isdigit():
+                size *= int(f)
+            elif f in self.bindings:
+                size *= self.bindings[f]
+            else:
+                return None
+        return size
+
     def session_shape(self, value: ir.Value) -> Shape | None:
         """`value`'s shape as ONNX Runtime's session optimizer sees it (`shapes.infer.session_view`):
         a dim it cannot name is None."""
@@ -201,6 +252,20 @@ class ShapeTable:
             if all(r is not None and r >= 2 for r in ranks):
                 return max(ranks)  # type: ignore[type-var]
         return None
+
+
+def _bindings(model: ir.Model, given: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Input dim name -> size, from the shapes given for the main graph's inputs. A name given two
+    different sizes (two inputs that disagree) binds none."""
+    sizes: dict[str, set[int]] = {}
+    for value in model.graph.inputs:
+        shape = given.get(value.name or "")
+        if shape is None or value.shape is None or len(value.shape) != len(shape):
+            continue
+        for d, size in zip(value.shape, shape):
+            if isinstance(d, ir.SymbolicDim) and d.value:
+                sizes.setdefault(d.value, set()).add(int(size))
+    return {name: next(iter(s)) for name, s in sizes.items() if len(s) == 1}
 
 
 def dims_equal(a: Dim, b: Dim) -> bool:

@@ -46,7 +46,7 @@ def test_a_centering_that_does_not_pay_keeps_its_ln_for_that_cost():
     (kept,) = result.plan.kept
     assert kept.stage == "cost" and kept.code == "centering-costs-more"
     assert kept.blocking_tensor == result.model.graph.node(3).outputs[0].name  # the gate's output
-    assert "would unlock 1 LN" in kept.blocked.detail and "instructions per run at 8192 tokens, d=64" in kept.blocked.detail
+    assert "would unlock 1 LN" in kept.blocked.detail and "instructions per run at 8192 tokens (the default), d=64" in kept.blocked.detail
     text = result.report.format_text()
     assert "kept: (centering-costs-more)" in text
     fold_checked(_gelu_stem(), folded=1, auxiliary_centering=True)

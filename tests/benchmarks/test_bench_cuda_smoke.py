@@ -171,9 +171,9 @@ def test_float_nodes_off_the_device_are_named(tmp_path, monkeypatch):
     with pytest.raises(PlacementError, match="the session runs on CPUExecutionProvider"):
         check_assignment(sess, events, "CUDAExecutionProvider", "gpt2")
     # the node check alone: as if the session reported CUDA first, with these nodes on the CPU EP
-    from benchmarks.cuda import device as cuda_device
+    from onnx_lnfold.bench import placement
 
-    monkeypatch.setattr(cuda_device, "check_providers", lambda *args: None)
+    monkeypatch.setattr(placement, "check_providers", lambda *args: None)
     with pytest.raises(PlacementError) as err:
         check_assignment(sess, events, "CUDAExecutionProvider", "gpt2 folded_auto")
     msg = str(err.value)

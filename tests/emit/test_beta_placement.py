@@ -198,23 +198,32 @@ def test_cost_table_decisions():
 
 
 def test_cost_table_is_the_committed_measurement():
-    """`costs.CPU` is what benchmarks/emission_costs.py fits to its committed results, not numbers
-    typed in by hand (re-measure: python -m benchmarks.emission_costs, then copy the fit)."""
+    """The built-in table (onnx_lnfold/emit/tables/cpu.json) is what benchmarks/emission_costs.py
+    fits to its committed results, every measured shape and its spread included, not numbers typed
+    in by hand (re-measure: python -m benchmarks.emission_costs, which writes the table)."""
     import json
 
-    from benchmarks.emission_costs import fit
+    from benchmarks.emission_costs import fit, table
 
     from conftest import ROOT
 
-    results = json.loads((ROOT / "benchmarks" / "results" / "emission_costs.json").read_text())["results"]
+    committed = json.loads((ROOT / "benchmarks" / "results" / "emission_costs.json").read_text())
+    results = committed["results"]
     assert {(r["d"], r["batch"] * r["seq"]) for r in results} == {
         (d, t) for d in (64, 256, 384, 768, 1024) for t in (16, 128, 1024, 8192)
     }
     fitted = fit(results)
-    assert set(fitted) == set(costs.CPU)
+    assert set(fitted) == set(costs.CPU) == set(costs.KINDS)
     for kind, coefficients in fitted.items():
         cost = costs.CPU[kind]
         assert (cost.fixed, cost.per_token, cost.per_element) == pytest.approx(coefficients, rel=1e-3), kind
+    builtin = costs.builtin_table()
+    expected = table(results, committed["command"], committed["machine"])
+    assert (builtin.provider, builtin.unit, builtin.source) == ("CPUExecutionProvider", "instructions", costs.SOURCE)
+    for kind in costs.KINDS:
+        assert [(p.tokens, p.width) for p in builtin.points[kind]] == [(p.tokens, p.width) for p in expected.points[kind]]
+        for got, want in zip(builtin.points[kind], expected.points[kind]):
+            assert (got.value, got.spread) == pytest.approx((want.value, want.spread), rel=1e-6), kind
 
 
 @pytest.mark.parametrize("named", [True, False])

@@ -240,7 +240,7 @@ def test_the_pass_repr_names_its_options_and_its_last_run():
     fold_pass = onnx_lnfold.LnFoldPass(tied_weights="center", auxiliary_centering=False)
     assert repr(fold_pass) == (
         "<LnFoldPass target=ort auxiliary_centering=False fuse_residual=auto tied_weights=center keep_ort_fusions=True "
-        "fold_costly=False; not run yet>"
+        "fold_costly=False costs=None; not run yet>"
     )
     ir.passes.PassManager([fold_pass])(ir.load(str(MODELS / "opt_post_ln.onnx")))
     assert repr(fold_pass).endswith("; last run: 0/4 LNs folded, 4 kept>")

@@ -360,12 +360,20 @@ runpy.run_module("onnx_lnfold", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("args", [["-V"], ["--help"], ["--bogus"], ["m.onnx", "--target", "tpu"]])
+@pytest.mark.parametrize(
+    "args",
+    [["-V"], ["--help"], ["--bogus"], ["m.onnx", "--target", "tpu"], ["bench", "--help"], ["calibrate", "--help"],
+     ["bench", "a.onnx"], ["calibrate", "--bogus"]],
+)
 def test_version_help_and_usage_errors_import_nothing_heavy(tmp_path, args):
-    """They answer before numpy, onnx and onnx_ir are imported (about a second of start-up)."""
+    """They answer before numpy, onnx and onnx_ir are imported (about a second of start-up); the
+    subcommands' too."""
     code, out, err = _run_in(tmp_path, "-c", _MODULES_AT_EXIT, *args)
-    assert code == (0 if args[0] in ("-V", "--help") else 2), err
+    assert code == (0 if "--help" in args or args == ["-V"] else 2), err
     assert err.splitlines()[-1] == "heavy: []"
+    if args[0] in ("bench", "calibrate"):
+        assert out.startswith(f"usage: onnx-lnfold {args[0]}") if "--help" in args else len(err.splitlines()) == 2
+        return
     assert out.startswith("onnx_lnfold 0." if args == ["-V"] else "usage: onnx-lnfold" if args == ["--help"] else "")
 
 

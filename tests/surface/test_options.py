@@ -49,7 +49,7 @@ def test_a_bad_option_is_one_line_naming_the_choices(field, value, message):
 
 def test_options_are_frozen_with_the_documented_defaults_and_choices():
     options = FoldOptions()
-    assert dataclasses.astuple(options) == ("ort", True, "auto", "auto", True, False)
+    assert dataclasses.astuple(options) == ("ort", True, "auto", "auto", True, False, None)
     assert (TARGETS, FUSE_RESIDUAL, TIED_WEIGHTS) == (("ort", "onnx"), ("auto", "always", "never"), ("auto", "center", "untie", "derive"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.target = "onnx"  # type: ignore[misc]

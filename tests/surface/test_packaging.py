@@ -95,3 +95,14 @@ def test_wheel_builds_cleanly_and_holds_every_module(tmp_path):
     assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
     in_wheel = {n.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for n in names if n.endswith(".py")}
     assert in_wheel == _modules(SOURCES)
+    # The package's data (the built-in cost table the cost rule reads) travels with it.
+    data = {str(p.relative_to(SOURCES.parent)) for p in SOURCES.rglob("*.json")}
+    assert data and data <= set(names)
+
+
+def test_the_installed_package_reads_its_builtin_cost_table():
+    """Wherever the package was installed from (a wheel in CI), its data file is there."""
+    from onnx_lnfold.emit import costs
+
+    table = costs.builtin_table()
+    assert table.provider == "CPUExecutionProvider" and set(table.costs) == set(costs.KINDS)

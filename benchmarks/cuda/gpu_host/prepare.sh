@@ -19,7 +19,7 @@
 # WHL (.whl), TRAINED (models/trained), TRAINED_MODELS (all), KEEP_WHOLE=1 to keep the whole wheel
 # and tar beside their parts, SKIP_DOWNLOAD=1 to reuse the wheels already in WHL.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)  # benchmarks/cuda/gpu_host/ -> the checkout
 cd "$ROOT"
 ORT_VERSION=${ORT_VERSION:-1.31.1}
 ONNX_IR_VERSION=${ONNX_IR_VERSION:-1.1.0}

@@ -18,20 +18,26 @@
 #      onnxruntime, which loads them into the process;
 #   4. check that onnxruntime is the installed 1.31.1 from $SITE and that a session really runs on
 #      CUDAExecutionProvider with CPU fallback disabled (benchmarks.cuda refuses CPU figures anyway);
-#   5. python -m benchmarks.cuda "$@" (results in benchmarks/results/cuda/).
+#   5. python -m benchmarks.cuda.costs --out $OUT (CUDA_COSTS_SECONDS, default 150): the cost table for
+#      CUDA (onnx-lnfold calibrate --provider CUDA -> cuda_costs.json, COSTS.md) and onnx-lnfold bench of
+#      the trained models and GPT-2 folded by it (BENCH.md); then python -m benchmarks.cuda "$@" with
+#      --max-seconds SWEEP_SECONDS (default 250) unless given (results in benchmarks/results/cuda/), so
+#      the whole run fits in 8 minutes: ~25 s of steps 1-4, <= ~175 s of step 5's first part, 250 s of sweep.
 #
 # --rehearse (a machine with another Python and no GPU): steps 1-3 as on the host, the install made
 # for cp312 manylinux_2_28_x86_64 explicitly; step 4 only up to where CUDA is needed: onnx-ir imports
 # from $SITE, the onnxruntime package there is the expected version, and the CUDA provider library's
 # needed libraries are listed as found / not found; step 5 as `python -m benchmarks.cuda --smoke=min`
 # on this machine's CPU onnxruntime (the cp312 GPU build does not import here), with the trained
-# models unpacked in step 1 (REHEARSE_TRAINED=0: without them), into $REHEARSE_OUT. Nothing is run
-# on a GPU.
+# models unpacked in step 1 (REHEARSE_TRAINED=0: without them), into $REHEARSE_OUT, after
+# `python -m benchmarks.cuda.costs --smoke` (calibrate and bench on the CPU EP at toy sizes) into
+# $REHEARSE_OUT/costs. Nothing is run on a GPU.
 #
 # Environment: WHL (.whl), SITE (/tmp/site), PYTHON (python3), ORT_VERSION (1.31.1),
-# REHEARSE_OUT (/tmp/lnfold-rehearse), REHEARSE_TRAINED (1).
+# REHEARSE_OUT (/tmp/lnfold-rehearse), REHEARSE_TRAINED (1), COSTS_OUT (benchmarks/results/cuda/costs),
+# CUDA_COSTS_SECONDS (150), SWEEP_SECONDS (250).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)  # benchmarks/cuda/gpu_host/ -> the checkout
 cd "$ROOT"
 WHL=${WHL:-.whl}
 SITE=${SITE:-/tmp/site}
@@ -157,6 +163,12 @@ PY
     REHEARSE_OUT=${REHEARSE_OUT:-/tmp/lnfold-rehearse}
     TRAINED_ARGS=(--no-trained)
     if [ "${REHEARSE_TRAINED:-1}" = 1 ] && ls models/trained/*.onnx > /dev/null 2>&1; then TRAINED_ARGS=(--trained models/trained); fi
+    mkdir -p "$REHEARSE_OUT"
+    echo "== 5. rehearsal: python -m benchmarks.cuda.costs --smoke --out $REHEARSE_OUT/costs (CPU onnxruntime)"
+    PYTHONPATH="$ROOT${OLD_PYTHONPATH:+:$OLD_PYTHONPATH}" LNFOLD_TRAINED_DIR="$ROOT/models/trained" "$PYTHON" -m benchmarks.cuda.costs \
+        --smoke --out "$REHEARSE_OUT/costs" --max-seconds "${CUDA_COSTS_SECONDS:-150}" > "$REHEARSE_OUT.costs.log" 2>&1 \
+        || { tail -5 "$REHEARSE_OUT.costs.log" >&2; die "the smoke calibration and bench failed (log: $REHEARSE_OUT.costs.log)"; }
+    grep -E "^\[" "$REHEARSE_OUT.costs.log" | tail -12
     echo "== 5. rehearsal: python -m benchmarks.cuda --smoke=min ${TRAINED_ARGS[*]} --out $REHEARSE_OUT (CPU onnxruntime)"
     PYTHONPATH="$ROOT${OLD_PYTHONPATH:+:$OLD_PYTHONPATH}" "$PYTHON" -m benchmarks.cuda --smoke=min "${TRAINED_ARGS[@]}" \
         --out "$REHEARSE_OUT" > "$REHEARSE_OUT.log" 2>&1 || { tail -5 "$REHEARSE_OUT.log" >&2; die "the smoke sweep failed (log: $REHEARSE_OUT.log)"; }
@@ -175,9 +187,9 @@ except ImportError:
 import onnxruntime as ort
 assert ort.__file__.startswith(site), f"onnxruntime imported from {ort.__file__}, not {site}"
 assert ort.__version__ == want, f"onnxruntime {ort.__version__}, not {want}"
-from benchmarks.cuda.sweep import Device, SweepRefused
+from benchmarks.cuda.sweep import Device, SweepRefused, _kernel_model
 try:
-    info = Device("cuda").check()
+    info = Device("cuda").check(_kernel_model("ln", 64, "float32", 1))
 except SweepRefused as e:
     sys.exit(f"   {e}")
 print(f"   onnxruntime {ort.__version__} from {site}: a session runs on {info['execution_provider']} "
@@ -185,6 +197,12 @@ print(f"   onnxruntime {ort.__version__} from {site}: a session runs on {info['e
 PY
 [ "$MODE" = check-only ] && exit 0
 
-# ---- 5. the sweep ---------------------------------------------------------------------------------
-echo "== 5. python -m benchmarks.cuda $*"
-exec "$PYTHON" -m benchmarks.cuda "$@"
+# ---- 5. the cost table, the bench, the sweep -------------------------------------------------------
+COSTS_OUT=${COSTS_OUT:-benchmarks/results/cuda/costs}
+echo "== 5. python -m benchmarks.cuda.costs --out $COSTS_OUT --max-seconds ${CUDA_COSTS_SECONDS:-150}"
+LNFOLD_TRAINED_DIR="$ROOT/models/trained" "$PYTHON" -m benchmarks.cuda.costs --out "$COSTS_OUT" \
+    --max-seconds "${CUDA_COSTS_SECONDS:-150}" || echo "run_on_host: the cost table / bench part failed (exit $?); the sweep still runs" >&2
+SWEEP_ARGS=("$@")
+case " $* " in *" --max-seconds "*) ;; *) SWEEP_ARGS+=(--max-seconds "${SWEEP_SECONDS:-250}") ;; esac
+echo "== 5. python -m benchmarks.cuda ${SWEEP_ARGS[*]}"
+exec "$PYTHON" -m benchmarks.cuda "${SWEEP_ARGS[@]}"

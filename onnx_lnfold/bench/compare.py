@@ -1,0 +1,260 @@
+"""`onnx-lnfold bench ORIGINAL FOLDED`: does the fold pay on this model, on this machine?
+
+The original, its re-saved copy (onnx_ir load + save, the path the fold writes through: re-saving
+alone can move ONNX Runtime's time, by node order and memory planning) and the fold are timed side
+by side: each of `processes` fresh processes creates the three sessions in a rotated order (the
+creation slot alone has moved a session by up to 5%), warms each up, then runs them in `rounds`
+interleaved rounds, the order rotated every round. A process gives the ratio of its medians; a
+ratio is the median over processes with a bootstrap 95% interval (processes resampled, and the
+paired rounds within each: `stats.nested_ratio`) and the range over processes. Verdict: "faster" where both original/folded and re-saved/folded lie above 1
+(their whole intervals), "slower" where both lie below, else "no change it can resolve", with the
+smallest change these intervals resolve. A separate process per variant profiles the kernels (ONNX
+Runtime's profiler): the normalizations' kernel time per op type, which is what the fold changes.
+
+Every session runs on the provider asked for and no other (`placement`): a provider the session did
+not get is an error, never a silent CPU figure. `benchmarks/trained.py` calls this same code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from onnx_lnfold.bench import stats
+from onnx_lnfold.bench.placement import CPU, PlacementError, check_profile
+from onnx_lnfold.bench.profile import load, op_profile
+from onnx_lnfold.bench.runner import run_child
+from onnx_lnfold.core.errors import InvalidInput
+from onnx_lnfold.core.ops import NORM_OPS
+
+VARIANTS = ("original", "resaved", "folded")
+NORM_TYPES = tuple(dict.fromkeys(op.op_type for op in NORM_OPS))  # the normalizations a profile names
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- #
+# Timing: fresh processes, rotated creation, interleaved rounds
+# --------------------------------------------------------------------------- #
+def time_variants(files: dict[str, str], feeds: str, work: Path, tag: str, processes: int, rounds: int,
+                  warmup: int, threads: int, provider: str = CPU, provider_options: dict | None = None) -> dict:
+    """Every variant of `files` in `processes` fresh processes (the creation order rotated from one
+    process to the next), `rounds` interleaved rounds each; ratios of the per-process medians."""
+    names = [v for v in VARIANTS if v in files] + [v for v in files if v not in VARIANTS]
+    times: dict[str, list[list[float]]] = {v: [] for v in names}
+    for k in range(processes):
+        order = names[k % len(names):] + names[: k % len(names)]
+        out = run_child({"mode": "time", "files": files, "feeds": feeds, "order": order, "rounds": rounds,
+                         "warmup": warmup, "threads": threads, "provider": provider,
+                         "provider_options": provider_options}, work, f"{tag}.p{k}")
+        for v, t in out["times"].items():
+            times[v].append(t)
+    ratio = {f"{a}/{b}": stats.nested_ratio(times[a], times[b])
+             for a, b in (("original", "folded"), ("resaved", "folded"), ("original", "resaved"))}
+    per_process = [{v: float(np.median(times[v][k])) for v in names} for k in range(processes)]
+    median_ms = {v: 1e3 * float(np.median([p[v] for p in per_process])) for v in names}
+    return {"median_ms": median_ms, "ratios": ratio, "per_process_median_s": per_process,
+            "times_s": {v: [[round(x, 7) for x in t] for t in ts] for v, ts in times.items()}}
+
+
+def profile_variants(files: dict[str, str], feeds: str, work: Path, tag: str, rounds: int, warmup: int,
+                     threads: int, provider: str = CPU, provider_options: dict | None = None,
+                     variants: tuple[str, ...] = ("original", "folded")) -> dict:
+    """Kernel time per op type (us per run) of each of `variants`, one profiled process each; None
+    for a variant whose profile holds no kernel time. Placement is checked from the same profile."""
+    out = {}
+    for variant in variants:
+        prefix = str(work / f"prof.{tag}.{variant}")
+        res = run_child({"mode": "profile", "files": files, "feeds": feeds, "order": [variant], "rounds": rounds,
+                         "warmup": warmup, "threads": threads, "profile": prefix, "provider": provider,
+                         "provider_options": provider_options}, work, f"{tag}.prof.{variant}")
+        events = load(res["profile"])
+        check_profile(events, provider, variant)
+        out[variant] = op_profile(events, rounds, provider)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# The verdict
+# --------------------------------------------------------------------------- #
+FASTER, SLOWER, UNRESOLVED = "faster", "slower", "no change it can resolve"
+# The fewest processes and rounds whose bootstrap interval a verdict rests on: with fewer, the
+# percentile interval of a resampled median is the sample's own range, and says nothing.
+VERDICT_PROCESSES, VERDICT_ROUNDS = 3, 10
+
+
+def verdict(ratios: dict, processes: int = VERDICT_PROCESSES, rounds: int = VERDICT_ROUNDS) -> tuple[str, str]:
+    """(verdict, why in words) from original/folded and re-saved/folded (> 1: the fold is faster)."""
+    a, b = ratios["original/folded"], ratios["resaved/folded"]
+    resolves = 100 * max(stats.half_width(a), stats.half_width(b))
+    if processes < VERDICT_PROCESSES or rounds < VERDICT_ROUNDS:
+        return UNRESOLVED, (f"{processes} processes x {rounds} rounds are too few for a verdict (it takes "
+                            f"{VERDICT_PROCESSES} x {VERDICT_ROUNDS} at least); the intervals above are shown, not read")
+    if a["lo"] > 1 and b["lo"] > 1:
+        return FASTER, "the folded model is faster than the original and than its re-saved copy (both intervals above 1)"
+    if a["hi"] < 1 and b["hi"] < 1:
+        return SLOWER, "the folded model is slower than the original and than its re-saved copy (both intervals below 1)"
+    if a["lo"] > 1 or a["hi"] < 1:
+        side = "faster" if a["lo"] > 1 else "slower"
+        why = (f"the folded model is {side} than the original, but not resolvably so against its re-saved copy: "
+               "what differs is the re-save, not the fold")
+    else:
+        why = "both intervals contain 1"
+    return UNRESOLVED, f"{why}; these runs resolve changes beyond about +-{resolves:.1f}%"
+
+
+# --------------------------------------------------------------------------- #
+# The command
+# --------------------------------------------------------------------------- #
+@dataclass
+class BenchResult:
+    original: str
+    folded: str
+    provider: str
+    threads: int
+    inputs: dict[str, list[int]]
+    inputs_from: str
+    processes: int
+    rounds: int
+    timing: dict
+    profile: dict | None = None
+    verdict: str = ""
+    why: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def format_text(self) -> str:
+        t = self.timing
+        ms = t["median_ms"]
+        r = t["ratios"]
+        lines = [
+            f"onnx-lnfold bench: {self.original} vs {self.folded} on {self.provider}, {self.threads} intra-op thread(s)",
+            f"  inputs: {', '.join(f'{k}{tuple(v)}' for k, v in self.inputs.items())} ({self.inputs_from})",
+            f"  {self.processes} fresh processes x {self.rounds} interleaved rounds (sessions created in rotated order); "
+            f"median run: original {ms['original']:.3f} ms, re-saved {ms['resaved']:.3f} ms, folded {ms['folded']:.3f} ms",
+            f"  original / folded    {stats.fmt_across(r['original/folded'])}",
+            f"  re-saved / folded    {stats.fmt_across(r['resaved/folded'])}",
+            f"  original / re-saved  {stats.fmt_across(r['original/resaved'])}  (the control: re-saving alone)",
+            "  (> 1: the folded model is faster; median over processes [bootstrap 95% interval over processes and "
+            "rounds] (range over processes))",
+            f"verdict: {self.verdict}: {self.why}",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        lines += self._profile_lines()
+        return "\n".join(lines)
+
+    def _profile_lines(self) -> list[str]:
+        if self.profile is None:
+            return []
+        before, after = self.profile.get("original"), self.profile.get("folded")
+        if before is None or after is None:
+            return [f"kernel time per op: not measured: {self.provider}'s profile in this onnxruntime build records "
+                    "no kernel events (its Node events are launch times)"]
+        lines = ["kernel time per op type (ONNX Runtime's profiler, one process per variant; us per run, median over "
+                 f"{self.rounds} runs; original -> folded):"]
+        norms = [op for op in NORM_TYPES if before.get(op) or after.get(op)]
+        width = max([len(op) for op in norms] + [24])
+        for op in norms:
+            lines.append(f"  {op:<{width}} {before.get(op, 0.0):10.1f} -> {after.get(op, 0.0):10.1f}")
+        nb, na = sum(before.get(op, 0.0) for op in norms), sum(after.get(op, 0.0) for op in norms)
+        lines.append(f"  {'normalizations':<{width}} {nb:10.1f} -> {na:10.1f}" + (f"  (x{nb / na:.2f})" if na else ""))
+        total_b, total_a = sum(before.values()), sum(after.values())
+        moved = sorted((op for op in set(before) | set(after) if op not in NORM_TYPES
+                        and abs(after.get(op, 0.0) - before.get(op, 0.0)) > 0.005 * total_b),
+                       key=lambda op: after.get(op, 0.0) - before.get(op, 0.0))
+        for op in moved:
+            lines.append(f"  {op:<{width}} {before.get(op, 0.0):10.1f} -> {after.get(op, 0.0):10.1f}")
+        lines.append(f"  {'all kernels':<{width}} {total_b:10.1f} -> {total_a:10.1f}  (single-process figures: "
+                     "several percent of noise per op type)")
+        return lines
+
+
+def _feeds(model_path: str, inputs: dict[str, np.ndarray] | None, shapes: dict[str, tuple[int, ...]] | None):
+    """The inputs to time with, and where they came from."""
+    from onnx_lnfold.load.model import load_path
+    from onnx_lnfold.verify.inputs import REALISTIC_SIZES, check_inputs
+    from onnx_lnfold.verify.synthesize import synthesize_inputs
+
+    model = load_path(Path(model_path))
+    if inputs is not None:
+        check_inputs(model, inputs)
+        return inputs, "given"
+    batch, seq = REALISTIC_SIZES[0]
+    feeds = synthesize_inputs(model, shapes, batch_size=batch, sequence_length=seq, seed=2, realistic=True)
+    given = f", {', '.join(shapes)} as given by --input-shape" if shapes else ""
+    return feeds, (f"synthesized at batch {batch}, sequence {seq}{given}: give --inputs FILE.npz or --input-shape "
+                   "for the shapes you run")
+
+
+def resave(src: str, dest: Path) -> None:
+    """The original re-saved as the fold writes its output (its external data beside it)."""
+    from onnx_lnfold.load.model import load_path
+    from onnx_lnfold.save.staged import StagedModel
+
+    StagedModel(load_path(Path(src)), dest, rebind=True).commit()
+
+
+def _same_inputs(original: str, folded: str) -> None:
+    import onnx
+
+    names = [[i.name for i in onnx.load(p, load_external_data=False).graph.input] for p in (original, folded)]
+    inits = [{t.name for t in onnx.load(p, load_external_data=False).graph.initializer} for p in (original, folded)]
+    a, b = ([n for n in ns if n not in init] for ns, init in zip(names, inits))
+    if a != b:
+        raise InvalidInput(f"{folded}: its inputs ({', '.join(b)}) are not {original}'s ({', '.join(a)}): "
+                           "not a fold of that model")
+
+
+def bench(original: str, folded: str, *, provider: str = CPU, provider_options: dict | None = None,
+          inputs: dict[str, np.ndarray] | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
+          processes: int = 5, rounds: int = 20, warmup: int = 3, threads: int | None = None,
+          profile: bool = True, workdir: str | None = None) -> BenchResult:
+    """Time `original`, its re-saved copy and `folded` (see the module's docstring)."""
+    for path in (original, folded):
+        if not Path(path).is_file():
+            raise InvalidInput(f"{path}: no such file")
+    if processes < 2:
+        raise InvalidInput("--processes must be at least 2: every variant is timed in two processes at least")
+    if rounds < 2:
+        raise InvalidInput("--rounds must be at least 2: every variant is timed in two positions at least")
+    import onnxruntime as ort
+
+    if provider not in ort.get_available_providers():
+        raise PlacementError(f"onnxruntime {ort.__version__} has no {provider} (it has "
+                             f"{', '.join(ort.get_available_providers())}): nothing is timed on another provider")
+    _same_inputs(original, folded)
+    threads = threads or usable_cores()
+    feeds, inputs_from = _feeds(original, inputs, input_shapes)
+    with tempfile.TemporaryDirectory(prefix="lnfold-bench-", dir=workdir) as tmp:
+        work = Path(tmp)
+        feeds_path = work / "feeds.npz"
+        np.savez(feeds_path, **feeds)
+        resaved = work / "resaved" / Path(original).name
+        resaved.parent.mkdir()
+        resave(original, resaved)
+        files = {"original": str(Path(original).resolve()), "resaved": str(resaved), "folded": str(Path(folded).resolve())}
+        timing = time_variants(files, str(feeds_path), work, "bench", processes, rounds, warmup, threads, provider,
+                               provider_options)
+        profiled = (profile_variants(files, str(feeds_path), work, "bench", rounds, warmup, threads, provider,
+                                     provider_options) if profile else None)
+    result = BenchResult(original, folded, provider, threads, {k: list(v.shape) for k, v in feeds.items()},
+                         inputs_from, processes, rounds, timing, profiled)
+    result.verdict, result.why = verdict(timing["ratios"], processes, rounds)
+    control = timing["ratios"]["original/resaved"]
+    if control["lo"] > 1 or control["hi"] < 1:
+        result.notes.append(f"re-saving alone moved the time (original / re-saved x{control['ratio']:.3f}, interval "
+                            f"excludes 1): re-saved / folded is what the fold itself does")
+    return result
+
+
+def write_json(result: BenchResult, path: str) -> None:
+    Path(path).write_text(json.dumps(result.to_dict(), indent=1) + "\n")

@@ -1,0 +1,93 @@
+"""`onnx-lnfold calibrate` (onnx_lnfold/bench/calibrate.py), rehearsed on the CPU provider: a table
+of every kind the rule prices, each shape with its spread, that `--costs` folds by, deterministically;
+a provider the session does not get is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import onnx
+import onnxruntime as ort
+import pytest
+
+import onnx_lnfold
+from onnx_lnfold.bench import calibrate
+from onnx_lnfold.bench.graphs import chain_model
+from onnx_lnfold.emit import costs
+
+from conftest import MODELS, ROOT
+
+CPU_ONLY = "CUDAExecutionProvider" not in ort.get_available_providers()
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.fixture(scope="module")
+def table_path(tmp_path_factory):
+    """`onnx-lnfold calibrate --quick` (two widths, two token counts, three rounds, two processes)."""
+    out = tmp_path_factory.mktemp("cal") / "costs.json"
+    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", "calibrate", "--quick", "--threads", "1", "-o", str(out),
+                           "--samples", str(out.with_name("samples.json"))], capture_output=True, text=True, env=_ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert "What the never-slower rule decides by this table and by the built-in CPU one" in proc.stdout
+    assert "  fit: " in proc.stdout
+    return out
+
+
+def test_the_table_prices_every_kind_at_every_measured_shape_with_its_spread(table_path):
+    table = costs.load_table(table_path)
+    assert (table.provider, table.unit, table.onnxruntime) == ("CPUExecutionProvider", "us", ort.__version__)
+    assert set(table.costs) == set(costs.KINDS)
+    for kind in costs.KINDS:
+        shapes = {(p.width, p.tokens) for p in table.points[kind]}
+        assert shapes == {(w, t) for w in calibrate.QUICK_WIDTHS for t in calibrate.QUICK_TOKENS}, kind
+        assert all(p.spread >= 0 for p in table.points[kind])
+    assert "wall clock" in table.measured_by and "2 processes x 3 rounds" in table.measured_by
+
+
+def test_a_table_is_made_again_from_the_samples_it_kept(table_path):
+    again = table_path.with_name("again.json")
+    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", "calibrate", "--from-samples",
+                           str(table_path.with_name("samples.json")), "-o", str(again)], capture_output=True, text=True,
+                          env=_ENV)
+    assert proc.returncode == 0, proc.stderr
+    first, second = costs.load_table(table_path), costs.load_table(again)
+    assert first.costs == second.costs and first.points == second.points
+    assert "(table from " in second.measured_by
+
+
+def test_folding_by_the_calibrated_table_is_deterministic(table_path):
+    model = MODELS / "opt_pre_ln.onnx"
+    first = onnx_lnfold.analyze(model, costs=str(table_path)).to_dict()
+    again = onnx_lnfold.analyze(model, costs=str(table_path)).to_dict()
+    assert first["decisions"] == again["decisions"]
+    for decision in first["decisions"]:
+        if decision.get("code") == "costs-more":
+            assert decision["reason"].endswith(f"({table_path})") and " us per run at " in decision["reason"]
+
+
+def test_each_chain_is_its_kind_repeated(tmp_path):
+    for chain, per in (("ln", 1), ("sln", 1), ("skip_ln", 1), ("skip_sln", 1), ("add", 1), ("bias_add", 1), ("center", 2)):
+        model = onnx.load_from_string(chain_model(chain, 64, "float32", 4, residual_chain=False))
+        assert len(model.graph.node) == 4 * per, chain
+        assert len(model.graph.output) == 1, chain  # no running sum: a Skip form as ORT fuses an Add read once
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_the_rule_s_comparisons_say_when_a_table_cannot_tell():
+    table = costs.builtin_table()
+    ratio, word = calibrate.judged(table, [("SimplifiedLayerNormalization", 768)], [("LayerNormalization", 768)], 8192)
+    assert word == "less" and ratio < 1
+    ratio, word = calibrate.judged(table, [("BiasAdd", 768)], [("BiasAdd", 768)], 8192)
+    assert word == "cannot tell" and ratio == 1
+    text = calibrate.decisions_text(table, table)
+    assert "<- differs" not in text and "LN -> SLN + beta Add" in text
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="needs an onnxruntime without the CUDA provider")
+def test_calibrating_a_provider_the_session_does_not_get_is_refused(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", "calibrate", "--provider", "CUDA", "-o",
+                           str(tmp_path / "c.json")], capture_output=True, text=True, env=_ENV)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "has no CUDAExecutionProvider" in proc.stderr and not (tmp_path / "c.json").exists()
