@@ -56,8 +56,13 @@ def _rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str
     """SimplifiedLayerNormalization (or RMSNormalization, same inputs and attributes)."""
     cand = rewrite.cand
     y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
+    # Every folded LN normalizes its last axis (the forms keep the others: several-axes,
+    # not-last-axis), written -1 as exporters write it: OpenVINO 2026.4 cannot read a
+    # SimplifiedLayerNormalization whose axis is written non-negative (its translator builds
+    # Range(axis, rank) with the rank as a 1-D shape and refuses the model; docs/DESIGN.md section 4).
+    assert decision.axis is not None
     attributes = [
-        ir.AttrInt64("axis", decision.axis),  # type: ignore[arg-type]
+        ir.AttrInt64("axis", -1),
         ir.AttrFloat32("epsilon", decision.epsilon),
         ir.AttrInt64("stash_type", 1),
     ]
