@@ -29,13 +29,14 @@ def analyze(
 ) -> CenteringPlan:
     """Decide, for every LayerNorm, whether it folds and how, and why not; change nothing.
 
-    Takes what `fold()` takes. An `onnx_ir.Model` is read as it is (the analysis mutates nothing);
+    Takes what `fold()` takes. An `onnx_ir.Model` is read as it is (the analysis mutates nothing;
+    for `target="onnx"` below opset 23 the plan is made on a converted copy, as `fold()` makes it);
     a path or a ModelProto is loaded first, with the same one-line errors as `fold()`.
     """
     options = keywords_to_options(options, option_keywords, "analyze")
     if not isinstance(model, ir.Model):
         model, _ = load_model(model)
-    return _pipeline.analyze(model, options, shapes)
+    return _pipeline.analyze_for_target(model, options, shapes)[1]
 
 
 @takes_option_keywords

@@ -224,6 +224,10 @@ class CenteringPlan:
     centerings: list[AuxCentering] = field(default_factory=list)
     target: str = "ort"
     advice: list[str] = field(default_factory=list)  # pipeline advice (which order to run the ORT optimizer in)
+    # The default opset the model had when the target's op needed a newer one and the plan was made
+    # on the model converted (onnx.version_converter; docs/DESIGN.md section 4); None: not converted.
+    converted_from: int | None = None
+    converted_to: int | None = None
 
     @property
     def folded(self) -> list[LnDecision]:
@@ -268,6 +272,8 @@ class CenteringPlan:
             text += f"; {_plural(len(self.centerings), 'explicit centering')}"
         if self.target != "ort":
             text += f"; target {self.target}"
+        if self.converted_from is not None:
+            text += f", opset {self.converted_from} -> {self.converted_to}"
         return f"<CenteringPlan: {text}>"
 
     def to_dict(self) -> dict[str, Any]:
@@ -281,4 +287,7 @@ class CenteringPlan:
             "untied_bytes": self.untied_bytes,
             "centerings": [c.to_dict() for c in self.centerings],
             "advice": list(self.advice),
+            "opset_converted": None
+            if self.converted_from is None
+            else {"from": self.converted_from, "to": self.converted_to, "by": "onnx.version_converter"},
         }

@@ -27,7 +27,7 @@ class Target:
 
 TARGETS = (
     Target("ort", "ONNX Runtime's ops, on its CPU and CUDA providers; the default"),
-    Target("onnx", "the standard op, for models at opset >= 23"),
+    Target("onnx", "the standard op; a model below opset 23 is converted to 23 (onnx.version_converter)"),
 )
 
 

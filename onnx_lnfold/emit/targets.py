@@ -5,7 +5,8 @@ mutates nothing.
   as it is (ONNX Runtime's CPU EP runs `Add + SimplifiedLayerNormalization` for less than its fused
   kernel), or `com.microsoft::SkipSimplifiedLayerNormalization` for `SkipLayerNormalization` inputs
   and where `--fuse-residual` asks;
-- target "onnx": the standard `RMSNormalization` (opset 23), for models already at opset >= 23.
+- target "onnx": the standard `RMSNormalization` (opset 23; an older model is converted first,
+  `load.opset`).
 
 `beta` goes where it costs nothing (`beta_placement`): the consumers' biases, a key projection's
 share dropped where the attention's Softmax removes it (`emit.softmax_shift`), a bias created where

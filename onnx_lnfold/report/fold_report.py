@@ -278,6 +278,14 @@ class FoldReport:
         counts = "".join(f"; {k}\u00a0{self.ops_before.get(k, 0)}\u00a0->\u00a0{self.ops_after.get(k, 0)}" for k in changed)
         nodes = _wrap(f"Nodes: {self.nodes_before} -> {self.nodes_after}{counts}", "  ")
         lines += [line.replace("\u00a0", " ") for line in nodes]
+        plan = self.plan
+        if plan.converted_from is not None:
+            lines += _wrap(
+                f"Opset: {plan.converted_from} -> {plan.converted_to}, converted by onnx.version_converter for --target "
+                f"{plan.target} (its op needs opset {plan.converted_to}); the check runs the converted fold against the "
+                "original as given",
+                "  ",
+            )
         lines += self._layer_norm_lines()
         lines += self._edit_lines()
         for advice in self.plan.advice:  # pipeline order (see _pipeline_order)

@@ -10,7 +10,7 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold import _pipeline
-from onnx_lnfold._cli import EXIT_OK, EXIT_USAGE, main
+from onnx_lnfold._cli import EXIT_OK, main
 from onnx_lnfold.core.options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 
 from conftest import MODELS
@@ -109,40 +109,22 @@ def _opset18_model():
     return g.model(opset=18)
 
 
-OPSET_MESSAGE = (
-    "--target onnx emits RMSNormalization (opset 23); this model's default opset is 18: "
-    "convert it first (onnx.version_converter) or use the default target 'ort'"
-)
-
-
-def test_pass_requires_opset_23_for_the_onnx_target_inside_a_pass_manager():
+def test_the_entry_points_convert_and_the_analysis_refuses_an_unconverted_model():
+    """fold(), analyze(), the command line and the pass convert a model below the target's opset
+    first (tests/load/test_opset.py: the committed models and the blocked conversions); the
+    analysis itself refuses a model handed to it unconverted, in one line, changing nothing."""
     model = ir.serde.deserialize_model(_opset18_model())
-    fold_pass = onnx_lnfold.LnFoldPass(target="onnx")
-    manager = ir.passes.PassManager([fold_pass])
-    with pytest.raises(ir.passes.PassError) as raised:  # the manager wraps what a pass raises
-        manager(model)
-    precondition = raised.value
-    while not isinstance(precondition, ir.passes.PreconditionError) and precondition.__cause__ is not None:
-        precondition = precondition.__cause__  # Sequential, then PassManager, each wrap it once
-    assert isinstance(precondition, ir.passes.PreconditionError) and str(precondition) == OPSET_MESSAGE
-    with pytest.raises(ir.passes.PreconditionError, match=re.escape(OPSET_MESSAGE)):
-        fold_pass(model)  # a pass called alone runs requires() too
-    assert fold_pass.plan is None  # stopped before the analysis
-    assert [n.op_type for n in model.graph].count("LayerNormalization") == 1  # and changed nothing
-    # The same model passes with the default target (its beta stays an Add: folded as asked).
-    assert onnx_lnfold.LnFoldPass(fold_costly=True)(model).modified
-
-
-def test_fold_analyze_and_the_cli_give_the_same_one_line_error(tmp_path, capsys):
-    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(OPSET_MESSAGE)}$"):
-        onnx_lnfold.fold(_opset18_model(), target="onnx")
-    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(OPSET_MESSAGE)}$"):
-        onnx_lnfold.analyze(_opset18_model(), options=FoldOptions(target="onnx"))
-    path = tmp_path / "m.onnx"
-    ir.save(ir.serde.deserialize_model(_opset18_model()), str(path))
-    assert main([str(path), "--target", "onnx"]) == EXIT_USAGE
-    assert capsys.readouterr().err == f"onnx_lnfold: error: {OPSET_MESSAGE}\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # nothing written
+    assert onnx_lnfold.analyze(model, target="onnx").converted_from == 18
+    message = (
+        "--target onnx emits RMSNormalization (opset 23); the model analyzed is at opset 18: convert it first "
+        "(onnx_lnfold.fold and the command line do)"
+    )
+    with pytest.raises(onnx_lnfold.InvalidInput, match=f"^{re.escape(message)}$"):
+        _pipeline.analyze(model, FoldOptions(target="onnx"))
+    assert model.opset_imports[""] == 18 and [n.op_type for n in model.graph].count("LayerNormalization") == 1
+    # The pass converts in place; the default target folds at the model's own opset.
+    assert onnx_lnfold.LnFoldPass(target="onnx", fold_costly=True)(model).modified
+    assert model.opset_imports[""] == 23
 
 
 # --------------------------------------------------------------------------- one driver
