@@ -41,6 +41,7 @@ OPTION_SETS: dict[str, dict] = {
     "tied_center": {"tied_weights": "center"},
     "tied_untie": {"tied_weights": "untie"},
     "target_onnx": {"target": "onnx"},
+    "target_primitive": {"target": "primitive"},
 }
 
 # The plan as it was when the baseline was recorded: later additions do not change its digest.

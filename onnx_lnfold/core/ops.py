@@ -28,6 +28,7 @@ class Target:
 TARGETS = (
     Target("ort", "ONNX Runtime's ops, on its CPU and CUDA providers; the default"),
     Target("onnx", "the standard op; a model below opset 23 is converted to 23 (onnx.version_converter)"),
+    Target("primitive", "standard ops at any opset, in the form runtimes fuse into their own RMSNorm"),
 )
 
 
@@ -66,11 +67,26 @@ ONNX_RMS_NORM = NormOp("RMSNormalization", rms=True, target="onnx", since_opset=
 NORM_OPS = (LAYER_NORM, SKIP_LAYER_NORM, EMBED_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM, ONNX_RMS_NORM)
 
 
+# RMSNorm written as standard ops (target "primitive"), in the one form that both ONNX Runtime's
+# SimplifiedLayerNormFusion (onnxruntime/core/optimizer/layer_norm_fusion.cc, ORT_ENABLE_EXTENDED
+# and up) and OpenVINO's RMSFusion (its CPU plugin) turn into their RMSNorm kernel:
+#   Pow(x, 2) -> ReduceMean(axes [-1], keepdims 1) -> Add(epsilon) -> Sqrt -> Div(x, .) -> Mul(., gamma)
+# each intermediate read by the next op alone. Neither fuses Mul(x, x), a Reciprocal or Pow(., -0.5).
+PRIMITIVE_OPS = ("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul")
+PRIMITIVE_RMS = "/".join(PRIMITIVE_OPS)  # how a plan and the report name what such a fold emits
+PRIMITIVE_TARGET = "primitive"
+
+
+def target_ops(target: str) -> str:
+    """What `target`'s folds emit, in words: `SimplifiedLayerNormalization / ...`."""
+    if target == PRIMITIVE_TARGET:
+        return PRIMITIVE_RMS
+    return " / ".join(op.op_type for op in NORM_OPS if op.target == target)
+
+
 def target_help() -> str:
     """`ort: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (...); onnx: ...`."""
-    return "; ".join(
-        f"{t.name}: {' / '.join(op.op_type for op in NORM_OPS if op.target == t.name)} ({t.description})" for t in TARGETS
-    )
+    return "; ".join(f"{t.name}: {target_ops(t.name)} ({t.description})" for t in TARGETS)
 
 
 # Op types (any domain) whose output is a normalization's: gamma * n + beta, a data-dependent mean.

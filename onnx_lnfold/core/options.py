@@ -120,7 +120,7 @@ def check_preconditions(model: ir.Model, options: FoldOptions) -> None:
 
 
 def target_op_names(target: str) -> str:
-    return " / ".join(op.op_type for op in ops.NORM_OPS if op.target == target)
+    return ops.target_ops(target)
 
 
 def keywords_to_options(options: FoldOptions | None, keywords: dict[str, Any], caller: str) -> FoldOptions:

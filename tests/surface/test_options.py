@@ -31,7 +31,7 @@ OPTION_SETS = [
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("target", "cuda", "unknown target 'cuda': choose one of ort, onnx"),
+        ("target", "cuda", "unknown target 'cuda': choose one of ort, onnx, primitive"),
         ("fuse_residual", "sometimes", "unknown fuse_residual 'sometimes': choose one of auto, always, never"),
         ("tied_weights", "share", "unknown tied_weights 'share': choose one of auto, center, untie, derive"),
     ],
@@ -50,7 +50,7 @@ def test_a_bad_option_is_one_line_naming_the_choices(field, value, message):
 def test_options_are_frozen_with_the_documented_defaults_and_choices():
     options = FoldOptions()
     assert dataclasses.astuple(options) == ("ort", True, "auto", "auto", True, False)
-    assert (TARGETS, FUSE_RESIDUAL, TIED_WEIGHTS) == (("ort", "onnx"), ("auto", "always", "never"), ("auto", "center", "untie", "derive"))
+    assert (TARGETS, FUSE_RESIDUAL, TIED_WEIGHTS) == (("ort", "onnx", "primitive"), ("auto", "always", "never"), ("auto", "center", "untie", "derive"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.target = "onnx"  # type: ignore[misc]
     assert onnx_lnfold.FoldOptions is FoldOptions and "FoldOptions" in onnx_lnfold.__all__
