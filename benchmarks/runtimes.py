@@ -592,7 +592,8 @@ def main(argv=None) -> int:
         runtimes = [r for r in runtimes if RUNTIMES[r][0] != "openvino"]
         log("openvino is not installed here: its runtimes are left out (pip install openvino)")
     WORK.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.runtimes " + " ".join(argv if argv is not None else sys.argv[1:])
+    env = [f"{k}={os.environ[k]}" for k in ("LNFOLD_TRAINED_DIR", "LNFOLD_ORT_OPENVINO_PYTHON") if os.environ.get(k)]
+    command = " ".join([*env, "python -m benchmarks.runtimes", *(argv if argv is not None else sys.argv[1:])])
     prepared = [prepare(m, args.targets, WORK) for m in models]
     cells = measure(prepared, runtimes, args)
     rows = results_of(cells)
