@@ -52,6 +52,21 @@ def test_each_target_loads_runs_exactly_and_fuses_rms_in_openvino(tmp_path, name
     assert _max_rel(outputs, reference) < 1e-5
 
 
+def test_skip_simplified_layer_normalization_loads_and_fuses_too(tmp_path):
+    """`--fuse-residual always`: 4 SkipSimplifiedLayerNormalization (their output 3 the residual sum
+    the next block reads) and one SimplifiedLayerNormalization, all OpenVINO RMS kernels."""
+    source = MODELS / "gpt2.onnx"
+    feeds = dict(np.load(MODELS / "gpt2.inputs.npz"))
+    out = tmp_path / "gpt2.skip.onnx"
+    result = onnx_lnfold.fold(source, fuse_residual="always")
+    assert sum(d.rewrite.endswith("SkipSimplifiedLayerNormalization") for d in result.plan.folded) == 4
+    result.save(out)
+    folded = _compiled(out)
+    assert _layer_types(folded).count("RMS") == 5
+    reference = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert _max_rel([folded(feeds)[folded.outputs[0]]], reference[:1]) < 1e-5
+
+
 def test_the_default_precision_runs_the_fold_within_its_own_noise(tmp_path):
     """OpenVINO's default inference precision (bf16 where the CPU has bf16 units; measured on a
     Xeon with avx512_bf16: the original 7.2e-3 from its f32 run, each target's fold 6.8e-3): the

@@ -186,3 +186,20 @@ def test_the_skip_reasons_are_decided_in_one_place():
     dry = _pipeline.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, costly, _pipeline.VerifyRequest(), dry_run=True)
     assert dry.report.verification.reason == "dry run: nothing was changed" and dry.report.dry_run
     assert dry.report.ops_after == dry.report.ops_before and len(dry.report.plan.folded) == 1
+
+
+def test_help_and_report_say_which_runtimes_run_each_target():
+    """Issue 26: what each target writes and which runtimes run it (measured: core.ops.TARGETS);
+    the report says it for the target it folded to, in text and JSON."""
+    from onnx_lnfold._cli import build_parser
+    from onnx_lnfold.core.ops import TARGETS as DESCRIBED
+
+    help_text = " ".join(build_parser("onnx-lnfold").format_help().split())
+    for target in DESCRIBED:
+        assert f"{target.name} writes" in help_text and " ".join(target.description.split()) in help_text
+        assert "OpenVINO" in target.description and "ONNX Runtime" in target.description
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", target="primitive", verify=False)
+    text = " ".join(result.report.format_text().split())
+    primitive = next(t for t in DESCRIBED if t.name == "primitive")
+    assert f"Target primitive: {primitive.description}" in text
+    assert result.report.to_dict()["target_description"] == primitive.description
