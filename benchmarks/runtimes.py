@@ -62,7 +62,13 @@ RUNTIMES: dict[str, tuple[str, dict, str]] = {
     "openvino-cpu-default": ("openvino", {}, "OpenVINO CPU plugin, its default inference precision"),
     "onnxruntime-openvino-ep": ("ort-openvino", {"device_type": "CPU", "precision": "FP32"},
                                 "ONNX Runtime's OpenVINO EP, CPU, FP32 (onnxruntime-openvino, own venv)"),
+    # Another OpenVINO release from its own venv (--other-openvino-python): the one
+    # onnxruntime-openvino bundles, say, to tell what that EP does from what OpenVINO does.
+    "other-openvino-cpu-f32": ("openvino", {"INFERENCE_PRECISION_HINT": "f32"},
+                               "OpenVINO CPU plugin of --other-openvino-python, f32 inference precision"),
 }
+# The runtimes that run in a venv of their own, by the option naming its python.
+OWN_PYTHON = {"onnxruntime-openvino-ep": "ort_openvino_python", "other-openvino-cpu-f32": "other_openvino_python"}
 ORT_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
                 "SkipSimplifiedLayerNormalization", "RMSNormalization")
 
@@ -153,6 +159,14 @@ def _load(kind: str, settings: dict, path: str, threads: int):
     return (lambda feeds: sess.run(None, feeds)), (lambda feeds, work: {"on ORT's CPU EP": _ep_placement(path, ep, threads, feeds, work)})
 
 
+def _reason(error: Exception) -> str:
+    """The line of a runtime's refusal that says what failed (OpenVINO's first lines are file
+    locations of the exception's way up)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    telling = [line for line in lines if not line.startswith(("Exception from", "Check 'false' failed"))]
+    return f"{type(error).__name__}: {(telling or lines or [''])[-1]}"[:300]
+
+
 def child(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
     with np.load(plan["feeds"]) as z:
@@ -168,7 +182,7 @@ def child(plan_path: str) -> int:
             run, census = _load(kind, settings, plan["files"][variant], plan["threads"])
             outputs = run(feeds)
         except Exception as e:  # noqa: BLE001 - a runtime's refusal is a result
-            entry.update(loads=False, error=f"{type(e).__name__}: {e}".strip().splitlines()[0][:300])
+            entry.update(loads=False, error=_reason(e))
             report["variants"][variant] = entry
             continue
         entry.update(loads=True, load_s=time.perf_counter() - started)
@@ -405,7 +419,7 @@ def measure(models: list[dict], runtimes: list[str], args) -> list[dict]:
     for k in range(args.processes):
         for cell in cells:
             kind, settings, _ = RUNTIMES[cell["runtime"]]
-            python = args.ort_openvino_python if kind == "ort-openvino" else sys.executable
+            python = getattr(args, OWN_PYTHON[cell["runtime"]]) if cell["runtime"] in OWN_PYTHON else sys.executable
             variants = variants_of[id(cell)]
             order = variants[k % len(variants):] + variants[: k % len(variants)]
             if args.wait_quiet:
@@ -474,18 +488,22 @@ def _fmt_rel(x: float | None) -> str:
     return "-" if x is None else f"{x:.1e}"
 
 
-def render(rows: list[dict], command: str, machine: dict, args) -> str:
+def render(rows: list[dict], command: str, machine: dict, args, instruction_commands: list[str] = ()) -> str:
+    counted = "".join(f"Instructions: `{c}`  \n" for c in instruction_commands)
     lines = [
         "# The fold in each runtime: loads, exact, original / folded time",
         "",
         f"Command: `{command}`  ",
+        *([counted.rstrip("\n")] if counted else []),
         f"onnx_lnfold at git {machine.get('git_commit')}, {machine.get('cpu')}, {machine.get('cores_usable')} cores usable; "
         f"{', '.join(f'{k} {v}' for k, v in machine.get('runtimes', {}).items())}  ",
         f"Run {machine.get('date')}. {args.threads} inference thread(s) everywhere; {args.processes} fresh processes per "
         f"cell, each timing every variant interleaved for about {args.seconds:g} s. A ratio > 1: the fold is faster. "
         "Ratio: median over processes (the range over processes) [each process's paired bootstrap 95% interval]; "
         "verdict: slower / faster when every process's interval says so. max rel: max |fold - original| / "
-        "max |original| in that runtime, worst output; noise: the original's own distance from ONNX Runtime's fp32 run.",
+        "max |original| in that runtime, worst output; noise: the original's own distance from ONNX Runtime's fp32 run. "
+        "Instructions (callgrind, one thread; OpenVINO then runs its AVX2 f32 kernels, valgrind's CPU having no "
+        "AVX-512): original / folded per run, the median over valgrind processes (their range).",
         "",
     ]
     runtimes = list(dict.fromkeys(r["runtime"] for r in rows))
@@ -529,7 +547,7 @@ def render(rows: list[dict], command: str, machine: dict, args) -> str:
     return "\n".join(lines)
 
 
-def _versions(ort_openvino_python: str | None) -> dict[str, str]:
+def _versions(ort_openvino_python: str | None, other_openvino_python: str | None = None) -> dict[str, str]:
     versions = {}
     for module in ("onnxruntime", "openvino"):
         try:
@@ -543,6 +561,10 @@ def _versions(ort_openvino_python: str | None) -> dict[str, str]:
         if got:
             bundled = got[1].replace("libopenvino.so.", "") if len(got) > 1 else "?"
             versions["onnxruntime-openvino"] = f"{got[0]} (OpenVINO {bundled})"
+    if other_openvino_python:
+        code = "import openvino; print(openvino.__version__.split('-')[0])"
+        got = subprocess.run([other_openvino_python, "-c", code], capture_output=True, text=True).stdout.strip()
+        versions["other openvino"] = got or "?"
     return versions
 
 
@@ -562,6 +584,11 @@ def main(argv=None) -> int:
                     help="wait up to S seconds before each process for other processes to use < 10%% of the CPU")
     ap.add_argument("--ort-openvino-python", default=os.environ.get("LNFOLD_ORT_OPENVINO_PYTHON"),
                     help="the python of a venv with onnxruntime-openvino (default: $LNFOLD_ORT_OPENVINO_PYTHON)")
+    ap.add_argument("--other-openvino-python", default=os.environ.get("LNFOLD_OTHER_OPENVINO_PYTHON"),
+                    help="the python of a venv with another openvino release (default: $LNFOLD_OTHER_OPENVINO_PYTHON)")
+    ap.add_argument("--instructions-only", action="store_true",
+                    help="count instructions (--instruction-runs) for --models and --runtimes and add them to the "
+                    "results already in --out, keeping their timings")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--report-only", action="store_true", help="rewrite the markdown from the JSON")
     ap.add_argument("--instruction-runs", type=int, default=0, metavar="N",
@@ -577,7 +604,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if args.report_only:
         data = json.loads((out / "runtimes.json").read_text())
-        (out / "RUNTIMES.md").write_text(render(data["rows"], data["command"], data["machine"], argparse.Namespace(**data["args"])))
+        (out / "RUNTIMES.md").write_text(render(data["rows"], data["command"], data["machine"],
+                                                argparse.Namespace(**data["args"]), data.get("instruction_commands", [])))
         return 0
     if args.processes < 2:
         print("error: --processes must be at least 2: every ratio is measured in two processes", file=sys.stderr)
@@ -585,14 +613,16 @@ def main(argv=None) -> int:
     from benchmarks.common import machine_info
 
     models = args.models or [*COMMITTED, *(m for m in TRAINED if _trained_file_exists(m))]
-    runtimes = args.runtimes or [r for r in RUNTIMES if RUNTIMES[r][0] != "ort-openvino" or args.ort_openvino_python]
+    runtimes = args.runtimes or [r for r in RUNTIMES if r not in OWN_PYTHON or getattr(args, OWN_PYTHON[r])]
     try:
         import openvino  # noqa: F401
     except ImportError:
         runtimes = [r for r in runtimes if RUNTIMES[r][0] != "openvino"]
         log("openvino is not installed here: its runtimes are left out (pip install openvino)")
     WORK.mkdir(parents=True, exist_ok=True)
-    env = [f"{k}={os.environ[k]}" for k in ("LNFOLD_TRAINED_DIR", "LNFOLD_ORT_OPENVINO_PYTHON") if os.environ.get(k)]
+    if args.instructions_only:
+        return add_instructions(out, [prepare(m, args.targets, WORK) for m in models], runtimes, args)
+    env = [f"{k}={os.environ[k]}" for k in ENV_VARS if os.environ.get(k)]
     command = " ".join([*env, "python -m benchmarks.runtimes", *(argv if argv is not None else sys.argv[1:])])
     prepared = [prepare(m, args.targets, WORK) for m in models]
     cells = measure(prepared, runtimes, args)
@@ -601,13 +631,35 @@ def main(argv=None) -> int:
     for row in rows:
         row["instructions"] = counted.get(row["model"], {}).get(row["runtime"])
     machine = machine_info()
-    machine["runtimes"] = _versions(args.ort_openvino_python if "onnxruntime-openvino-ep" in runtimes else None)
+    machine["runtimes"] = _versions(args.ort_openvino_python if "onnxruntime-openvino-ep" in runtimes else None,
+                                    args.other_openvino_python if "other-openvino-cpu-f32" in runtimes else None)
     out.mkdir(parents=True, exist_ok=True)
     saved_args = {k: v for k, v in vars(args).items() if k not in ("child",)}
     (out / "runtimes.json").write_text(json.dumps({"command": command, "machine": machine, "args": saved_args,
                                                    "rows": rows}, indent=1, default=str) + "\n")
     (out / "RUNTIMES.md").write_text(render(rows, command, machine, args))
     log(f"wrote {out / 'RUNTIMES.md'} and runtimes.json")
+    return 0
+
+
+ENV_VARS = ("LNFOLD_TRAINED_DIR", "LNFOLD_ORT_OPENVINO_PYTHON", "LNFOLD_OTHER_OPENVINO_PYTHON")
+
+
+def add_instructions(out: Path, models: list[dict], runtimes: list[str], args) -> int:
+    """Instruction counts for `models` x `runtimes`, into the rows of an earlier run's runtimes.json."""
+    path = out / "runtimes.json"
+    data = json.loads(path.read_text())
+    counted = instructions(models, runtimes, args)
+    env = [f"{k}={os.environ[k]}" for k in ENV_VARS if os.environ.get(k)]
+    command = " ".join([*env, "python -m benchmarks.runtimes", *sys.argv[1:]])
+    for row in data["rows"]:
+        got = counted.get(row["model"], {}).get(row["runtime"])
+        if got is not None:
+            row["instructions"] = got
+    data.setdefault("instruction_commands", []).append(command)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    (out / "RUNTIMES.md").write_text(render(data["rows"], data["command"], data["machine"], argparse.Namespace(**data["args"]),
+                                            data.get("instruction_commands", [])))
     return 0
 
 
