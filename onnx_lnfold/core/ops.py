@@ -31,18 +31,19 @@ class Target:
 TARGETS = (
     Target(
         "ort",
-        "ONNX Runtime's ops, which its CPU and CUDA kernels, OpenVINO's CPU plugin and ONNX Runtime's OpenVINO EP run "
-        "(measured on CPU); the default",
+        "ONNX Runtime's ops, run by its CPU and CUDA kernels and by OpenVINO 2026.4's CPU plugin as its RMS kernel; "
+        "OpenVINO 2025.4, inside ONNX Runtime's OpenVINO EP 1.24, decomposes them (measured on CPU); the default",
     ),
     Target(
         "onnx",
         "the standard op, at opset 23, to which an older model is converted by onnx.version_converter; ONNX Runtime and "
-        "OpenVINO run it, ONNX Runtime's OpenVINO EP 1.24 leaves it to ORT's CPU EP, slower than the original there",
+        "OpenVINO 2026.4 run it, OpenVINO 2025.4 refuses it and ONNX Runtime's OpenVINO EP 1.24 leaves it to ORT's CPU "
+        "EP, slower than the original there",
     ),
     Target(
         "primitive",
         "standard ops at the model's opset, which ONNX Runtime, at optimization level EXTENDED and up, and OpenVINO "
-        "fuse into their RMSNorm kernels, for runtimes with neither op; float32 and float64 LNs",
+        "2025.4 and 2026.4 fuse into their RMSNorm kernels, for runtimes with neither op; float32 and float64 LNs",
     ),
 )
 
