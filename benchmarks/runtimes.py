@@ -569,6 +569,7 @@ def _versions(ort_openvino_python: str | None, other_openvino_python: str | None
 
 
 def main(argv=None) -> int:
+    global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=None, choices=[*COMMITTED, *TRAINED],
                     help="default: the committed three, and the trained ones found in LNFOLD_TRAINED_DIR")
@@ -590,6 +591,7 @@ def main(argv=None) -> int:
                     help="count instructions (--instruction-runs) for --models and --runtimes and add them to the "
                     "results already in --out, keeping their timings")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--work", default=str(WORK), help="where the folds, feeds and outputs go (default: %(default)s)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the markdown from the JSON")
     ap.add_argument("--instruction-runs", type=int, default=0, metavar="N",
                     help="also count instructions per run under callgrind (ONNX Runtime CPU and OpenVINO f32; N and 2N "
@@ -619,6 +621,7 @@ def main(argv=None) -> int:
     except ImportError:
         runtimes = [r for r in runtimes if RUNTIMES[r][0] != "openvino"]
         log("openvino is not installed here: its runtimes are left out (pip install openvino)")
+    WORK = Path(args.work)
     WORK.mkdir(parents=True, exist_ok=True)
     if args.instructions_only:
         return add_instructions(out, [prepare(m, args.targets, WORK) for m in models], runtimes, args)
