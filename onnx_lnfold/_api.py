@@ -35,7 +35,8 @@ def analyze(
 ) -> CenteringPlan:
     """Decide, for every LayerNorm, whether it folds and how, and why not; change nothing.
 
-    Takes what `fold()` takes. An `onnx_ir.Model` is read as it is (the analysis mutates nothing);
+    Takes what `fold()` takes. An `onnx_ir.Model` is read as it is (the analysis mutates nothing;
+    for `target="onnx"` below opset 23 the plan is made on a converted copy, as `fold()` makes it);
     a path or a ModelProto is loaded first, with the same one-line errors as `fold()`. `inputs` or
     `input_shapes`, as `fold()` takes them, say what shapes the model runs at: the cost rule prices
     each LN at the tokens they give it where the graph does not fix them (docs/DESIGN.md 4.1).
@@ -46,7 +47,7 @@ def analyze(
     if shapes is None and (inputs is not None or input_shapes):
         given = _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs).run_shapes
         shapes = ShapeTable(model, given=given)
-    return _pipeline.analyze(model, options, shapes)
+    return _pipeline.analyze_for_target(model, options, shapes)[1]
 
 
 @takes_option_keywords

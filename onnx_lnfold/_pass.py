@@ -6,17 +6,12 @@ import logging
 
 import onnx_ir as ir
 
-from onnx_lnfold._pipeline import analyze
+from onnx_lnfold._pipeline import Prepared, analyze, prepare
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import LnFoldError
-from onnx_lnfold.core.options import (
-    OPTION_NAMES,
-    FoldOptions,
-    check_preconditions,
-    keywords_to_options,
-    takes_option_keywords,
-)
+from onnx_lnfold.core.options import OPTION_NAMES, FoldOptions, keywords_to_options, takes_option_keywords
+from onnx_lnfold.load.opset import default_opset
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +22,11 @@ class LnFoldPass(ir.passes.InPlacePass):
     In place, no verification (run `onnx_lnfold.fold` for that); the analysis is `analyze()`'s, so
     it keeps the LNs whose fold would cost an ONNX Runtime fusion, as `fold()` does (checked with
     ONNX Runtime on weightless copies; `keep_ort_fusions=False` skips it). Takes what `fold()` takes as
-    options: `FoldOptions`' fields as keywords, or `options=FoldOptions(...)`. A model the options
-    do not fit (`target="onnx"` below opset 23) fails `requires()` with a `PreconditionError`. The
-    plan of the last call is kept on `self.plan` so a pipeline can report why LNs were kept.
+    options: `FoldOptions`' fields as keywords, or `options=FoldOptions(...)`. With `target="onnx"`
+    a model below opset 23 is converted to it in place (its graph replaced by the converted one,
+    `onnx.version_converter`, unverified like the rest of the pass); one the converter cannot
+    convert fails `requires()` with a `PreconditionError` naming the op. The plan of the last call
+    is kept on `self.plan` so a pipeline can report why LNs were kept.
     """
 
     @takes_option_keywords
@@ -37,6 +34,7 @@ class LnFoldPass(ir.passes.InPlacePass):
         super().__init__()
         self.options = keywords_to_options(options, option_keywords, "LnFoldPass")
         self.plan: CenteringPlan | None = None
+        self._prepared: tuple[ir.Model, Prepared] | None = None  # requires()'s work, for call()
 
     def __repr__(self) -> str:
         """`<LnFoldPass target=ort ...; last run: 5/5 LNs folded>`; the plan itself is `.plan`."""
@@ -49,13 +47,22 @@ class LnFoldPass(ir.passes.InPlacePass):
 
     def requires(self, model: ir.Model) -> None:
         try:
-            check_preconditions(model, self.options)
+            self._prepared = (model, prepare(model, self.options))
         except LnFoldError as e:
             raise ir.passes.PreconditionError(str(e)) from e
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.plan = analyze(model, self.options)
-        apply_plan(model, self.plan)
+        done, self._prepared = self._prepared, None
+        prepared = done[1] if done is not None and done[0] is model else prepare(model, self.options)
+        converted = prepared.model
+        plan = analyze(converted, self.options, prepared.shapes)
+        if plan.folded and converted is not model:  # in place: the converted graph becomes the model's
+            model.graph, model.ir_version = converted.graph, converted.ir_version
+            model.functions.clear()
+            model.functions.update(converted.functions)
+            plan.converted_from, plan.converted_to = prepared.converted_from, default_opset(model)
+        self.plan = plan
+        apply_plan(model, plan)
         for decision in self.plan.kept:
             logger.info("kept %s: %s", decision.node, decision.reason)
         return ir.passes.PassResult(model, modified=bool(self.plan.folded))

@@ -21,10 +21,11 @@ from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import candidates, plan_for, plan_for_clone
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
-from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, check_preconditions
+from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, check_preconditions, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
+from onnx_lnfold.load.opset import convert_opset, default_opset
 from onnx_lnfold.ort_fusions.check import FusionCheck
 from onnx_lnfold.ort_fusions.order import order_advice
 from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
@@ -107,16 +108,54 @@ class FoldRun:
         return self.report.verification.status not in ("passed", "skipped")
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The model the analysis reads for a target: `model` itself, or (`converted_from` set) a new
+    model converted to the opset the target's ops need, which shares the caller's tensors."""
+
+    model: ir.Model
+    converted_from: int | None = None
+    shapes: ShapeTable | None = None  # of `model`, where it was computed on the way
+
+
+def prepare(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> Prepared:
+    """`model` at the opset its target needs (docs/DESIGN.md section 4): a model below it, with
+    LayerNorms to fold, converted by `onnx.version_converter` (`load.opset`); one without any is
+    left as it is, since nothing would be written. Raises `InvalidInput` naming the op that blocks
+    the conversion. Changes nothing of `model`."""
+    needed = target_opset(options.target)
+    if needed is None or default_opset(model) >= needed:
+        return Prepared(model, None, shapes)
+    shapes = shapes or ShapeTable(model)
+    if not candidates(model, shapes):
+        return Prepared(model, None, shapes)
+    why = f"--target {options.target} writes {target_op_names(options.target)} (opset {needed})"
+    converted = convert_opset(model, needed, why)
+    return Prepared(converted, default_opset(model), ShapeTable(converted, given=shapes.given))
+
+
+def analyze_for_target(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> tuple[ir.Model, CenteringPlan]:
+    """`prepare`, then `analyze` the model prepared: (that model, its plan). The plan is bound to
+    the model returned, which is `model` unless it was converted."""
+    prepared = prepare(model, options, shapes)
+    plan = analyze(prepared.model, options, prepared.shapes)
+    if prepared.converted_from is not None:
+        plan.converted_from, plan.converted_to = prepared.converted_from, default_opset(prepared.model)
+    return prepared.model, plan
+
+
 def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> CenteringPlan:
     """Recognize every LayerNorm of `model` and decide whether it folds and how; mutate nothing.
 
     LNs whose fold would cost an ONNX Runtime fusion stay LNs (`ort_fusions`, docs/DESIGN.md
     section 10): the transformers optimizer's EmbedLayerNormalization first, then the session
-    fusions of the plan, applied to a weightless clone, until the plan loses none."""
-    check_preconditions(model, options)
+    fusions of the plan, applied to a weightless clone, until the plan loses none. The model must
+    be at the opset the target needs (`prepare`)."""
     shapes = shapes or ShapeTable(model)
     with FusionCheck.start(model, options.keep_ort_fusions) as fusions:
         lns = candidates(model, shapes)
+        if lns:
+            check_preconditions(model, options)
         kept = fusions.embed_layer_norm_costs(lns)
         plan = plan_for(model, options, shapes, lns, kept)
         while plan.folded and fusions.active:
@@ -160,9 +199,12 @@ def run_pipeline(
     original_src = OrtSource(model) if (verifying and path is None) else None
     try:
         progress.phase("Analyzing" if (dry_run or proof) else "Folding")
-        plan = analyze(model, options, ShapeTable(model, given=check.run_shapes))
+        given = model
+        model, plan = analyze_for_target(model, options, ShapeTable(model, given=check.run_shapes))
         # From the model as it was: the rewrite removes IR objects the proof walks.
         trace = explain(model, plan) if proof else []
+        if not plan.folded:
+            model = given  # a model converted for its target, with nothing to fold, stays as given
         if dry_run:
             skipped = Verification("skipped", "dry run: nothing was changed")
             apply_plan(model, plan)  # owned: its op counts are the fold's; nothing is written

@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent))  # this checkout's onnx_lnfold, not whichev
 sys.path.insert(0, str(HERE.parent / "tests"))  # the fuzz generator
 
 import onnx_lnfold  # noqa: E402
+from onnx_lnfold._pipeline import analyze_for_target  # noqa: E402
 from onnx_lnfold.report.trace import explain  # noqa: E402
 
 OPTION_SETS: dict[str, dict] = {
@@ -40,6 +41,7 @@ OPTION_SETS: dict[str, dict] = {
     "tied_center": {"tied_weights": "center"},
     "tied_untie": {"tied_weights": "untie"},
     "target_onnx": {"target": "onnx"},
+    "target_primitive": {"target": "primitive"},
 }
 
 # The plan as it was when the baseline was recorded: later additions do not change its digest.
@@ -64,8 +66,10 @@ def _plan_view(plan: onnx_lnfold.CenteringPlan) -> dict:
 def fingerprint(model, options: dict, dump: Path | None, case: str) -> dict:
     """Digests of one fold: {"model", "plan", "proof"} or {"error"}."""
     try:
-        loaded = _load(model)  # the proof reads the very model the plan was made on
-        proof = explain(loaded, onnx_lnfold.analyze(loaded, **options))
+        # The proof reads the very model the plan was made on (for --target onnx below opset 23:
+        # the converted one).
+        analyzed, plan = analyze_for_target(_load(model), onnx_lnfold.FoldOptions(**options))
+        proof = explain(analyzed, plan)
         result = onnx_lnfold.fold(model, verify=False, **options)
     except onnx_lnfold.LnFoldError as e:
         # The message under the family's name: the subclasses (InvalidInput, ...) came later, and

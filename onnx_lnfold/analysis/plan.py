@@ -237,6 +237,10 @@ class CenteringPlan:
     target: str = "ort"
     advice: list[str] = field(default_factory=list)  # pipeline advice (which order to run the ORT optimizer in)
     costs: str | None = None  # the cost table the rule decided by: its file, provider and unit
+    # The default opset the model had when the target's op needed a newer one and the plan was made
+    # on the model converted (onnx.version_converter; docs/DESIGN.md section 4); None: not converted.
+    converted_from: int | None = None
+    converted_to: int | None = None
 
     @property
     def folded(self) -> list[LnDecision]:
@@ -281,6 +285,8 @@ class CenteringPlan:
             text += f"; {_plural(len(self.centerings), 'explicit centering')}"
         if self.target != "ort":
             text += f"; target {self.target}"
+        if self.converted_from is not None:
+            text += f", opset {self.converted_from} -> {self.converted_to}"
         return f"<CenteringPlan: {text}>"
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,4 +301,7 @@ class CenteringPlan:
             "centerings": [c.to_dict() for c in self.centerings],
             "advice": list(self.advice),
             "costs": self.costs,
+            "opset_converted": None
+            if self.converted_from is None
+            else {"from": self.converted_from, "to": self.converted_to, "by": "onnx.version_converter"},
         }

@@ -32,7 +32,14 @@ from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.emit.costs import table_for
-from onnx_lnfold.emit.targets import beta_add_note, centering_refusal, choose_rewrite, cost_nodes, cost_refusal
+from onnx_lnfold.emit.targets import (
+    beta_add_note,
+    centering_refusal,
+    choose_rewrite,
+    cost_nodes,
+    cost_refusal,
+    target_refusal,
+)
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.forms.recognize import find_in_functions, find_layer_norms
 from onnx_lnfold.shapes.table import ShapeTable
@@ -65,19 +72,21 @@ def plan_for(
     (`_folding`), the constants to center (`analysis.edits`), and every LN's decision (`_decisions`)."""
     names = display_names(model.graph)
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
-    savings, dearer = _priced(candidates, kept, options, shapes)
-    foldable = [cand for cand in candidates if cand.name not in kept and cand not in dearer]
+    # The LNs the target cannot write (stage "form": whatever their upstream, and whatever it costs).
+    unfit = {c.name: r.at_stage("form") for c in candidates if not c.form_problem and (r := target_refusal(c, options, shapes))}
+    savings, dearer = _priced(candidates, {**kept, **unfit}, options, shapes)
+    foldable = [cand for cand in candidates if cand.name not in kept and cand.name not in unfit and cand not in dearer]
     fused = frozenset(cand.out for cand in candidates if cand.name in kept)
     active, blocked = _folding(foldable, options, shapes, sinks, names, savings, fused)
     edits, centerings = _edits(model, active, options, names)
-    blocked.update(_kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, sinks, names, savings, fused))
+    blocked.update(_kept_for_cost(candidates, {**kept, **unfit}, dearer, active, blocked, options, shapes, sinks, names, savings, fused))
     claimed: set[ir.Node] = set()  # residual Adds already taken in by a fold
     decisions = []
     for cand in candidates:
         if cand in active:
             decision = _folded(cand, edits, centerings, options, shapes, names, claimed)
         else:
-            decision = _kept(cand, blocked.get(cand) or kept[cand.name].at_stage("cost"))
+            decision = _kept(cand, blocked.get(cand) or unfit.get(cand.name) or kept[cand.name].at_stage("cost"))
         if cand in savings:
             decision.priced_at = savings[cand].pricing.words
         decisions.append(decision)

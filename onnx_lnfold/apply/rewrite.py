@@ -16,8 +16,8 @@ from onnx_lnfold.analysis.plan import LnDecision
 from onnx_lnfold.apply.centering import bias_plus_beta
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.names import fresh_name
-from onnx_lnfold.core.ops import SKIP_RMS_NORM
-from onnx_lnfold.emit.targets import ONNX_RMS_OP, RMS_OP, SKIP_RMS_OP, Rewrite, bias_slot
+from onnx_lnfold.core.ops import PRIMITIVE_OPS, SKIP_RMS_NORM
+from onnx_lnfold.emit.targets import ONNX_RMS_OP, PRIMITIVE_RMS_OP, RMS_OP, SKIP_RMS_OP, Rewrite, bias_slot
 
 
 def new_constant(graph: ir.Graph, tensor: ir.TensorProtocol) -> ir.Value:
@@ -56,8 +56,13 @@ def _rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str
     """SimplifiedLayerNormalization (or RMSNormalization, same inputs and attributes)."""
     cand = rewrite.cand
     y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
+    # Every folded LN normalizes its last axis (the forms keep the others: several-axes,
+    # not-last-axis), written -1 as exporters write it: OpenVINO 2026.4 cannot read a
+    # SimplifiedLayerNormalization whose axis is written non-negative (its translator builds
+    # Range(axis, rank) with the rank as a 1-D shape and refuses the model; docs/DESIGN.md section 4).
+    assert decision.axis is not None
     attributes = [
-        ir.AttrInt64("axis", decision.axis),  # type: ignore[arg-type]
+        ir.AttrInt64("axis", -1),
         ir.AttrFloat32("epsilon", decision.epsilon),
         ir.AttrInt64("stash_type", 1),
     ]
@@ -92,7 +97,56 @@ def _skip_rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: se
     return rms
 
 
-_EMIT = {RMS_OP: _rms, ONNX_RMS_OP: _rms, SKIP_RMS_OP: _skip_rms}
+def _primitive(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> list[ir.Node]:
+    """RMSNorm as standard ops, in the form ONNX Runtime's and OpenVINO's RMSNorm fusions both
+    recognize (`core.ops.PRIMITIVE_OPS`): `Pow(x, 2)`, `ReduceMean` over the last axis (axes an
+    input from opset 18, an attribute below; keepdims), `Add(epsilon)`, `Sqrt`, `Div(x, .)`,
+    `Mul(., gamma)`. The constants are of x's type (valid at every opset since Pow-7) and
+    scalars; each intermediate is read by the next op alone."""
+    pow_, reduce_mean, add, sqrt, div, mul = PRIMITIVE_OPS
+    cand = rewrite.cand
+    (x,) = _read(rewrite.site.inputs)
+    shape, dtype = rewrite.out_type
+    dtype = dtype or (x.type.dtype if x.type is not None else ir.DataType.FLOAT)
+    numpy_type = dtype.numpy()
+    base = cand.name
+
+    def constant(what: str, array: np.ndarray, of: ir.DataType) -> ir.Value:
+        return new_constant(graph, ir.Tensor(array, dtype=of, name=fresh_name(f"{base}.{what}", taken)))
+
+    def tensor(what: str, dims) -> ir.Value:
+        known = ir.Shape(list(dims)) if dims is not None else None
+        return ir.Value(name=fresh_name(f"{base}/{what}", taken), shape=known, type=ir.TensorType(dtype))
+
+    rows = (*shape[:-1], 1) if shape is not None else None
+    two = constant("two", np.array(2.0, dtype=numpy_type), dtype)
+    squares = tensor("squares", shape)
+    mean_square = tensor("mean_square", rows)
+    with_eps = tensor("mean_square_eps", rows)
+    rms = tensor("rms", rows)
+    normalized = tensor("normalized", shape)
+    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 18))
+    if opset >= 18:
+        axes = constant("axes", np.array([-1], dtype=np.int64), ir.DataType.INT64)
+        mean = ir.Node("", reduce_mean, [squares, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean_square])
+    else:
+        mean = ir.Node("", reduce_mean, [squares], [ir.AttrInt64s("axes", [-1]), ir.AttrInt64("keepdims", 1)], outputs=[mean_square])
+    epsilon = constant("epsilon", np.array(decision.epsilon, dtype=numpy_type), dtype)
+    nodes = [
+        ir.Node("", pow_, [x, two], outputs=[squares]),
+        mean,
+        ir.Node("", add, [mean_square, epsilon], outputs=[with_eps]),
+        ir.Node("", sqrt, [with_eps], outputs=[rms]),
+        ir.Node("", div, [x, rms], outputs=[normalized]),
+        ir.Node("", mul, [normalized, _scale(graph, rewrite, taken)], outputs=[y]),
+    ]
+    for node, what in zip(nodes, ("square", "mean", "add_eps", "sqrt", "div", "scale")):
+        node.name = fresh_name(f"{base}/rms_{what}", taken)
+    return nodes
+
+
+_EMIT = {RMS_OP: _rms, ONNX_RMS_OP: _rms, SKIP_RMS_OP: _skip_rms, PRIMITIVE_RMS_OP: _primitive}
 
 
 def _add_beta_to_bias(
@@ -176,9 +230,10 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, taken: set[str]) -
     assert rewrite is not None, decision.node
     cand, site = rewrite.cand, rewrite.site
     out, out_name = cand.out, cand.out.name
-    rms = _EMIT[rewrite.op](graph, decision, rewrite, taken)
+    emitted = _EMIT[rewrite.op](graph, decision, rewrite, taken)
+    new_nodes = emitted if isinstance(emitted, list) else [emitted]
+    rms = new_nodes[-1]  # the node whose output 0 is the normalized tensor (and 3 the sum, for a Skip op)
     y = rms.outputs[0]
-    new_nodes = [rms]
     final = y
     if rewrite.beta.how == "add":
         final = value_like(out, fresh_name(f"{out_name}.beta", taken), rewrite.out_type)

@@ -29,6 +29,7 @@ CODES: dict[str, str] = {
     "no-scale": "the LN has no scale input",
     "intermediate-read": "an intermediate of an LN written as ops (decomposed, E[x^2]-E[x]^2) is read elsewhere or is a graph output",
     "no-rms-form": "the op has no RMSNorm counterpart (EmbedLayerNormalization)",
+    "no-target-form": "the target cannot write this LN's RMSNorm exactly (--target primitive: an fp16/bf16 LN)",
     "in-function": "the LN is inside a model-local function",
     "fusion-cost": "ONNX Runtime's transformers optimizer fuses the LN into an op with no RMS form (EmbedLayerNormalization)",
     "fusion-lost": "folding would cost a fusion an ONNX Runtime session makes on the original graph",

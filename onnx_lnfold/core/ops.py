@@ -22,12 +22,29 @@ class Target:
     """A choice of `--target`: what the folds of that target emit, and for which runtimes."""
 
     name: str
-    description: str  # what the ops are, for `--help`
+    description: str  # what the ops are and which runtimes run them (measured), for `--help`
 
 
+# Which runtimes run each target's output is measured, not assumed (CPU: ONNX Runtime 1.32,
+# OpenVINO 2026.4, onnxruntime-openvino 1.24.1; benchmarks/results/runtimes/RUNTIMES.md,
+# tests/runtimes/, docs/DESIGN.md section 4). The default stays ONNX Runtime's op.
 TARGETS = (
-    Target("ort", "ONNX Runtime's ops, on its CPU and CUDA providers; the default"),
-    Target("onnx", "the standard op, for models at opset >= 23"),
+    Target(
+        "ort",
+        "ONNX Runtime's ops, run by its CPU and CUDA kernels and by OpenVINO 2026.4's CPU plugin as its RMS kernel; "
+        "OpenVINO 2025.4, inside ONNX Runtime's OpenVINO EP 1.24, decomposes them (measured on CPU); the default",
+    ),
+    Target(
+        "onnx",
+        "the standard op, at opset 23, to which an older model is converted by onnx.version_converter; ONNX Runtime and "
+        "OpenVINO 2026.4 run it, OpenVINO 2025.4 refuses it and ONNX Runtime's OpenVINO EP 1.24 leaves it to ORT's CPU "
+        "EP, slower than the original there",
+    ),
+    Target(
+        "primitive",
+        "standard ops at the model's opset, which ONNX Runtime, at optimization level EXTENDED and up, and OpenVINO "
+        "2025.4 and 2026.4 fuse into their RMSNorm kernels, for runtimes with neither op; float32 and float64 LNs",
+    ),
 )
 
 
@@ -66,11 +83,26 @@ ONNX_RMS_NORM = NormOp("RMSNormalization", rms=True, target="onnx", since_opset=
 NORM_OPS = (LAYER_NORM, SKIP_LAYER_NORM, EMBED_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM, ONNX_RMS_NORM)
 
 
+# RMSNorm written as standard ops (target "primitive"), in the one form that both ONNX Runtime's
+# SimplifiedLayerNormFusion (onnxruntime/core/optimizer/layer_norm_fusion.cc, ORT_ENABLE_EXTENDED
+# and up) and OpenVINO's RMSFusion (its CPU plugin) turn into their RMSNorm kernel:
+#   Pow(x, 2) -> ReduceMean(axes [-1], keepdims 1) -> Add(epsilon) -> Sqrt -> Div(x, .) -> Mul(., gamma)
+# each intermediate read by the next op alone. Neither fuses Mul(x, x), a Reciprocal or Pow(., -0.5).
+PRIMITIVE_OPS = ("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul")
+PRIMITIVE_RMS = "/".join(PRIMITIVE_OPS)  # how a plan and the report name what such a fold emits
+PRIMITIVE_TARGET = "primitive"
+
+
+def target_ops(target: str) -> str:
+    """What `target`'s folds emit, in words: `SimplifiedLayerNormalization / ...`."""
+    if target == PRIMITIVE_TARGET:
+        return PRIMITIVE_RMS
+    return " / ".join(op.op_type for op in NORM_OPS if op.target == target)
+
+
 def target_help() -> str:
-    """`ort: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (...); onnx: ...`."""
-    return "; ".join(
-        f"{t.name}: {' / '.join(op.op_type for op in NORM_OPS if op.target == t.name)} ({t.description})" for t in TARGETS
-    )
+    """`ort writes SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization: ... . onnx writes ...`."""
+    return " ".join(f"{t.name} writes {target_ops(t.name)}: {t.description}." for t in TARGETS)
 
 
 # Op types (any domain) whose output is a normalization's: gamma * n + beta, a data-dependent mean.

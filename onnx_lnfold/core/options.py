@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
 # "ort": SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (ONNX Runtime ops);
-# "onnx": the standard RMSNormalization, for models already at opset >= ONNX_RMS_OPSET.
+# "onnx": the standard RMSNormalization, the model converted to opset ONNX_RMS_OPSET where older.
 TARGETS = tuple(t.name for t in ops.TARGETS)
 ONNX_RMS_OPSET = ONNX_RMS_NORM.since_opset
 
@@ -68,7 +68,8 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 class FoldOptions:
     """How to fold; raises `InvalidInput` (one line; a `ValueError`) for a value outside the choices.
 
-    `target="onnx"` emits the standard RMSNormalization (opset >= 23 models only);
+    `target="onnx"` emits the standard RMSNormalization (an older model is converted to opset 23 by
+    `onnx.version_converter` first);
     `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
     ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
     `tied_weights` ("auto", "center", "untie", "derive") says how an embedding table the LM head shares is
@@ -107,15 +108,27 @@ class FoldOptions:
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(FoldOptions))
 
 
+def target_opset(target: str) -> int | None:
+    """The default-domain opset the ops of `target` need (None: any)."""
+    return max((op.since_opset for op in ops.NORM_OPS if op.target == target and op.since_opset), default=None)
+
+
 def check_preconditions(model: ir.Model, options: FoldOptions) -> None:
-    """What the options ask of this model: `target="onnx"` needs a default opset of 23 or more."""
-    if options.target == "onnx":
+    """What the options ask of the model the analysis reads: the opset the target's ops need. The
+    entry points convert an older model first (`_pipeline.prepare`, `load.opset`), so this refuses
+    only a model handed to the analysis unconverted."""
+    needed = target_opset(options.target)
+    if needed is not None:
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
-        if opset < ONNX_RMS_OPSET:
+        if opset < needed:
             raise InvalidInput(
-                f"--target onnx emits RMSNormalization (opset {ONNX_RMS_OPSET}); this model's default opset is "
-                f"{opset}: convert it first (onnx.version_converter) or use the default target 'ort'"
+                f"--target {options.target} emits {target_op_names(options.target)} (opset {needed}); the model analyzed "
+                f"is at opset {opset}: convert it first (onnx_lnfold.fold and the command line do)"
             )
+
+
+def target_op_names(target: str) -> str:
+    return ops.target_ops(target)
 
 
 def keywords_to_options(options: FoldOptions | None, keywords: dict[str, Any], caller: str) -> FoldOptions:
@@ -151,6 +164,8 @@ __all__ = [
     "UNTIE_BUDGET",
     "FoldOptions",
     "check_preconditions",
+    "target_op_names",
+    "target_opset",
     "keywords_to_options",
     "takes_option_keywords",
 ]

@@ -5,7 +5,11 @@ mutates nothing.
   as it is (ONNX Runtime's CPU EP runs `Add + SimplifiedLayerNormalization` for less than its fused
   kernel), or `com.microsoft::SkipSimplifiedLayerNormalization` for `SkipLayerNormalization` inputs
   and where `--fuse-residual` asks;
-- target "onnx": the standard `RMSNormalization` (opset 23), for models already at opset >= 23.
+- target "onnx": the standard `RMSNormalization` (opset 23; an older model is converted first,
+  `load.opset`);
+- target "primitive": RMSNorm as `Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul` (`core.ops.PRIMITIVE_OPS`),
+  standard ops at any opset, which ONNX Runtime (ORT_ENABLE_EXTENDED and up) fuses back into
+  `SimplifiedLayerNormalization` and OpenVINO's CPU plugin into its RMS node.
 
 `beta` goes where it costs nothing (`beta_placement`): the consumers' biases, a key projection's
 share dropped where the attention's Softmax removes it (`emit.softmax_shift`), a bias created where
@@ -21,7 +25,15 @@ import onnx_ir as ir
 
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import constant_of, is_standard, node_label, reads_only_shape
-from onnx_lnfold.core.ops import LAYER_NORM, ONNX_RMS_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
+from onnx_lnfold.core.ops import (
+    LAYER_NORM,
+    ONNX_RMS_NORM,
+    PRIMITIVE_RMS,
+    PRIMITIVE_TARGET,
+    RMS_NORM,
+    SKIP_LAYER_NORM,
+    SKIP_RMS_NORM,
+)
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.emit.costs import NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
 from onnx_lnfold.emit.pricing import pricing_for
@@ -33,6 +45,7 @@ from onnx_lnfold.shapes.table import ShapeTable, dims_equal
 RMS_OP = RMS_NORM.qualified
 SKIP_RMS_OP = SKIP_RMS_NORM.qualified
 ONNX_RMS_OP = ONNX_RMS_NORM.qualified
+PRIMITIVE_RMS_OP = PRIMITIVE_RMS
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,7 @@ class Rewrite:
     residual Add's name)."""
 
     cand: LnCandidate  # the LN replaced: its nodes, output, gamma and beta
-    op: str  # RMS_OP, SKIP_RMS_OP or ONNX_RMS_OP
+    op: str  # RMS_OP, SKIP_RMS_OP, ONNX_RMS_OP or PRIMITIVE_RMS_OP
     site: RewriteSite  # what the op reads besides its scale, and where it goes
     residual_add: ir.Node | None  # the Add folded into a SkipSimplifiedLayerNormalization
     taken_in: tuple[ir.Node, ...]  # nodes outside the LN the op replaces too (that Add, a bias Add)
@@ -322,6 +335,8 @@ def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, 
         return rewrite(SKIP_RMS_OP, cand.form.site(cand))
     if options.target == "onnx":
         return rewrite(ONNX_RMS_OP, cand.form.site(cand))
+    if options.target == PRIMITIVE_TARGET:
+        return rewrite(PRIMITIVE_RMS_OP, cand.form.site(cand))
     add = _residual_add(cand, shapes, claimed, options.fuse_residual, pricing)
     if add is None:
         return rewrite(RMS_OP, cand.form.site(cand))
@@ -338,9 +353,35 @@ _NODE_WORDS = {
 }
 
 
+# The input types the primitive form is written in (in the input's own type, as ORT's fusion and
+# OpenVINO's read it).
+_PRIMITIVE_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
+
+
+def target_refusal(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable) -> Blocked | None:
+    """Why the target cannot write this LN's RMSNorm exactly, or None. `primitive` writes it in the
+    input's type: in fp16 or bf16 its squares overflow above 256 (fp16) and its epsilon rounds
+    (1e-5 is 1.0014e-05 in fp16), where LayerNormalization computes in float32 (stash_type 1)."""
+    if options.target != PRIMITIVE_TARGET or cand.form.has_skip:
+        return None  # a Skip LN becomes SkipSimplifiedLayerNormalization: the model is ONNX Runtime's already
+    dtype = shapes.dtype(cand.x)
+    if dtype is None or dtype in _PRIMITIVE_TYPES:
+        return None
+    kind = dtype.name.lower()
+    return Blocked(
+        "no-target-form",
+        f"--target primitive writes RMSNorm in its input's type, and this LN's is {kind}: its squares would overflow "
+        f"and its epsilon round there, where LayerNormalization computes in float32; --target ort or onnx fold it",
+        detail=f"input {kind}",
+    )
+
+
 def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(original, emitted): the nodes ONNX Runtime's CPU EP runs for this LN before and after
-    the fold, each as (kind of `emit.costs.KINDS`, width). The original's `Add + LayerNormalization`
+    the fold, each as (kind of `emit.costs.KINDS`, width). The primitive form (`PRIMITIVE_RMS_OP`) is
+    the SimplifiedLayerNormalization ONNX Runtime fuses it into at ORT_ENABLE_EXTENDED and up: its
+    optimized graph is the default target's, node for node (tests/apply/test_primitive.py), so it
+    costs what that costs. The original's `Add + LayerNormalization`
     counts as the SkipLayerNormalization ORT fuses it into (with the bias Add before it, which
     ORT takes in too); a residual Add that runs in both models is left out of both."""
     cand = rewrite.cand

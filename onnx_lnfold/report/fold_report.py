@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
-from onnx_lnfold.core.ops import RMS_OPS
+from onnx_lnfold.core.ops import RMS_OPS, TARGETS
 from onnx_lnfold.emit.targets import BETA_SITE_WORDS
 from onnx_lnfold.report import kept
 from onnx_lnfold.verify.verdict import Verification
@@ -122,6 +122,7 @@ class FoldReport:
             "size_before": self.size_before,
             "size_after": self.size_after,
             **self.plan.to_dict(),
+            "target_description": self._target_description(),
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
             "ops_before": self.ops_before,
@@ -130,6 +131,10 @@ class FoldReport:
             "notes": self.notes,
             "trace": self.trace,
         }
+
+    def _target_description(self) -> str:
+        """What the target writes and which runtimes run it (measured: core.ops.TARGETS)."""
+        return next(t.description for t in TARGETS if t.name == self.plan.target)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -294,6 +299,16 @@ class FoldReport:
         counts = "".join(f"; {k}\u00a0{self.ops_before.get(k, 0)}\u00a0->\u00a0{self.ops_after.get(k, 0)}" for k in changed)
         nodes = _wrap(f"Nodes: {self.nodes_before} -> {self.nodes_after}{counts}", "  ")
         lines += [line.replace("\u00a0", " ") for line in nodes]
+        plan = self.plan
+        if plan.folded:
+            lines += _wrap(f"Target {plan.target}: {self._target_description()}", "  ")
+        if plan.converted_from is not None:
+            lines += _wrap(
+                f"Opset: {plan.converted_from} -> {plan.converted_to}, converted by onnx.version_converter for --target "
+                f"{plan.target} (its op needs opset {plan.converted_to}); the check runs the converted fold against the "
+                "original as given",
+                "  ",
+            )
         lines += self._layer_norm_lines()
         lines += self._pricing_lines()
         lines += self._edit_lines()

@@ -128,6 +128,11 @@ class ShapeTable:
             self._paths = {id(graph): path for path, graph, _ in subgraphs(self._model.graph)}
         return self._inferred
 
+    @property
+    def given(self) -> dict[str, tuple[int, ...]]:
+        """The graph input shapes the caller runs the model at (empty: none given)."""
+        return dict(self._given)
+
     def for_clone(self, clone: ir.Model) -> ShapeTable:
         """This table for `clone`, an `onnx_ir.Model.clone()` of this model (same names, same
         structure): the inference results are shared, not computed again."""

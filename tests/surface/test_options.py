@@ -10,7 +10,7 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold import _pipeline
-from onnx_lnfold._cli import EXIT_OK, EXIT_USAGE, main
+from onnx_lnfold._cli import EXIT_OK, main
 from onnx_lnfold.core.options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 
 from conftest import MODELS
@@ -31,7 +31,7 @@ OPTION_SETS = [
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("target", "cuda", "unknown target 'cuda': choose one of ort, onnx"),
+        ("target", "cuda", "unknown target 'cuda': choose one of ort, onnx, primitive"),
         ("fuse_residual", "sometimes", "unknown fuse_residual 'sometimes': choose one of auto, always, never"),
         ("tied_weights", "share", "unknown tied_weights 'share': choose one of auto, center, untie, derive"),
     ],
@@ -50,7 +50,7 @@ def test_a_bad_option_is_one_line_naming_the_choices(field, value, message):
 def test_options_are_frozen_with_the_documented_defaults_and_choices():
     options = FoldOptions()
     assert dataclasses.astuple(options) == ("ort", True, "auto", "auto", True, False, None)
-    assert (TARGETS, FUSE_RESIDUAL, TIED_WEIGHTS) == (("ort", "onnx"), ("auto", "always", "never"), ("auto", "center", "untie", "derive"))
+    assert (TARGETS, FUSE_RESIDUAL, TIED_WEIGHTS) == (("ort", "onnx", "primitive"), ("auto", "always", "never"), ("auto", "center", "untie", "derive"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.target = "onnx"  # type: ignore[misc]
     assert onnx_lnfold.FoldOptions is FoldOptions and "FoldOptions" in onnx_lnfold.__all__
@@ -109,40 +109,22 @@ def _opset18_model():
     return g.model(opset=18)
 
 
-OPSET_MESSAGE = (
-    "--target onnx emits RMSNormalization (opset 23); this model's default opset is 18: "
-    "convert it first (onnx.version_converter) or use the default target 'ort'"
-)
-
-
-def test_pass_requires_opset_23_for_the_onnx_target_inside_a_pass_manager():
+def test_the_entry_points_convert_and_the_analysis_refuses_an_unconverted_model():
+    """fold(), analyze(), the command line and the pass convert a model below the target's opset
+    first (tests/load/test_opset.py: the committed models and the blocked conversions); the
+    analysis itself refuses a model handed to it unconverted, in one line, changing nothing."""
     model = ir.serde.deserialize_model(_opset18_model())
-    fold_pass = onnx_lnfold.LnFoldPass(target="onnx")
-    manager = ir.passes.PassManager([fold_pass])
-    with pytest.raises(ir.passes.PassError) as raised:  # the manager wraps what a pass raises
-        manager(model)
-    precondition = raised.value
-    while not isinstance(precondition, ir.passes.PreconditionError) and precondition.__cause__ is not None:
-        precondition = precondition.__cause__  # Sequential, then PassManager, each wrap it once
-    assert isinstance(precondition, ir.passes.PreconditionError) and str(precondition) == OPSET_MESSAGE
-    with pytest.raises(ir.passes.PreconditionError, match=re.escape(OPSET_MESSAGE)):
-        fold_pass(model)  # a pass called alone runs requires() too
-    assert fold_pass.plan is None  # stopped before the analysis
-    assert [n.op_type for n in model.graph].count("LayerNormalization") == 1  # and changed nothing
-    # The same model passes with the default target (its beta stays an Add: folded as asked).
-    assert onnx_lnfold.LnFoldPass(fold_costly=True)(model).modified
-
-
-def test_fold_analyze_and_the_cli_give_the_same_one_line_error(tmp_path, capsys):
-    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(OPSET_MESSAGE)}$"):
-        onnx_lnfold.fold(_opset18_model(), target="onnx")
-    with pytest.raises(onnx_lnfold.LnFoldError, match=f"^{re.escape(OPSET_MESSAGE)}$"):
-        onnx_lnfold.analyze(_opset18_model(), options=FoldOptions(target="onnx"))
-    path = tmp_path / "m.onnx"
-    ir.save(ir.serde.deserialize_model(_opset18_model()), str(path))
-    assert main([str(path), "--target", "onnx"]) == EXIT_USAGE
-    assert capsys.readouterr().err == f"onnx_lnfold: error: {OPSET_MESSAGE}\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # nothing written
+    assert onnx_lnfold.analyze(model, target="onnx").converted_from == 18
+    message = (
+        "--target onnx emits RMSNormalization (opset 23); the model analyzed is at opset 18: convert it first "
+        "(onnx_lnfold.fold and the command line do)"
+    )
+    with pytest.raises(onnx_lnfold.InvalidInput, match=f"^{re.escape(message)}$"):
+        _pipeline.analyze(model, FoldOptions(target="onnx"))
+    assert model.opset_imports[""] == 18 and [n.op_type for n in model.graph].count("LayerNormalization") == 1
+    # The pass converts in place; the default target folds at the model's own opset.
+    assert onnx_lnfold.LnFoldPass(target="onnx", fold_costly=True)(model).modified
+    assert model.opset_imports[""] == 23
 
 
 # --------------------------------------------------------------------------- one driver
@@ -205,3 +187,20 @@ def test_the_skip_reasons_are_decided_in_one_place():
     assert dry.report.verification.reason == "dry run: nothing was changed" and dry.report.dry_run
     assert len(dry.report.plan.folded) == 1  # the node counts are the fold's: the dry run says what it would write
     assert dry.report.ops_after.get("SimplifiedLayerNormalization") == 1 and "LayerNormalization" not in dry.report.ops_after
+
+
+def test_help_and_report_say_which_runtimes_run_each_target():
+    """Issue 26: what each target writes and which runtimes run it (measured: core.ops.TARGETS);
+    the report says it for the target it folded to, in text and JSON."""
+    from onnx_lnfold._cli import build_parser
+    from onnx_lnfold.core.ops import TARGETS as DESCRIBED
+
+    help_text = " ".join(build_parser("onnx-lnfold").format_help().split())
+    for target in DESCRIBED:
+        assert f"{target.name} writes" in help_text and " ".join(target.description.split()) in help_text
+        assert "OpenVINO" in target.description and "ONNX Runtime" in target.description
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", target="primitive", verify=False)
+    text = " ".join(result.report.format_text().split())
+    primitive = next(t for t in DESCRIBED if t.name == "primitive")
+    assert f"Target primitive: {primitive.description}" in text
+    assert result.report.to_dict()["target_description"] == primitive.description
