@@ -5,9 +5,11 @@
 #
 # Downloads onnxruntime-gpu (a CUDA 13 build) and onnx-ir for CPython 3.12 on manylinux_2_28_x86_64
 # (the GPU host's Python), writes SHA256SUMS, and splits the 256 MB onnxruntime-gpu wheel into
-# 40 MB parts (PARTS.SHA256SUMS): a part fits where one transfer to the host is limited (the device
-# tool carries at most 64 MiB per call). The whole wheel is removed once its parts are checked to
-# reassemble into it; run_on_host.sh reassembles them on the host. See benchmarks/README.md, CUDA.
+# PART_SIZE parts (default 40M, 7 parts; PARTS.SHA256SUMS), for a way to the host that limits the size
+# of one file or of one copy (PART_SIZE=1G: the wheel in one part). The whole wheel is removed once its
+# parts are checked to reassemble into it (KEEP_WHOLE=1 keeps it); run_on_host.sh reassembles them on
+# the host. Copy .whl/ into the host's checkout by any means (scp, rsync, a USB disk).
+# See benchmarks/README.md, section CUDA.
 #
 # The real trained models the sweep times (TRAINED, default models/trained/, which
 # models/make/fetch_trained_models.py fills: MANIFEST.json and the .onnx files with their external data)
@@ -81,5 +83,5 @@ else
     echo "== no trained models in $TRAINED (models/make/fetch_trained_models.py fills it): the sweep will time none"
 fi
 ls -l "$WHL"
-echo "== ready: carry $WHL/*SHA256SUMS, $WHL/$IR_WHEEL and each part ($WHL/*.part-NN) to the host, at most"
-echo "   64 MiB per call, then run benchmarks/cuda/gpu_host/run_on_host.sh there"
+echo "== ready: copy $WHL/ (its *SHA256SUMS, $IR_WHEEL and every part *.part-NN) into the GPU host's"
+echo "   checkout, then run benchmarks/cuda/gpu_host/run_on_host.sh there (--parts: which parts have arrived)"

@@ -3,26 +3,31 @@
 #
 #   benchmarks/cuda/gpu_host/run_on_host.sh [ARGS for python -m benchmarks.cuda]   # everything
 #   benchmarks/cuda/gpu_host/run_on_host.sh --check-only                          # stop after the CUDA check
-#   benchmarks/cuda/gpu_host/run_on_host.sh --rehearse                            # here, without a GPU (below)
+#   benchmarks/cuda/gpu_host/run_on_host.sh --rehearse                            # on a machine without a GPU (below)
 #   benchmarks/cuda/gpu_host/run_on_host.sh --parts                               # which wheel parts are present
 #
 # Steps, each stopping the script with its reason when it fails:
 #   1. reassemble the onnxruntime-gpu wheel from its parts in $WHL (sha256 of every part and of the wheel);
 #      the trained models' tar likewise (TRAINED.*SHA256SUMS), unpacked into models/trained/, every model
 #      checked against the sha256 MANIFEST.json records;
-#   2. pip install --no-index --no-deps --target $SITE onnxruntime-gpu and onnx-ir (the host has their
-#      dependencies: numpy, protobuf, flatbuffers, packaging, sympy, onnx, ml_dtypes with its CPU
-#      onnxruntime and torch), PYTHONPATH=$SITE first, so `import onnxruntime` is the GPU build;
+#   2. pip install --no-index --no-deps --target $SITE onnxruntime-gpu and onnx-ir (the host must have
+#      their dependencies: numpy, protobuf, flatbuffers, packaging, sympy, onnx, ml_dtypes; and torch for
+#      CUDA 13), PYTHONPATH=$SITE first, so `import onnxruntime` is the GPU build even where a CPU
+#      onnxruntime is installed;
 #   3. make the CUDA 13 libraries findable: LD_LIBRARY_PATH gets every lib/ folder of the `nvidia`
 #      packages (torch's cuBLAS, cuDNN, cuRAND, CUDA runtime), and benchmarks.cuda imports torch before
 #      onnxruntime, which loads them into the process;
 #   4. check that onnxruntime is the installed 1.31.1 from $SITE and that a session really runs on
 #      CUDAExecutionProvider with CPU fallback disabled (benchmarks.cuda refuses CPU figures anyway);
-#   5. python -m benchmarks.cuda.costs --out $OUT (CUDA_COSTS_SECONDS, default 150): the cost table for
-#      CUDA (onnx-lnfold calibrate --provider CUDA -> cuda_costs.json, COSTS.md) and onnx-lnfold bench of
-#      the trained models and GPT-2 folded by it (BENCH.md); then python -m benchmarks.cuda "$@" with
-#      --max-seconds SWEEP_SECONDS (default 250) unless given (results in benchmarks/results/cuda/), so
-#      the whole run fits in 8 minutes: ~25 s of steps 1-4, <= ~175 s of step 5's first part, 250 s of sweep.
+#   5. python -m benchmarks.cuda.costs --out $COSTS_OUT (default benchmarks/results/cuda/costs;
+#      --max-seconds CUDA_COSTS_SECONDS, default 150): the cost table for CUDA (onnx-lnfold calibrate
+#      --provider CUDA -> cuda_costs.json, COSTS.md) and onnx-lnfold bench of the trained models and GPT-2
+#      folded by it (BENCH.md, bench.json); then python -m benchmarks.cuda "$@" with --max-seconds
+#      SWEEP_SECONDS (default 250) unless given (results in --out DIR, default benchmarks/results/cuda/),
+#      about 8 minutes in all: ~25 s of steps 1-4, <= ~175 s of step 5's first part, <= 250 s of sweep.
+#
+# The mode (--check-only, --rehearse, --parts) must be the first argument; any other arguments go to
+# python -m benchmarks.cuda (e.g. --out DIR, --max-seconds S, --skip-gpt2).
 #
 # --rehearse (a machine with another Python and no GPU): steps 1-3 as on the host, the install made
 # for cp312 manylinux_2_28_x86_64 explicitly; step 4 only up to where CUDA is needed: onnx-ir imports
@@ -50,7 +55,7 @@ esac
 die() { echo "run_on_host: $*" >&2; exit 2; }
 
 # ---- 1. reassemble --------------------------------------------------------------------------------
-[ -f "$WHL/SHA256SUMS" ] || die "no $WHL/SHA256SUMS: run benchmarks/cuda/gpu_host/prepare.sh where there is network, then carry $WHL/ here"
+[ -f "$WHL/SHA256SUMS" ] || die "no $WHL/SHA256SUMS: run benchmarks/cuda/gpu_host/prepare.sh where there is network, then copy $WHL/ into this checkout"
 ORT_WHEEL=$(awk '{print $2}' "$WHL/SHA256SUMS" | grep "^onnxruntime_gpu-$ORT_VERSION-") || die "SHA256SUMS names no onnxruntime_gpu $ORT_VERSION wheel"
 IR_WHEEL=$(awk '{print $2}' "$WHL/SHA256SUMS" | grep '^onnx_ir-') || die "SHA256SUMS names no onnx_ir wheel"
 if [ "$MODE" = parts ]; then
@@ -157,7 +162,7 @@ needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]",
 paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p] + ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/lib64", capi]
 for lib in needed:
     where = next((p for p in paths if os.path.exists(os.path.join(p, lib))), None)
-    print(f"   CUDA provider needs {lib:28s} {'found in ' + where if where else 'NOT FOUND here (the GPU host has it with torch)'}")
+    print(f"   CUDA provider needs {lib:28s} {'found in ' + where if where else 'NOT FOUND here (the GPU host needs it: torch for CUDA 13 or the driver)'}")
 print("   a CUDA session needs the GPU host: the sweep is rehearsed on this machine's CPU onnxruntime")
 PY
     REHEARSE_OUT=${REHEARSE_OUT:-/tmp/lnfold-rehearse}
