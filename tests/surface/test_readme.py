@@ -1,10 +1,12 @@
 """The README's commands and code run as written, so the docs cannot rot."""
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +97,31 @@ def test_readme_lists_every_command_line_option():
     for action in build_parser("onnx-lnfold")._actions:
         if action.option_strings and action.dest != "help":
             assert f"`{action.option_strings[-1]}" in README or f", {action.option_strings[-1]}" in README, action.option_strings
+
+
+def _fold_summary():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fold_summary", ROOT / "tools" / "fold_summary.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_the_what_folds_table_is_a_run_of_fold_summary():
+    """The README's table of what folds is today's default plan of every committed model."""
+    summary = _fold_summary()
+    assert summary.readme_block(README) == summary.markdown(summary.committed_models())
+
+
+@pytest.mark.slow
+def test_the_trained_models_table_is_a_run_of_fold_summary():
+    summary = _fold_summary()
+    folder = Path(os.environ.get("LNFOLD_TRAINED_DIR") or ROOT / "models" / "trained")
+    if not (folder / "MANIFEST.json").is_file():
+        pytest.skip(f"no trained models in {folder}: run `python models/make/fetch_trained_models.py`")
+    paths = summary.trained_models(folder)
+    manifest = json.loads((folder / "MANIFEST.json").read_text())["models"]
+    if len(paths) < len(manifest):
+        pytest.skip(f"{len(manifest) - len(paths)} trained model(s) missing in {folder}")
+    assert summary.readme_block(README, "trained") == summary.markdown(paths)
