@@ -206,3 +206,15 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.10, window_s: float =
         if first or time.time() - last > 30:
             log(f"machine busy: other processes use {f * 100:.0f}% of the CPU; waiting up to {max_wait_s:.0f} s")
             first, last = False, time.time()
+
+
+def callgrind_dump_totals(prefix: Path) -> list[int]:
+    """Instructions per callgrind dump of `prefix`.* (every thread's, summed), in dump order."""
+    by_dump: dict[int, int] = {}
+    for p in prefix.parent.glob(prefix.name + ".*-*"):
+        k = int(p.name[len(prefix.name) + 1:].split("-")[0])
+        for line in p.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                by_dump[k] = by_dump.get(k, 0) + int(line.split()[1])
+                break
+    return [by_dump[k] for k in sorted(by_dump)]

@@ -108,17 +108,6 @@ def child(plan_path: str) -> int:
     return 0
 
 
-def _totals(prefix: Path) -> list[int]:
-    by_dump: dict[int, int] = {}
-    for p in prefix.parent.glob(prefix.name + ".*-*"):
-        k = int(p.name[len(prefix.name) + 1:].split("-")[0])
-        for line in p.read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                by_dump[k] = by_dump.get(k, 0) + int(line.split()[1])
-                break
-    return [by_dump[k] for k in sorted(by_dump)]
-
-
 def measure(runtime: str, graphs: list[dict], tokens: int, runs: int, work: Path, tag: str) -> list[float]:
     prefix = work / f"cg.{tag}"
     plan = work / f"plan.{tag}.json"
@@ -132,7 +121,9 @@ def measure(runtime: str, graphs: list[dict], tokens: int, runs: int, work: Path
                           env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-600:])
-    totals = _totals(prefix)
+    from benchmarks.common import callgrind_dump_totals
+
+    totals = callgrind_dump_totals(prefix)
     if len(totals) != 2 * len(graphs):
         raise RuntimeError(f"{tag}: {len(totals)} dumps for {len(graphs)} graphs")
     return [(totals[2 * i + 1] - totals[2 * i]) / runs for i in range(len(graphs))]

@@ -240,18 +240,6 @@ def instruction_child(plan_path: str) -> int:
     return 0
 
 
-def _dump_totals(prefix: Path) -> list[int]:
-    """Instructions per dump (every thread's, summed), in dump order."""
-    by_dump: dict[int, int] = {}
-    for p in prefix.parent.glob(prefix.name + ".*-*"):
-        k = int(p.name[len(prefix.name) + 1:].split("-")[0])
-        for line in p.read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                by_dump[k] = by_dump.get(k, 0) + int(line.split()[1])
-                break
-    return [by_dump[k] for k in sorted(by_dump)]
-
-
 def count_instructions(model: dict, runtime: str, order: list[str], runs: int, tag: str) -> dict[str, float]:
     """Instructions per run of each variant in one valgrind process: (I(2N) - I(N)) / N."""
     kind, settings, _ = RUNTIMES[runtime]
@@ -271,7 +259,9 @@ def count_instructions(model: dict, runtime: str, order: list[str], runs: int, t
     plan.unlink()
     if proc.returncode != 0:
         raise RuntimeError(f"valgrind child failed for {tag}: {proc.stderr.strip()[-600:]}")
-    totals = _dump_totals(prefix)
+    from benchmarks.common import callgrind_dump_totals
+
+    totals = callgrind_dump_totals(prefix)
     for old in WORK.glob(f"cg.{tag}.*"):
         old.unlink()
     if len(totals) != 2 * len(order):
