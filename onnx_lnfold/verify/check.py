@@ -42,6 +42,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S
+from onnx_lnfold.verify.edits import EditCheck, EditsChecked, check_edits, edit_checks
 from onnx_lnfold.verify.inputs import verification_input_sets
 from onnx_lnfold.verify.judge import (
     Compared,
@@ -64,7 +65,7 @@ from onnx_lnfold.verify.runner import (
 )
 from onnx_lnfold.verify.shadow import bfloat16_rounding, float32_shadow, has_bfloat16, widen_feeds
 from onnx_lnfold.verify.synthesize import InputsUnavailable
-from onnx_lnfold.verify.verdict import LOW_PRECISION, RTOL_ONLY, OutputDiff, Verification, rtol_for
+from onnx_lnfold.verify.verdict import LOW_PRECISION, RTOL_ONLY, SENSITIVITY, OutputDiff, Verification, rtol_for
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ def verify(
     exact: dict[str, Any] | None = None,
     float64_budget: float = FLOAT64_BUDGET_S,
     fold_seconds: float | None = None,
+    edits: tuple[list[EditCheck], int] | None = None,
 ) -> Verification:
     """Compare the two models on every input set (`verify.inputs.InputSet`s).
 
@@ -124,7 +126,8 @@ def verify(
     give their float64 values), for the exact twin; without it that check is not made. `float64_budget`: seconds the float64
     evaluation may take (0: none, judge by the sensitivity); `fold_seconds`, what the fold took,
     bounds it further (`float64_allowance`). The float64 twins run on the input sets that fit, the
-    first always. 'failed' when a check fails or the
+    first always. `edits`: the fold's weight edits (`verify.edits.edit_checks`), read back from both
+    models when no float64 run fits. 'failed' when a check fails or the
     folded model does not run; 'unverified' when the check cannot run at all.
     """
     output_types = output_types or {}
@@ -222,12 +225,28 @@ def verify(
                 f"its allowance of {allowance:.0f} s"
             )
         return judge_float64(outputs, result, partial=len(chosen) < len(compared))
+    read_back = check_edits(original, folded, *edits) if edits is not None else None
+    if read_back is not None and read_back.problem:
+        return result("failed", f"a weight edit is not a centering: {read_back.problem}", outputs, judgment=SENSITIVITY, judgment_reason=reason64)
     try:
         measure_sensitivity(original_model, compared, worst)
     except Exception as e:  # noqa: BLE001 - the perturbed original does not run: rtol alone, said so
         why = f"{reason64}; the original's sensitivity could not be measured: {first_line(e)}"
-        return judge_sensitivity(outputs, result, why, RTOL_ONLY)
-    return judge_sensitivity(outputs, result, reason64)
+        return _read_back(judge_sensitivity(outputs, result, why, RTOL_ONLY), read_back)
+    return _read_back(judge_sensitivity(outputs, result, reason64), read_back)
+
+
+def _read_back(verification: Verification, read_back: EditsChecked | None) -> Verification:
+    """The verdict with what reading the edits back showed (`verify.edits`)."""
+    if read_back is not None:
+        verification.edits_checked, verification.edits_unchecked = read_back.checked, read_back.unchecked
+        if read_back.checked:
+            others = f"; {read_back.unchecked} of other kinds not read back" if read_back.unchecked else ""
+            verification.notes.append(
+                f"each weight edit read back in float64, tensor by tensor: {read_back.checked} written tensors are their "
+                f"originals less their means along the axis, to within their type's rounding{others}"
+            )
+    return verification
 
 
 def _within(compared: list[Compared], allowance: float, budget: float) -> list[Compared]:
@@ -279,6 +298,7 @@ def check_equivalence(
         exact=computed,
         float64_budget=float64_budget,
         fold_seconds=fold_seconds,
+        edits=edit_checks(plan) if plan is not None else None,
     )
     if shadow and plan is not None and verification.status == "passed":
         verification.notes.extend(bfloat16_rounding(spec_model, plan))

@@ -146,6 +146,10 @@ class Verification:
     way_out: str = ""  # "inputs", "install" or "decline": what the user can do about an unverified check
     judgment: str = ""  # FLOAT64 or SENSITIVITY: what decided; "" when nothing was compared
     judgment_reason: str = ""  # why the fallback was used
+    # Without float64: the weight edits read back and found centered (`verify.edits`), and those
+    # of other kinds not read back.
+    edits_checked: int = 0
+    edits_unchecked: int = 0
 
     def __repr__(self) -> str:
         """One line; the figures per output are `.outputs`, the report's lines `format_lines()`."""
@@ -183,6 +187,8 @@ class Verification:
         names that figure); a skipped check says why, as the detail does."""
         if self.status == "passed":
             where = _RESTS_ON.get(self.judgment, "")
+            if self.judgment != FLOAT64 and self.edits_checked:
+                where += f"{self.edits_checked} edits read back, "
             return f"verified ({where}{diff} {self.decisive_rel_diff:.2g})"
         if self.status == "failed":
             if self.judgment == FLOAT64 and self.reason.startswith("the fold is not exact"):
@@ -208,6 +214,8 @@ class Verification:
             "reason": self.reason,
             "judgment": self.judgment or None,
             "judgment_reason": self.judgment_reason,
+            "edits_checked": self.edits_checked,
+            "edits_unchecked": self.edits_unchecked,
             "rtol": self.rtol,
             "exact_rtol": EXACT_RTOL if self.judgment == FLOAT64 else None,
             "max_rel_diff": self.max_rel_diff if self.outputs else None,
