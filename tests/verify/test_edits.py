@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 import onnx_lnfold
-from conftest import MODELS
 from onnx_lnfold.apply import centering
 from onnx_lnfold.verify import check
 from onnx_lnfold.verify.verdict import SENSITIVITY
+
+from conftest import MODELS
 
 
 def _one_edit_off(monkeypatch, name: str, relative: float = 1e-6) -> None:

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import onnx
+import onnx.reference
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
@@ -287,7 +288,7 @@ def test_without_a_float64_reference_the_originals_sensitivity_decides_and_the_r
     assert "Verification (passed, judged without float64; onnxruntime" in text
     assert "no float64 reference: onnx.reference cannot evaluate com.microsoft::FusedMatMul" in text
     assert "tolerance: rtol 0.0001 + 10 x the original's sensitivity" in text
-    assert "verified (without float64, worst relative diff " in result.report.format_summary()
+    assert "verified (without float64, 3 edits read back, worst relative diff " in result.report.format_summary()
 
 
 def test_a_wrong_fold_is_still_refused_without_a_float64_reference(monkeypatch):
@@ -476,3 +477,39 @@ def test_clip_exported_by_dynamo_with_dynamic_height_and_width(tmp_path):
     verification = result.report.verification
     assert verification.status == "passed" and len(result.plan.folded) >= 4
     assert "pixel_values(2, 3, 32, 32)" in verification.input_sets[0]
+
+
+def test_batch_normalization_at_opset_11_is_evaluated_in_inference_mode():
+    """onnx.reference's opset 9-13 BatchNormalization takes the batch's statistics when the node has
+    a momentum; a one-output node is in inference mode (ONNX Runtime uses the running ones)."""
+    import onnxruntime as ort
+
+    from onnx_lnfold.verify.reference import FLOAT64_OPS
+
+    rng = np.random.default_rng(0)
+    c = 4
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [c], v) for n, v in (
+        ("s", rng.uniform(0.5, 2, c)), ("b", rng.normal(size=c)), ("m", rng.normal(size=c)), ("v", rng.uniform(0.5, 2, c)))]
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-5, momentum=0.9)
+    graph = helper.make_graph([node], "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, c, 3, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+    x = rng.normal(size=(2, c, 3, 3)).astype(np.float32)
+    ours = onnx.reference.ReferenceEvaluator(model, new_ops=FLOAT64_OPS).run(None, {"x": x})[0]
+    stock = onnx.reference.ReferenceEvaluator(model).run(None, {"x": x})[0]
+    runtime = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(ours - runtime).max() < 1e-5 < np.abs(stock - runtime).max()
+
+
+def test_no_verdict_rests_on_a_float64_evaluation_that_disagrees_with_onnx_runtime(monkeypatch):
+    """Where the float64 evaluation of the original is far from ONNX Runtime's run of it (an op
+    evaluated otherwise), the fold is judged without it, and the report says why."""
+    from onnx_lnfold.verify import reference
+
+    erf = reference._erf
+    monkeypatch.setattr(reference, "_erf", lambda x: erf(x) * 1.5)
+    result = onnx_lnfold.fold(MODELS / "vit.onnx")
+    verification = result.report.verification
+    assert verification.passed and verification.judgment == SENSITIVITY
+    assert "relative from ONNX Runtime's run of the original on" in verification.judgment_reason
+    assert verification.edits_checked > 0
