@@ -29,6 +29,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
+from onnx_lnfold.verify.verdict import ORT_NOISE_FACTOR
 
 from conftest import ROOT
 
@@ -328,7 +329,9 @@ def test_fold_against_float64(folded):
     for feeds in case.feeds():
         truth = case.truth(feeds)
         original, got = run(path, feeds), run(result.model_proto, feeds)
-        # Within the tool's own tolerance of the truth, at its worst element...
-        assert relative_difference(got, truth) < 1e-4, (relative_difference(got, truth), relative_difference(original, truth))
+        # Within the tool's own tolerance of the truth, at its worst element (rtol, plus what the
+        # original's own fp32 rounding of it allows, verify.verdict.ORT_NOISE_FACTOR)...
+        worst, own = relative_difference(got, truth), relative_difference(original, truth)
+        assert worst < 1e-4 + ORT_NOISE_FACTOR * own, (worst, own)
         # ...and typically as close to it as the original is (fp32 rounding differs between the graphs).
         assert mean_relative_error(got, truth) <= 1.5 * mean_relative_error(original, truth)
