@@ -26,16 +26,21 @@ def uses_external_data(model: ir.Model) -> bool:
     return any(isinstance(v.const_value, ir.ExternalTensor) for v in _initializers(model))
 
 
+def release_tensor(tensor: ir.TensorProtocol | None) -> None:
+    """Close the memory map of an external tensor already read (its pages count in RSS); a later
+    read maps the file again. Any other tensor is left as it is."""
+    if isinstance(tensor, ir.ExternalTensor):
+        try:
+            tensor.release()
+        except BufferError:  # someone still holds an array on the map: it stays open
+            pass
+
+
 def release_mapped(model: ir.Model) -> None:
-    """Close the memory maps of external tensors already read (their pages count in RSS); a later
-    read maps the file again."""
+    """`release_tensor` for every initializer of `model`."""
     for graph in model.graphs():
         for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
-                try:
-                    value.const_value.release()
-                except BufferError:  # someone still holds an array on the map: it stays open
-                    pass
+            release_tensor(value.const_value)
 
 
 def save_with_external_data(model: ir.Model, path: Path | str, data_name: str, callback=None) -> None:

@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.emit.targets import bias_slot
+from onnx_lnfold.io.external_data import release_tensor
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.runner import ModelBytesOrPath
 
@@ -137,6 +138,9 @@ def check_edits(original: ModelBytesOrPath, folded: ModelBytesOrPath, checks: li
             result.unchecked += 1
             continue
         off = _off_by(a, w, check.axis)
+        del a, w
+        release_tensor(source)  # unmapped once read: kept maps hold their pages
+        release_tensor(written)
         result.checked += 1
         if off > _ROUNDING_UNITS:
             along = "made zero" if check.axis is None else f"centered along axis {check.axis}"

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnx_lnfold.io.external_data import release_tensor
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
 from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource, compare, first_line, run_session, session_for
@@ -185,6 +186,8 @@ class _Perturbed(ir.LazyTensor):
         for start in range(0, flat.size, _PERTURB_BLOCK):
             block = flat[start : start + _PERTURB_BLOCK].astype(np.float64)
             out[start : start + block.size] = block * (1.0 + eps * rng.uniform(-1.0, 1.0, block.size))
+        del values, flat
+        release_tensor(self._source)  # unmapped once read: kept maps hold every weight's pages by the end
         return ir.Tensor(moved, name=self._source.name)
 
 
