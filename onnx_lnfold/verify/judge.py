@@ -164,6 +164,9 @@ def judge_float64(outputs: list[OutputDiff], result, partial: bool = False) -> V
     return result("passed", "", outputs, judgment=FLOAT64)
 
 
+_PERTURB_BLOCK = 1 << 20  # elements
+
+
 class _Perturbed(ir.LazyTensor):
     """`source` moved by up to one rounding step of its type: w * (1 + u * eps), u uniform in
     [-1, 1] (drawn from `seed`), rounded back; computed when written."""
@@ -176,8 +179,13 @@ class _Perturbed(ir.LazyTensor):
         values = np.asarray(self._source.numpy())
         eps = float(ml_dtypes.finfo(values.dtype).eps)
         rng = np.random.default_rng(self._seed)
-        wide = values.astype(np.float64) * (1.0 + eps * rng.uniform(-1.0, 1.0, values.shape))
-        return ir.Tensor(wide.astype(values.dtype), name=self._source.name)
+        moved = np.empty_like(values)
+        flat, out = values.reshape(-1), moved.reshape(-1)
+        # In blocks: float64 copies of a whole embedding table would hold several times its size.
+        for start in range(0, flat.size, _PERTURB_BLOCK):
+            block = flat[start : start + _PERTURB_BLOCK].astype(np.float64)
+            out[start : start + block.size] = block * (1.0 + eps * rng.uniform(-1.0, 1.0, block.size))
+        return ir.Tensor(moved, name=self._source.name)
 
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
