@@ -90,12 +90,16 @@ def test_one_constant_off_in_one_layer_of_a_multi_gb_model_is_refused(large_mode
     )
     assert list(dest.iterdir()) == []  # nothing written, nothing staged left behind
     assert verification["status"] == "failed"
-    assert verification["judgment"] == FLOAT64, (verification["judgment"], verification["judgment_reason"])
-    assert "(nothing written)" in summary and "verification FAILED (not exact: " in summary
-    assert f" relative in float64 > {EXACT_RTOL:g})" in summary
-    assert "verification failed: the fold is not exact: in float64, output 'logits' differs" in err
-    (logits,) = verification["outputs"]
-    assert logits["float64_exact"] > EXACT_RTOL
+    assert "(nothing written)" in summary and "verification FAILED" in summary
+    # Whichever judgment the run could afford (the float64 estimate is near its allowance at this size):
+    if verification["judgment"] == FLOAT64:  # the exact twin shows the fold is not exact
+        assert "verification FAILED (not exact: " in summary and f" relative in float64 > {EXACT_RTOL:g})" in summary
+        assert "verification failed: the fold is not exact: in float64, output 'logits' differs" in err
+        (logits,) = verification["outputs"]
+        assert logits["float64_exact"] > EXACT_RTOL
+    else:  # without float64, the edit read back is not a centering
+        assert verification["judgment"] == SENSITIVITY, verification["judgment"]
+        assert f"verification failed: a weight edit is not a centering: the written '{MUTATED}'" in err
 
 
 def test_the_same_model_unmutated_folds_and_says_what_its_verdict_rests_on(large_model, tmp_path, capsys):
@@ -104,10 +108,10 @@ def test_the_same_model_unmutated_folds_and_says_what_its_verdict_rests_on(large
     assert code == EXIT_OK, err
     assert sorted(p.name for p in dest.iterdir()) == ["folded.onnx", "folded.onnx.data"]
     assert verification["status"] == "passed"
-    assert f"verified ({RESTS_ON[verification['judgment']]}, worst relative diff " in summary
+    assert f"verified ({RESTS_ON[verification['judgment']]}, " in summary and "worst relative diff " in summary
     if verification["judgment"] == FLOAT64:
         (logits,) = verification["outputs"]
         assert logits["float64_exact"] <= EXACT_RTOL
-    else:  # the report says why there was no float64 run
-        assert verification["judgment_reason"]
+    else:  # the report says why there was no float64 run, and the edits were read back
+        assert verification["judgment_reason"] and verification["edits_checked"] > 0
 
