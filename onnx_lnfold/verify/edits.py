@@ -23,6 +23,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.emit.targets import bias_slot
 from onnx_lnfold.io.external_data import release_tensor
 from onnx_lnfold.load.model import load_path
@@ -78,16 +79,14 @@ def _model(source: ModelBytesOrPath) -> ir.Model:
 
 
 def _constants(model: ir.Model) -> dict[str, ir.TensorProtocol]:
-    """Every initializer and Constant tensor of `model`'s graphs, by name."""
+    """Every constant tensor of `model`'s graphs (initializers, Constant outputs), by name."""
     found: dict[str, ir.TensorProtocol] = {}
     for graph in model.graphs():
-        for name, value in graph.initializers.items():
-            if value.const_value is not None:
-                found[name] = value.const_value
-        for node in graph:
-            attr = node.attributes.get("value") if node.op_type == "Constant" and node.domain == "" else None
-            if attr is not None and attr.type == ir.AttributeType.TENSOR and node.outputs[0].name:
-                found[node.outputs[0].name] = attr.as_tensor()
+        values = [*graph.initializers.values(), *(node.outputs[0] for node in graph if node.op_type == "Constant")]
+        for value in values:
+            tensor = constant_of(value)
+            if tensor is not None and value.name:
+                found[value.name] = tensor
     return found
 
 
