@@ -14,7 +14,7 @@ objects are then intact): each node as it was, and what the plan changes (`Plann
   row means), each bias that took a beta (recomputed from the original, `check_bias_with_beta`);
 - every other node as it was (op, attributes, inputs, where the plan has a use read a centered
   tensor that one), every other constant byte for byte the original's, every removed node one the
-  plan removes, the graph outputs as they were.
+  plan removes, the graph inputs, outputs and opset as they were.
 
 The first thing that differs and that the plan does not account for refuses the fold, named.
 Tensors are read a block of rows at a time, external data unmapped once read.
@@ -120,6 +120,8 @@ class PlannedChanges:
     substitutions: dict[tuple[str, int], str]  # (node key, input index) -> the tensor read instead
     removed: set[str]  # keys of the nodes the rewrites replace
     outputs: list[str]  # the graph's output names
+    inputs: list[str] = field(default_factory=list)  # the graph's input names
+    opset: int | None = None  # the default domain's opset
     norms: list[PlannedNorm] = field(default_factory=list)
     betas: list[PlannedBeta] = field(default_factory=list)
     centerings: list[PlannedCentering] = field(default_factory=list)
@@ -211,6 +213,10 @@ def _constants(scopes: _Scopes) -> dict[str, ir.TensorProtocol]:
     return found
 
 
+def _opset(model: ir.Model) -> int | None:
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+
+
 def _rank(value: ir.Value | None) -> int | None:
     return len(value.shape) if value is not None and value.shape is not None else None
 
@@ -228,7 +234,10 @@ def planned_changes(model: ir.Model, plan: CenteringPlan) -> PlannedChanges:
     for centering in plan.centerings:
         for node, index in centering._uses:
             substitutions[(key(node), index)] = centering.new_name
-    changes = PlannedChanges(nodes, _constants(scopes), substitutions, set(), [v.name or "" for v in model.graph.outputs])
+    changes = PlannedChanges(
+        nodes, _constants(scopes), substitutions, set(), [v.name or "" for v in model.graph.outputs],
+        [v.name or "" for v in model.graph.inputs], _opset(model),
+    )
     by_tensor = {(scopes.of(e._value), e.tensor): e for e in plan.edits}
     for e in plan.edits:
         written = e.new_name if e.untie and e.new_name else e.tensor
@@ -615,6 +624,10 @@ def read_back(folded: ModelBytesOrPath, changes: PlannedChanges) -> ReadBack:
     try:
         if [v.name or "" for v in model.graph.outputs] != changes.outputs:
             raise _Differs(f"the graph outputs are {[v.name for v in model.graph.outputs]}, not the original's {changes.outputs}")
+        if [v.name or "" for v in model.graph.inputs] != changes.inputs:
+            raise _Differs(f"the graph inputs are {[v.name for v in model.graph.inputs]}, not the original's {changes.inputs}")
+        if _opset(model) != changes.opset:
+            raise _Differs(f"the model is at opset {_opset(model)}, not the original's {changes.opset}")
         for b in changes.betas:  # first: a bias centered and given a beta is read back here
             checked += _check_beta(view, changes, b)
         for n in changes.norms:
