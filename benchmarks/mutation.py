@@ -381,6 +381,10 @@ def write(mutants: list[Mutant], out: Path, command: str, seconds: float) -> Non
             f"| {fault} | {len(zero)} | {len(matter)} | {sum(not m.verified for m in matter)} | "
             f"{sum(not m.verified for m in default if m.matters)} | - |"
         )
+    unjudged = [m for m in mutants if m.fault != "control" and m.injected is not None and m.effect is None]
+    models = sorted({m.model for m in unjudged})
+    lines += ["", f"{len(unjudged) // 2} mutants could not be run in float64 (on {', '.join(models) or 'no model'}): "
+              f"counted as mattering; {sum(not m.verified for m in unjudged)} of their {len(unjudged)} verdicts refused."]
     passed = [m for m in mutants if m.fault != "control" and m.injected is not None and m.matters and m.verified]
     lines += ["", "## Faults that matter and passed", ""]
     lines += [f"- {m.model} {m.fault} ({m.judgment}): effect {m.effect:.2g}, {m.injected}" for m in passed] or ["None."]
