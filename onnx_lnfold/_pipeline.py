@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.inputs import check_inputs
+from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
 from onnx_lnfold.verify.reference import exact_tensors
 from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource
 from onnx_lnfold.verify.verdict import Verification
@@ -180,12 +182,14 @@ def run_pipeline(
     proof: bool = False,
     destination: Path | None = None,
     progress: Progress | None = None,
+    after_apply: Callable[[ir.Model, CenteringPlan], None] | None = None,
 ) -> FoldRun:
     """Fold `model` (owned: changed in place) once. `path` is the file it was read from, if any
     (onnxruntime then reads the original from there). `proof` adds the per-LN proof to the report;
     `dry_run` stops after the rewrite, for the node counts (nothing is verified or staged);
     `destination` stages the folded model there before the check, which then reads the staged file
-    (a model with external data is written once)."""
+    (a model with external data is written once). `after_apply` changes the folded model before it is
+    staged and verified (the faults of the check's mutation campaign, `benchmarks.mutation`)."""
     progress = progress or Progress(enabled=False)
     started = time.monotonic()
     # What a killed run left (its staged output, its check's copies) goes before this run adds its own.
@@ -213,7 +217,11 @@ def run_pipeline(
             return FoldRun(model, report)
         if proof:
             progress.phase("Folding")
+        # What the plan changes, read before the rewrite removes the IR objects it names: the check reads the fold back against it.
+        planned = planned_changes(model, plan) if check.enabled and plan.folded else None
         apply_plan(model, plan)
+        if after_apply is not None:
+            after_apply(model, plan)
         release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
         skipped = Verification("skipped", check.disabled_because)
         report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
@@ -227,7 +235,9 @@ def run_pipeline(
             elif check.enabled:
                 progress.phase("Verifying in onnxruntime")
                 original = path if path else original_src.source  # type: ignore[union-attr]
-                report.verification = _check_folded(model, original, staged, check, plan, computed, time.monotonic() - started)
+                report.verification = _check_folded(
+                    model, original, staged, check, plan, planned, computed, time.monotonic() - started
+                )
         except BaseException:
             if staged is not None:
                 staged.discard()
@@ -252,6 +262,7 @@ def _check_folded(
     staged: StagedModel | None,
     check: VerifyRequest,
     plan: CenteringPlan,
+    planned: PlannedChanges | None,
     computed: dict,
     fold_seconds: float,
 ) -> Verification:
@@ -266,6 +277,7 @@ def _check_folded(
             input_shapes=check.input_shapes,
             inputs=check.inputs,
             plan=plan,
+            planned=planned,
             float64_budget=check.float64_budget,
             computed=computed,
             fold_seconds=fold_seconds,

@@ -3,7 +3,8 @@ is in its fields (`plan.decisions`, `plan.edits`, `decision.reason`) and `to_dic
 
 `--dry-run` prints it, the report serializes it, tests assert on it. The private fields (an edit's
 `_value`/`_uses`, a folded decision's `apply.rewrite`) bind the plan to the IR objects of the model it
-was computed on; `apply_plan` uses them and nothing else reads them.
+was computed on; `apply_plan` uses them, and the check's `verify.readback.planned_changes` reads their
+names before it runs.
 """
 
 from __future__ import annotations

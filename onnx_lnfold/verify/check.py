@@ -42,7 +42,6 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S
-from onnx_lnfold.verify.edits import EditCheck, EditsChecked, check_edits, edit_checks
 from onnx_lnfold.verify.inputs import verification_input_sets
 from onnx_lnfold.verify.judge import (
     Compared,
@@ -54,6 +53,7 @@ from onnx_lnfold.verify.judge import (
     measure_sensitivity,
     over_budget,
 )
+from onnx_lnfold.verify.readback import PlannedChanges, ReadBack, read_back
 from onnx_lnfold.verify.reference import Float64Unavailable, exact_tensors
 from onnx_lnfold.verify.runner import (
     ModelBytesOrPath,
@@ -66,9 +66,9 @@ from onnx_lnfold.verify.runner import (
 from onnx_lnfold.verify.shadow import bfloat16_rounding, float32_shadow, has_bfloat16, widen_feeds
 from onnx_lnfold.verify.synthesize import InputsUnavailable
 from onnx_lnfold.verify.verdict import (
+    FLOAT64,
     LOW_PRECISION,
     RTOL_ONLY,
-    SENSITIVITY,
     TWIN_DISAGREES_FACTOR,
     OutputDiff,
     Verification,
@@ -124,7 +124,7 @@ def verify(
     exact: dict[str, Any] | None = None,
     float64_budget: float = FLOAT64_BUDGET_S,
     fold_seconds: float | None = None,
-    edits: tuple[list[EditCheck], int] | None = None,
+    planned: PlannedChanges | None = None,
 ) -> Verification:
     """Compare the two models on every input set (`verify.inputs.InputSet`s).
 
@@ -134,8 +134,9 @@ def verify(
     give their float64 values), for the exact twin; without it that check is not made. `float64_budget`: seconds the float64
     evaluation may take (0: none, judge by the sensitivity); `fold_seconds`, what the fold took,
     bounds it further (`float64_allowance`). The float64 twins run on the input sets that fit, the
-    first always. `edits`: the fold's weight edits (`verify.edits.edit_checks`), read back from both
-    models when no float64 run fits. 'failed' when a check fails or the
+    first always. `planned`: what the plan changes (`verify.readback.planned_changes`, taken before
+    the fold was applied): the folded model is read back against it first, whatever the judgment
+    (`verify.readback`). 'failed' when a check fails or the
     folded model does not run; 'unverified' when the check cannot run at all.
     """
     output_types = output_types or {}
@@ -211,6 +212,9 @@ def verify(
             else:
                 worst[diff.name] = diff
     del session
+    read = read_back(folded, planned) if planned is not None else None
+    if read is not None and read.problem:
+        return result("failed", f"the folded model is not what the plan wrote: {read.problem}", worst.values())
     allowance = float64_allowance(float64_budget, fold_seconds)
     chosen = _within(compared, allowance, float64_budget)
     reason64 = ""
@@ -233,27 +237,25 @@ def verify(
                 f"onnxruntime against the original: float64 on all would take about {whole:.0f} s, over "
                 f"its allowance of {allowance:.0f} s"
             )
-        return judge_float64(outputs, result, partial=len(chosen) < len(compared))
-    read_back = check_edits(original, folded, *edits) if edits is not None else None
-    if read_back is not None and read_back.problem:
-        return result("failed", f"a weight edit is not a centering: {read_back.problem}", outputs, judgment=SENSITIVITY, judgment_reason=reason64)
+        return _read_back(judge_float64(outputs, result, partial=len(chosen) < len(compared)), read)
     try:
         measure_sensitivity(original_model, compared, worst)
     except Exception as e:  # noqa: BLE001 - the perturbed original does not run: rtol alone, said so
         why = f"{reason64}; the original's sensitivity could not be measured: {first_line(e)}"
-        return _read_back(judge_sensitivity(outputs, result, why, RTOL_ONLY), read_back)
-    return _read_back(judge_sensitivity(outputs, result, reason64), read_back)
+        return _read_back(judge_sensitivity(outputs, result, why, RTOL_ONLY), read)
+    return _read_back(judge_sensitivity(outputs, result, reason64), read)
 
 
-def _read_back(verification: Verification, read_back: EditsChecked | None) -> Verification:
-    """The verdict with what reading the edits back showed (`verify.edits`)."""
-    if read_back is not None:
-        verification.edits_checked, verification.edits_unchecked = read_back.checked, read_back.unchecked
-        if read_back.checked:
-            others = f"; {read_back.unchecked} of other kinds not read back" if read_back.unchecked else ""
+def _read_back(verification: Verification, read: ReadBack | None) -> Verification:
+    """The verdict with what reading the fold back showed (`verify.readback`): a count, and without
+    float64, where it is part of what the verdict rests on, a note."""
+    if read is not None:
+        verification.edits_checked = read.checked
+        if verification.judgment != FLOAT64:
             verification.notes.append(
-                f"each weight edit read back in float64, tensor by tensor: {read_back.checked} written tensors are their "
-                f"originals less their means along the axis, to within their type's rounding{others}"
+                f"the fold read back against its plan, in float64, tensor by tensor: {read.checked} planned changes as "
+                f"planned (centered weights, biases with beta, rewritten and inserted nodes), {read.unchanged} other "
+                "tensors and every other node as they were"
             )
     return verification
 
@@ -298,6 +300,7 @@ def check_equivalence(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
     plan: CenteringPlan | None = None,
+    planned: PlannedChanges | None = None,
     float64_budget: float = FLOAT64_BUDGET_S,
     computed: dict[str, Any] | None = None,
     fold_seconds: float | None = None,
@@ -307,7 +310,8 @@ def check_equivalence(
     (the status is then "unverified", with the reason and the way out). `spec_model` is the
     folded model in memory: its inputs are synthesized from it. `computed`: the constants the
     fold computed (`verify.reference.exact_tensors`, taken before the model was written), which give
-    the exact twin their unrounded values; by default those `spec_model` still holds. `folder`:
+    the exact twin their unrounded values; by default those `spec_model` still holds. `planned`: what
+    the plan changes, taken before it was applied (`verify.readback.planned_changes`). `folder`:
     where the model was read from (a genai_config.json there describes its KV cache)."""
     computed = exact_tensors(spec_model) if computed is None else computed
     try:
@@ -325,7 +329,7 @@ def check_equivalence(
         exact=computed,
         float64_budget=float64_budget,
         fold_seconds=fold_seconds,
-        edits=edit_checks(plan) if plan is not None else None,
+        planned=planned,
     )
     if shadow and plan is not None and verification.status == "passed":
         verification.notes.extend(bfloat16_rounding(spec_model, plan))

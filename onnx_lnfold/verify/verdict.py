@@ -150,10 +150,9 @@ class Verification:
     way_out: str = ""  # "inputs", "install" or "decline": what the user can do about an unverified check
     judgment: str = ""  # FLOAT64 or SENSITIVITY: what decided; "" when nothing was compared
     judgment_reason: str = ""  # why the fallback was used
-    # Without float64: the weight edits read back and found centered (`verify.edits`), and those
-    # of other kinds not read back.
+    # The plan's changes read back from the folded file and found as planned (`verify.readback`): centered
+    # weights, biases with beta, rewritten and inserted nodes; every other tensor and node was found as it was.
     edits_checked: int = 0
-    edits_unchecked: int = 0
 
     def __repr__(self) -> str:
         """One line; the figures per output are `.outputs`, the report's lines `format_lines()`."""
@@ -219,7 +218,6 @@ class Verification:
             "judgment": self.judgment or None,
             "judgment_reason": self.judgment_reason,
             "edits_checked": self.edits_checked,
-            "edits_unchecked": self.edits_unchecked,
             "rtol": self.rtol,
             "exact_rtol": EXACT_RTOL if self.judgment == FLOAT64 else None,
             "max_rel_diff": self.max_rel_diff if self.outputs else None,

@@ -1,6 +1,6 @@
-"""Without a float64 run, each weight edit is read back from both files and must be a centering
-(verify.edits): the end-to-end comparison alone, judged by the original's sensitivity, passes a
-centering that is off by a small constant."""
+"""The fold is read back against its plan (verify.readback, verify.edits), whatever the judgment:
+without a float64 run, the end-to-end comparison alone, judged by the original's sensitivity, passes
+a centering that is off by a small constant."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold.apply import centering
 from onnx_lnfold.verify import check
-from onnx_lnfold.verify.verdict import SENSITIVITY
+from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
 
 from conftest import MODELS
 
@@ -24,15 +24,19 @@ def _one_edit_off(monkeypatch, name: str, relative: float = 1e-6) -> None:
     monkeypatch.setattr(centering.CenteredTensor, "_float64_blocks", wrong)
 
 
-def test_a_correct_fold_reads_back_every_plain_edit_as_a_centering():
-    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=0)
-    verification = result.report.verification
-    assert verification.passed and verification.judgment == SENSITIVITY
-    plain = [e for e in result.plan.edits if e.block is None and e.weights is None and not e.means_name]
-    assert verification.edits_checked == len(plain) > 0
-    assert verification.edits_unchecked == len(result.plan.edits) - len(plain)  # the table derived at load
-    assert "edits read back" in result.report.format_summary()
-    assert any(note.startswith("each weight edit read back in float64") for note in verification.notes)
+@pytest.mark.parametrize("budget", [0, 60])
+def test_a_correct_fold_reads_back_every_planned_change(budget):
+    """Every edit (the table derived at load among them), every rewritten LN, every consumer bias
+    that took a beta: none left unread, on either judgment."""
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=budget)
+    verification, plan = result.report.verification, result.plan
+    assert verification.passed and verification.judgment == (SENSITIVITY if budget == 0 else FLOAT64)
+    betas = [s for d in plan.folded for s in d._rewrite.beta.sites if s.how != "softmax"]
+    centered_biases = 0  # a bias both centered and given a beta is read back once, with its beta
+    assert verification.edits_checked == len(plan.edits) - centered_biases + len(plan.folded) + len(betas) > 0
+    assert "edits_unchecked" not in verification.to_dict()
+    assert ("edits read back" in result.report.format_summary()) == (budget == 0)
+    assert any(note.startswith("the fold read back against its plan") for note in verification.notes) == (budget == 0)
 
 
 def test_one_edit_off_by_a_small_constant_is_refused_without_float64(monkeypatch):
@@ -40,13 +44,13 @@ def test_one_edit_off_by_a_small_constant_is_refused_without_float64(monkeypatch
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
         onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=0)
     verification = info.value.report.verification
-    assert verification.status == "failed" and verification.judgment == SENSITIVITY
-    assert "'model.transformer.h.1.mlp.c_proj.weight' centered along axis 1: off by" in verification.reason
+    assert verification.status == "failed" and verification.reason.startswith("the folded model is not what the plan wrote")
+    assert "'model.transformer.h.1.mlp.c_proj.weight' centered along axis 1: it is off by" in verification.reason
 
 
 def test_the_sensitivity_alone_would_pass_that_fold(monkeypatch):
     """Why the read-back is needed: without it the same wrong fold is within the tolerance."""
     _one_edit_off(monkeypatch, "model.transformer.h.1.mlp.c_proj.weight")
-    monkeypatch.setattr(check, "check_edits", lambda *args: check.EditsChecked(0, 0))
+    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
     result = onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=0)
     assert result.report.verification.passed and result.report.verification.judgment == SENSITIVITY

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 
 import onnx_lnfold
 from onnx_lnfold.apply import centering
+from onnx_lnfold.verify import check
 from onnx_lnfold.verify.inputs import verification_input_sets
 from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
 from onnx_lnfold.verify.runner import run_model
@@ -202,6 +203,8 @@ def _off_by_a_small_constant(monkeypatch, relative: float = 1e-6) -> None:
             yield rows, wide - relative * (np.abs(wide).max() if wide.size else 0.0)
 
     monkeypatch.setattr(centering.CenteredTensor, "_float64_blocks", wrong)
+    # The float64 judgment on its own: the read-back (verify.readback) refuses these folds first.
+    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
 
 
 def test_a_centering_off_by_a_small_constant_is_refused_where_the_old_check_passed_it(monkeypatch):
@@ -288,7 +291,8 @@ def test_without_a_float64_reference_the_originals_sensitivity_decides_and_the_r
     assert "Verification (passed, judged without float64; onnxruntime" in text
     assert "no float64 reference: onnx.reference cannot evaluate com.microsoft::FusedMatMul" in text
     assert "tolerance: rtol 0.0001 + 10 x the original's sensitivity" in text
-    assert "verified (without float64, 3 edits read back, worst relative diff " in result.report.format_summary()
+    # 2 centered weights, 2 rewritten LNs, 2 biases that took a beta: every planned change read back
+    assert "verified (without float64, 6 edits read back, worst relative diff " in result.report.format_summary()
 
 
 def test_a_wrong_fold_is_still_refused_without_a_float64_reference(monkeypatch):
@@ -301,6 +305,8 @@ def test_a_wrong_fold_is_still_refused_without_a_float64_reference(monkeypatch):
                 node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 1.0)
 
     monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
+    # The sensitivity judgment on its own: the read-back refuses this fold first (test_readback.py).
+    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
         onnx_lnfold.fold(_with_an_op_the_reference_lacks())
     assert "> rtol 0.0001 + 10 x the original's sensitivity " in str(info.value)

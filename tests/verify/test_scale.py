@@ -91,15 +91,8 @@ def test_one_constant_off_in_one_layer_of_a_multi_gb_model_is_refused(large_mode
     assert list(dest.iterdir()) == []  # nothing written, nothing staged left behind
     assert verification["status"] == "failed"
     assert "(nothing written)" in summary and "verification FAILED" in summary
-    # Whichever judgment the run could afford (the float64 estimate is near its allowance at this size):
-    if verification["judgment"] == FLOAT64:  # the exact twin shows the fold is not exact
-        assert "verification FAILED (not exact: " in summary and f" relative in float64 > {EXACT_RTOL:g})" in summary
-        assert "verification failed: the fold is not exact: in float64, output 'logits' differs" in err
-        (logits,) = verification["outputs"]
-        assert logits["float64_exact"] > EXACT_RTOL
-    else:  # without float64, the edit read back is not a centering
-        assert verification["judgment"] == SENSITIVITY, verification["judgment"]
-        assert f"verification failed: a weight edit is not a centering: the written '{MUTATED}'" in err
+    # The read-back refuses it first, whichever judgment the run could afford.
+    assert f"verification failed: the folded model is not what the plan wrote: the written '{MUTATED}'" in err
 
 
 def test_the_same_model_unmutated_folds_and_says_what_its_verdict_rests_on(large_model, tmp_path, capsys):

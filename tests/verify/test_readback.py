@@ -1,0 +1,185 @@
+"""The read-back (verify.readback): every difference between the folded model as written and the
+model it came from is one the plan made, and checked; anything else refuses the fold and is named.
+Faults go in after the apply step (`run_pipeline(after_apply=...)`), with `float64_budget=0`: the
+path of every model past the float64 budget, where the read-back is what catches them."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from onnx_lnfold import _pipeline
+from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.load.model import load_model
+from onnx_lnfold.verify import edits
+
+from conftest import MODELS
+
+
+def _fold(name: str, fault=None, options: FoldOptions | None = None, budget: float = 0.0):
+    path = MODELS / name
+    model, _ = load_model(path)
+    run = _pipeline.run_pipeline(
+        model, path, options or FoldOptions(), _pipeline.VerifyRequest(float64_budget=budget), after_apply=fault
+    )
+    return run.report.verification
+
+
+def _scale_entry(name: str, factor: float):
+    def fault(model: ir.Model, plan) -> None:
+        value = model.graph.initializers[name]
+        values = np.array(value.const_value.numpy())
+        values.reshape(-1)[0] *= factor
+        value.const_value = ir.Tensor(values, name=name)
+
+    return fault
+
+
+def _rms_nodes(model: ir.Model) -> list[ir.Node]:
+    return [n for n in model.graph if "epsilon" in n.attributes and n.op_type != "LayerNormalization"]
+
+
+@pytest.mark.parametrize("name", ["gpt2.onnx", "bert.onnx"])
+@pytest.mark.parametrize("options", [FoldOptions(), FoldOptions(target="onnx"), FoldOptions(target="primitive")])
+def test_a_correct_fold_reads_back_on_every_target(name, options):
+    verification = _fold(name, options=options)
+    assert verification.passed, verification.reason
+    assert verification.edits_checked > 0
+
+
+def test_one_gamma_entry_off_by_1e_5_is_refused_and_named():
+    """The hole measured: gamma x(1+1e-5) in one entry passed the sensitivity judgment."""
+    verification = _fold("gpt2.onnx", _scale_entry("model.transformer.h.0.ln_1.weight", 1 + 1e-5))
+    assert verification.status == "failed"
+    assert "the tensor 'model.transformer.h.0.ln_1.weight' differs from the original" in verification.reason
+
+
+def test_an_epsilon_off_is_refused_and_named():
+    def fault(model, plan):
+        node = _rms_nodes(model)[0]
+        node.attributes["epsilon"] = ir.AttrFloat32("epsilon", node.attributes.get_float("epsilon") * 10)
+
+    verification = _fold("gpt2.onnx", fault)
+    assert verification.status == "failed" and "epsilon 0.0001, where the LN's is 1e-05" in verification.reason
+
+
+def test_a_gamma_swapped_for_another_tensor_is_refused():
+    def fault(model, plan):
+        node = _rms_nodes(model)[0]
+        other = _rms_nodes(model)[1].inputs[1]
+        node.replace_input_with(1, other)
+
+    verification = _fold("gpt2.onnx", fault)
+    assert verification.status == "failed" and "its scale is " in verification.reason and "not the LN's gamma" in verification.reason
+
+
+def test_a_node_the_plan_does_not_insert_is_refused():
+    def fault(model, plan):
+        node = _rms_nodes(model)[0]
+        x = node.inputs[0]
+        copy = ir.Value(name="inserted", shape=x.shape, type=x.type)
+        identity = ir.Node("", "Identity", [x], outputs=[copy], name="inserted")
+        model.graph.insert_before(node, [identity])
+        node.replace_input_with(0, copy)
+
+    verification = _fold("gpt2.onnx", fault)
+    assert verification.status == "failed" and "reads ['inserted'], not the planned" in verification.reason
+
+
+def test_a_dropped_explicit_centering_is_refused():
+    def fault(model, plan):
+        centering = plan.centerings[0]
+        sub = next(n for n in model.graph if n.outputs[0].name == centering.new_name)
+        sub.outputs[0].replace_all_uses_with(sub.inputs[0])
+        model.graph.remove([sub, sub.inputs[1].producer()], safe=True)
+
+    verification = _fold("bert.onnx", fault)
+    assert verification.status == "failed"
+    assert "the explicit centering of " in verification.reason and "nothing in the folded model computes" in verification.reason
+
+
+def test_a_centering_over_another_axis_is_refused():
+    def fault(model, plan):
+        centering = plan.centerings[0]
+        sub = next(n for n in model.graph if n.outputs[0].name == centering.new_name)
+        mean = sub.inputs[1].producer()
+        axes = ir.Value(name="wrong_axes", const_value=ir.Tensor(np.array([1], np.int64)))
+        model.graph.register_initializer(axes)
+        if "axes" in mean.attributes:
+            mean.attributes["axes"] = ir.AttrInt64s("axes", [1])
+        else:
+            mean.replace_input_with(1, axes)
+
+    verification = _fold("bert.onnx", fault)
+    assert verification.status == "failed" and "the mean is over axes [1], not the planned axis" in verification.reason
+
+
+def test_a_bias_without_its_share_of_beta_is_refused():
+    def fault(model, plan):
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if type(tensor).__name__ == "BiasPlusBeta" and tensor._bias is not None:
+                value.const_value = ir.Tensor(np.array(tensor._bias.numpy()), name=value.name)
+                return
+        raise AssertionError("no bias took a beta")
+
+    verification = _fold("gpt2.onnx", fault)
+    assert verification.status == "failed" and "is off the original bias plus beta @ W by" in verification.reason
+
+
+def test_row_means_of_a_table_derived_at_load_off_are_refused():
+    def fault(model, plan):
+        (edit,) = [e for e in plan.edits if e.means_name]
+        value = model.graph.initializers[edit.means_name]
+        values = np.array(value.const_value.numpy()) + 1e-3
+        value.const_value = ir.Tensor(values, name=value.name)
+
+    verification = _fold("gpt2.onnx", fault)
+    assert verification.status == "failed" and "is off the row means by" in verification.reason
+
+
+def test_the_read_back_runs_on_the_float64_judgment_too():
+    verification = _fold("gpt2.onnx", _scale_entry("model.transformer.h.0.ln_1.weight", 1 + 1e-5), budget=60)
+    assert verification.status == "failed" and verification.reason.startswith("the folded model is not what the plan wrote")
+
+
+# --------------------------------------------------------------------------- the tensor checks
+def _tensor(values: np.ndarray) -> ir.Tensor:
+    return ir.Tensor(values.astype(np.float32))
+
+
+def _blocked(values: np.ndarray, size: int, chosen: list[int], weights: np.ndarray | None = None) -> np.ndarray:
+    """`values` centered along axis 1 in blocks of `size`, the `chosen` ones, of values * weights."""
+    out = values.astype(np.float64).copy()
+    w = np.ones(values.shape[1]) if weights is None else weights
+    for b in chosen:
+        part = slice(b * size, (b + 1) * size)
+        out[:, part] -= (out[:, part] * w[part]).mean(axis=1, keepdims=True) / w[part]
+    return out
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_blocks_and_affine_weights_are_read_back_and_a_wrong_block_is_found(weighted):
+    rng = np.random.default_rng(0)
+    original = (rng.normal(size=(8, 12)) + 3.0).astype(np.float32)
+    weights = rng.uniform(0.5, 2.0, 12) if weighted else None
+    centered = _blocked(original, 4, [0, 2], weights)
+    args = (1, tuple(weights) if weighted else None, 4, (0, 2))
+    assert edits.check_centered(_tensor(original), _tensor(centered), *args) == ""
+    off = centered.copy()
+    off[:, 0:4] += 1e-4  # block 0 not quite centered
+    assert "times what one rounding allows" in edits.check_centered(_tensor(original), _tensor(off), *args)
+    untouched = centered.copy()
+    untouched[3, 5] += 1e-4  # block 1, which the plan leaves as it is, changed
+    assert "times what one rounding allows" in edits.check_centered(_tensor(original), _tensor(untouched), *args)
+
+
+def test_an_unchanged_tensor_must_be_byte_for_byte_the_original():
+    values = np.arange(6, dtype=np.float32)
+    assert edits.check_unchanged(_tensor(values), _tensor(values.copy())) == ""
+    moved = values.copy()
+    moved[2] = np.nextafter(moved[2], np.float32(10))
+    assert edits.check_unchanged(_tensor(values), _tensor(moved)) == "differs from the original"
+    assert "where the original is" in edits.check_unchanged(_tensor(values), _tensor(values[:5]))
+
