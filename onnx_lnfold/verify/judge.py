@@ -11,13 +11,9 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import onnx
-import onnx_ir as ir
 
-from onnx_lnfold.io.external_data import release_tensor
-from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
-from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource, compare, first_line, run_session, session_for
+from onnx_lnfold.verify.runner import ModelBytesOrPath, compare, first_line, run_sets, session_for
 from onnx_lnfold.verify.verdict import (
     EXACT_RTOL,
     FLOAT64,
@@ -168,66 +164,36 @@ def judge_float64(outputs: list[OutputDiff], result, partial: bool = False) -> V
 _PERTURB_BLOCK = 1 << 20  # elements
 
 
-class _Perturbed(ir.LazyTensor):
-    """`source` moved by up to one rounding step of its type: w * (1 + u * eps), u uniform in
-    [-1, 1] (drawn from `seed`), rounded back; computed when written."""
-
-    def __init__(self, source: ir.TensorProtocol, seed: int):
-        self._source, self._seed = source, seed
-        super().__init__(self._perturb, dtype=source.dtype, shape=ir.Shape(source.shape), name=source.name)
-
-    def _perturb(self) -> ir.Tensor:
-        values = np.asarray(self._source.numpy())
-        eps = float(ml_dtypes.finfo(values.dtype).eps)
-        rng = np.random.default_rng(self._seed)
-        moved = np.empty_like(values)
-        flat, out = values.reshape(-1), moved.reshape(-1)
-        # In blocks: float64 copies of a whole embedding table would hold several times its size.
-        for start in range(0, flat.size, _PERTURB_BLOCK):
-            block = flat[start : start + _PERTURB_BLOCK].astype(np.float64)
-            out[start : start + block.size] = block * (1.0 + eps * rng.uniform(-1.0, 1.0, block.size))
-        del values, flat
-        release_tensor(self._source)  # unmapped once read: kept maps hold every weight's pages by the end
-        return ir.Tensor(moved, name=self._source.name)
-
-
-_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
-
-
-def perturbed(model: ir.Model) -> ir.Model:
-    """`model` (changed in place) with every float weight of two or more elements moved by up to one
-    rounding step, lazily: each is computed as it is written. Scalars stay (a mask's lowest value,
-    a scale compared with another: they are the graph's logic, not its weights)."""
-    for number, graph in enumerate(model.graphs()):
-        for index, value in enumerate(graph.initializers.values()):
-            tensor = value.const_value
-            if tensor is not None and tensor.dtype in _FLOATS and tensor.size >= 2:
-                value.const_value = _Perturbed(tensor, seed=number * 100_003 + index)
-        for index, node in enumerate(graph):
-            attr = node.attributes.get("value") if node.op_type == "Constant" else None
-            tensor = attr.as_tensor() if attr is not None and attr.type == ir.AttributeType.TENSOR else None
-            if tensor is not None and tensor.dtype in _FLOATS and tensor.size >= 2:
-                node.attributes["value"] = ir.AttrTensor("value", _Perturbed(tensor, seed=~(number * 100_003 + index)))
-    return model
+def perturb(values: np.ndarray, seed: int) -> np.ndarray:
+    """`values` moved by up to one rounding step of their type: w * (1 + u * eps), u uniform in
+    [-1, 1] (drawn from `seed`), rounded back."""
+    values = np.asarray(values)
+    eps = float(ml_dtypes.finfo(values.dtype).eps)
+    rng = np.random.default_rng(seed)
+    moved = np.empty_like(values)
+    flat, out = values.reshape(-1), moved.reshape(-1)
+    # In blocks: float64 copies of a whole embedding table would hold several times its size.
+    for start in range(0, flat.size, _PERTURB_BLOCK):
+        block = flat[start : start + _PERTURB_BLOCK].astype(np.float64)
+        out[start : start + block.size] = block * (1.0 + eps * rng.uniform(-1.0, 1.0, block.size))
+    return moved
 
 
 def measure_sensitivity(original: ModelBytesOrPath, compared: list[Compared], worst: dict[str, OutputDiff]) -> None:
-    """The original's own change, on each input set, when its weights move by one rounding step.
-    The perturbed copy is written tensor by tensor (a temporary file with external data when
-    large), never held whole in memory."""
-    model = ir.from_proto(onnx.load_from_string(original)) if isinstance(original, bytes) else load_path(original)
-    copy = OrtSource(perturbed(model))
-    try:
-        session = session_for(copy.source)
-        for run in compared:
-            moved = run_session(session, run.ort_feeds)
-            for name, ref in run.original.items():
-                diff = OutputDiff(name, ref.shape, 0.0, 1.0)
-                diff.sensitivity = relative(ref, moved[name])
-                worst[name].merge(diff)
-        del session
-    finally:
-        copy.close()
+    """The original's own change, on each input set, when every float weight of two or more
+    elements moves by up to one rounding step (`perturb`; scalars stay: a mask's lowest value, a
+    scale compared with another are the graph's logic, not its weights). Run block by block
+    (`verify.blockwise`), each block's weights perturbed in memory: no copy is written."""
+    session = session_for(original, perturbed=True)
+    results = run_sets(session, [run.ort_feeds for run in compared])
+    del session
+    for run, moved in zip(compared, results):
+        if isinstance(moved, Exception):
+            raise moved
+        for name, ref in run.original.items():
+            diff = OutputDiff(name, ref.shape, 0.0, 1.0)
+            diff.sensitivity = relative(ref, moved[name])
+            worst[name].merge(diff)
 
 
 def judge_sensitivity(outputs: list[OutputDiff], result, why: str, judgment: str = SENSITIVITY) -> Verification:
