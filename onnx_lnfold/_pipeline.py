@@ -81,7 +81,7 @@ class VerifyRequest:
     rtol: float | None = None
     input_shapes: dict[str, tuple[int, ...]] | None = None
     inputs: dict[str, np.ndarray] | None = None
-    float64_budget: float = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none)
+    float64_budget: float | None = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none; None: scaled)
 
     @property
     def run_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -123,6 +123,12 @@ class BlockwiseSession:
             options = self._options_for()
             if self._folder is not None:
                 options.add_session_config_entry("session.model_external_initializers_file_folder_path", self._folder)
+            # Perturbed weights are handed over as they are (the session uses their memory), not
+            # serialized into the sub-model (which would hold them twice more).
+            overrides = [_ortvalue(self._moved(name)) for name in block.weights] if self._perturbed else []
+            for name, value in zip(block.weights, overrides):
+                if value is not None:
+                    options.add_initializer(name, value)
             session = _session(sub, options)
             del sub
             for index, current in enumerate(values):
@@ -137,20 +143,25 @@ class BlockwiseSession:
                 for name in block.inputs:
                     if self._last.get(name) == number:
                         current.pop(name, None)
-            del session
+            del session, overrides
         return [v if isinstance(v, Exception) else {n: self._output(v, n) for n in self._outputs} for v in values]
 
     def _output(self, values: dict, name: str) -> np.ndarray:
         if name in values or name not in self._initializers:
             return values[name]
-        return onnx.numpy_helper.to_array(self._initializer(name), base_dir=self._folder or "")  # a weight
+        moved = self._moved(name) if self._perturbed else None  # a weight
+        return (
+            moved
+            if moved is not None
+            else onnx.numpy_helper.to_array(self._initializers[name][1], base_dir=self._folder or "")
+        )
 
     def _sub_model(self, block, feeds: dict[str, np.ndarray]) -> bytes:
         graph = self._proto.graph
         nodes = [graph.node[i] for i in self.cut.order[block.start : block.stop]]
         inputs = [_value_info(name, feeds[name]) for name in block.inputs]
         outputs = [onnx.ValueInfoProto(name=name) for name in block.outputs]
-        initializers = [self._initializer(name) for name in block.weights]
+        initializers = [self._initializers[name][1] for name in block.weights]
         if self._perturbed:
             nodes = [self._perturbed_constant(i, graph.node[i]) for i in self.cut.order[block.start : block.stop]]
         sub = onnx.helper.make_graph(nodes, f"{graph.name}_block{block.start}", inputs, outputs, initializers)
@@ -158,14 +169,14 @@ class BlockwiseSession:
         model.functions.extend(self._proto.functions)
         return model.SerializeToString()
 
-    def _initializer(self, name: str) -> onnx.TensorProto:
+    def _moved(self, name: str) -> np.ndarray | None:
+        """Weight `name` perturbed, None where it stays (not float, or a scalar)."""
         index, tensor = self._initializers[name]
-        if not self._perturbed or tensor.data_type not in _FLOATS or np.prod(tensor.dims) < 2:
-            return tensor
+        if tensor.data_type not in _FLOATS or np.prod(tensor.dims) < 2:
+            return None
         from onnx_lnfold.verify.judge import perturb  # the one definition of the perturbation
 
-        values = onnx.numpy_helper.to_array(tensor, base_dir=self._folder or "")
-        return onnx.numpy_helper.from_array(perturb(values, seed=index), name)
+        return perturb(onnx.numpy_helper.to_array(tensor, base_dir=self._folder or ""), seed=index)
 
     def _perturbed_constant(self, index: int, node: onnx.NodeProto) -> onnx.NodeProto:
         if node.op_type != "Constant":
@@ -193,6 +204,12 @@ def _value_info(name: str, value) -> onnx.ValueInfoProto:
     else:
         elem = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     return onnx.helper.make_tensor_value_info(name, elem, None)
+
+
+def _ortvalue(array: np.ndarray | None):
+    import onnxruntime as ort
+
+    return None if array is None else ort.OrtValue.ortvalue_from_numpy(array)
 
 
 def _session(model: bytes, options):
