@@ -32,6 +32,7 @@ from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
+from onnx_lnfold.verify import blockwise
 from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.inputs import check_inputs
 from onnx_lnfold.verify.reference import exact_tensors
@@ -227,7 +228,10 @@ def run_pipeline(
             elif check.enabled:
                 progress.phase("Verifying in onnxruntime")
                 original = path if path else original_src.source  # type: ignore[union-attr]
-                report.verification = _check_folded(model, original, staged, check, plan, computed, time.monotonic() - started)
+                with blockwise.reporting(progress.phase):  # which block the check is on
+                    report.verification = _check_folded(
+                        model, original, staged, check, plan, computed, time.monotonic() - started
+                    )
         except BaseException:
             if staged is not None:
                 staged.discard()

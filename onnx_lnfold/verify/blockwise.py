@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,9 +34,30 @@ BLOCKWISE_SHARE = 0.25
 # A block holds about this share of the memory available in weights (at least BLOCK_MIN_BYTES).
 BLOCK_SHARE = 0.05
 BLOCK_MIN_BYTES = 64 << 20
+# External tensors up to this size are put in the sub-model itself (shapes and other small constants).
+_INLINE_BYTES = 1 << 16
 _FLOATS = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 )
+
+
+_progress: list[Callable[[str], None]] = []  # where `say` reports (the CLI's progress line)
+
+
+@contextmanager
+def reporting(callback: Callable[[str], None]):
+    """Within it, `say` reports to `callback`: which block the check is on."""
+    _progress.append(callback)
+    try:
+        yield
+    finally:
+        _progress.remove(callback)
+
+
+def say(text: str) -> None:
+    logger.info(text)
+    for callback in _progress:
+        callback(text)
 
 
 def load_structure(model: bytes | str | Path) -> tuple[onnx.ModelProto, str | None]:
@@ -82,8 +105,11 @@ class BlockwiseSession:
     check uses (`get_outputs`, `run`), and `run_many` to run every input set through each block
     while its session is held (each block's weights read once for all sets)."""
 
-    def __init__(self, proto: onnx.ModelProto, folder: str | None, options_for, perturbed: bool = False):
+    def __init__(
+        self, proto: onnx.ModelProto, folder: str | None, options_for, perturbed: bool = False, label: str = "the model"
+    ):
         self._proto, self._folder, self._options_for, self._perturbed = proto, folder, options_for, perturbed
+        self.label = f"{label}, its weights perturbed" if perturbed else label
         self.cut: Cut = cut(proto.graph, block_bytes())
         self._outputs = [o.name for o in proto.graph.output]
         self._initializers = {t.name: (index, t) for index, t in enumerate(proto.graph.initializer)}
@@ -115,7 +141,9 @@ class BlockwiseSession:
         values: list[dict | Exception] = [dict(feeds) for feeds in feeds_list]
         blocks = self.cut.blocks
         for number, block in enumerate(blocks):
-            logger.info("block %d of %d (%.2f GB of weights)", number + 1, len(blocks), block.weight_bytes / 1e9)
+            say(
+                f"Verifying in onnxruntime: {self.label}, block {number + 1} of {len(blocks)} ({block.weight_bytes / 1e9:.2f} GB)"
+            )
             live = [v for v in values if isinstance(v, dict)]
             if not live:
                 break
@@ -129,7 +157,11 @@ class BlockwiseSession:
             for name, value in zip(block.weights, overrides):
                 if value is not None:
                     options.add_initializer(name, value)
-            session = _session(sub, options)
+            try:
+                session = _session(sub, options)
+            except Exception as e:  # noqa: BLE001 - the block does not load: no set runs
+                values = [e if isinstance(v, dict) else v for v in values]
+                break
             del sub
             for index, current in enumerate(values):
                 if not isinstance(current, dict):
@@ -161,13 +193,22 @@ class BlockwiseSession:
         nodes = [graph.node[i] for i in self.cut.order[block.start : block.stop]]
         inputs = [_value_info(name, feeds[name]) for name in block.inputs]
         outputs = [onnx.ValueInfoProto(name=name) for name in block.outputs]
-        initializers = [self._initializers[name][1] for name in block.weights]
+        initializers = [self._inline(self._initializers[name][1]) for name in block.weights]
         if self._perturbed:
             nodes = [self._perturbed_constant(i, graph.node[i]) for i in self.cut.order[block.start : block.stop]]
         sub = onnx.helper.make_graph(nodes, f"{graph.name}_block{block.start}", inputs, outputs, initializers)
         model = onnx.helper.make_model(sub, opset_imports=self._proto.opset_import, ir_version=self._proto.ir_version)
         model.functions.extend(self._proto.functions)
         return model.SerializeToString()
+
+    def _inline(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        """A small external tensor with its data in place (ONNX Runtime reads shapes and other
+        constants of a model given as bytes only from there); a large one as it is, read in place."""
+        if tensor.data_location != onnx.TensorProto.EXTERNAL or tensor_bytes(tensor) > _INLINE_BYTES:
+            return tensor
+        return onnx.numpy_helper.from_array(
+            onnx.numpy_helper.to_array(tensor, base_dir=self._folder or ""), tensor.name
+        )
 
     def _moved(self, name: str) -> np.ndarray | None:
         """Weight `name` perturbed, None where it stays (not float, or a scalar)."""

@@ -98,6 +98,8 @@ def float64_figures(
         twins = [Float64Model(original), Float64Model(folded)]
         if exact is not None:
             twins.append(Float64Model(folded, exact))
+        for twin, label in zip(twins, ("the original", "the fold as written", "the fold, exact")):
+            twin.label = label
         started = time.perf_counter()
         truths = twins[0].run_many([run.feeds for run in compared], Deadline(started, budget, len(twins)))
         compared = compared[: len(truths)]  # the sets that fit

@@ -40,6 +40,7 @@ from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
+from onnx_lnfold.verify.blockwise import say
 from onnx_lnfold.verify.shadow import float64_feeds, widen_to_float64
 
 
@@ -559,6 +560,7 @@ class Float64Model:
             int(MEMORY_SHARE * available) if available is not None else None
         )
         self.peak_bytes = 0  # the most the last run held, activations and weights together
+        self.label = "the model"  # what progress calls it
 
     def _structure(self, model: ir.Model) -> onnx.ModelProto:
         """The model without its weights: main-graph initializers and large Constant nodes become
@@ -618,7 +620,7 @@ class Float64Model:
         not either, `Float64Unavailable` is raised."""
         sets: list[dict[str, Any]] = [{"": None, **float64_feeds(feeds)} for feeds in feeds_list]
         weight_total = sum(getattr(t, "nbytes", 0) or 0 for t in self._weights.values())
-        weight_done = 0
+        weight_done, told = 0, 0
         keep = set(self.output_names)
         self.peak_bytes = sum(map(_bytes, sets))
         for index, (node, names) in enumerate(zip(self._evaluator.rt_nodes_, self._reads)):
@@ -637,8 +639,11 @@ class Float64Model:
                 current += _bytes(results) - sum(a.nbytes for a in weights.values())
             del stacked
             self.peak_bytes = max(self.peak_bytes, current)
+            done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
+            if done * 10 >= told + 1:
+                told = int(done * 10)
+                say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
             if deadline is not None:
-                done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
                 if deadline.keeps(done, len(sets)) < len(sets):
                     del sets[1:]
             if self.memory_budget is not None and current > self.memory_budget:

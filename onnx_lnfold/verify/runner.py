@@ -58,7 +58,8 @@ def session_for(model: ModelBytesOrPath, perturbed: bool = False):
     if perturbed or (above is not None and not (isinstance(model, bytes) and len(model) <= above)):
         proto, folder = blockwise.load_structure(model)
         if perturbed or blockwise.runs_blockwise(proto):
-            return blockwise.BlockwiseSession(proto, folder, session_options, perturbed=perturbed)
+            label = Path(model).name if not isinstance(model, bytes) else "the model"
+            return blockwise.BlockwiseSession(proto, folder, session_options, perturbed=perturbed, label=label)
         del proto
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, session_options(), providers=["CPUExecutionProvider"])
