@@ -140,7 +140,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         type=float,
         default=FLOAT64_BUDGET_S,
         metavar="SECONDS",
-        help="time the float64 reference may take (default: twice what the fold took, at least 60 s); beyond it, "
+        help="time the float64 reference may take (default: 3x what the fold took, at least 60 s); beyond it, "
         "or with 0, the fold is judged against the original's own float32 sensitivity instead",
     )
     p.add_argument(

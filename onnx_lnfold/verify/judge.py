@@ -31,10 +31,12 @@ from onnx_lnfold.verify.verdict import (
 FLOAT64_COST = 15.0
 # The float64 evaluation's allowance grows with the model, as the fold's own time does (analysis,
 # rewrite, writing the output: about a load + save), so that the default run stays a few times a
-# load + save at any size: the first input set's three twins may take FLOAT64_SHARE times what
-# the fold took, at least FLOAT64_FIRST_S; each further set is judged in float64 while all of
-# them stay within FLOAT64_SHARE times the fold's time, at least FLOAT64_FLOOR_S. A budget asked
-# for (`--float64-budget`) replaces the first and caps the others.
+# load + save at any size: the first input set's three twins (each reads the weights once, as the
+# fold does) may take FLOAT64_FIRST_SHARE times what the fold took, at least FLOAT64_FIRST_S; each
+# further set is judged in float64 while all of them stay within FLOAT64_SHARE times the fold's
+# time, at least FLOAT64_FLOOR_S. A budget asked for (`--float64-budget`) replaces the first and
+# caps the others.
+FLOAT64_FIRST_SHARE = 3.0
 FLOAT64_SHARE = 2.0
 FLOAT64_FIRST_S = 60.0
 FLOAT64_FLOOR_S = 10.0
@@ -57,10 +59,10 @@ def float64_allowance(budget: float | None, fold_seconds: float | None) -> float
 
 def first_allowance(budget: float | None, fold_seconds: float | None) -> float:
     """Seconds the float64 evaluation of the first input set may take: `budget` when one was asked
-    for, else FLOAT64_SHARE times what the fold took, at least FLOAT64_FIRST_S."""
+    for, else FLOAT64_FIRST_SHARE times what the fold took, at least FLOAT64_FIRST_S."""
     if budget is not None:
         return budget
-    return max(FLOAT64_FIRST_S, FLOAT64_SHARE * (fold_seconds or 0.0))
+    return max(FLOAT64_FIRST_S, FLOAT64_FIRST_SHARE * (fold_seconds or 0.0))
 
 
 # --------------------------------------------------------------------------- the check

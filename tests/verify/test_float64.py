@@ -335,7 +335,7 @@ def test_by_default_the_first_set_is_judged_in_float64_whatever_onnxruntime_s_ti
 
 def test_a_float64_run_past_its_allowance_is_abandoned_and_said_so(monkeypatch):
     monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_FIRST_S", 0.0)
-    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_SHARE", 0.0)
+    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_FIRST_SHARE", 0.0)
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.judgment == SENSITIVITY and verification.status == "passed"
     assert verification.judgment_reason.startswith("a float64 evaluation would take about ")
@@ -345,6 +345,7 @@ def test_a_float64_run_past_its_allowance_is_abandoned_and_said_so(monkeypatch):
 def test_the_float64_allowance_follows_the_folds_own_time_within_the_budget():
     from onnx_lnfold.verify.judge import (
         FLOAT64_FIRST_S,
+        FLOAT64_FIRST_SHARE,
         FLOAT64_FLOOR_S,
         FLOAT64_SHARE,
         first_allowance,
@@ -356,8 +357,10 @@ def test_the_float64_allowance_follows_the_folds_own_time_within_the_budget():
     assert float64_allowance(60.0, 20.0) == 40.0 == FLOAT64_SHARE * 20.0
     assert float64_allowance(60.0, 100.0) == 60.0  # never past the budget asked for
     assert float64_allowance(5.0, 0.1) == 5.0
-    # Without a budget asked for, it grows with the fold's time: a 10 GB fold's 90 s give 180 s.
-    assert float64_allowance(None, 90.0) == first_allowance(None, 90.0) == 180.0 == FLOAT64_SHARE * 90.0
+    # Without a budget asked for, it grows with the fold's time: a 10 GB fold's 90 s give 270 s for
+    # the first set, 180 s for all.
+    assert first_allowance(None, 90.0) == 270.0 == FLOAT64_FIRST_SHARE * 90.0
+    assert float64_allowance(None, 90.0) == 180.0 == FLOAT64_SHARE * 90.0
     assert first_allowance(None, 1.0) == FLOAT64_FIRST_S  # the first set: at least FLOAT64_FIRST_S
     assert first_allowance(None, None) == FLOAT64_FIRST_S
     assert first_allowance(7.0, 90.0) == 7.0  # a budget asked for replaces it
