@@ -33,6 +33,7 @@ from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
+from onnx_lnfold.verify import blockwise
 from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.inputs import check_inputs
 from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
@@ -83,7 +84,7 @@ class VerifyRequest:
     rtol: float | None = None
     input_shapes: dict[str, tuple[int, ...]] | None = None
     inputs: dict[str, np.ndarray] | None = None
-    float64_budget: float = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none)
+    float64_budget: float | None = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none; None: scaled)
 
     @property
     def run_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -235,9 +236,10 @@ def run_pipeline(
             elif check.enabled:
                 progress.phase("Verifying in onnxruntime")
                 original = path if path else original_src.source  # type: ignore[union-attr]
-                report.verification = _check_folded(
-                    model, original, staged, check, plan, planned, computed, time.monotonic() - started
-                )
+                with blockwise.reporting(progress.phase):  # which block the check is on
+                    report.verification = _check_folded(
+                        model, original, staged, check, plan, planned, computed, time.monotonic() - started
+                    )
         except BaseException:
             if staged is not None:
                 staged.discard()

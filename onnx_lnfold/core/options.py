@@ -54,9 +54,10 @@ TIED_WEIGHTS = ("auto", "center", "untie", "derive")
 # The most an untied copy may add to the file under "auto", as a fraction of the weights.
 UNTIE_BUDGET = 0.01
 
-# Seconds the verification's float64 reference may take by default (0: none; the fold is then
-# judged against the original's own fp32 sensitivity). docs/DESIGN.md section 6.
-FLOAT64_BUDGET_S = 60.0
+# Seconds the verification's float64 reference may take: None (the default) scales the allowance
+# with the fold's own time (verify.judge.first_allowance); a number replaces it (0: none; the fold is
+# then judged against the original's own fp32 sensitivity). docs/DESIGN.md section 6.
+FLOAT64_BUDGET_S: float | None = None
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

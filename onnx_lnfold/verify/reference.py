@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
+from onnx_lnfold.verify.blockwise import say
 from onnx_lnfold.verify.shadow import float64_feeds, widen_to_float64
 
 
@@ -558,6 +560,7 @@ class Float64Model:
             int(MEMORY_SHARE * available) if available is not None else None
         )
         self.peak_bytes = 0  # the most the last run held, activations and weights together
+        self.label = "the model"  # what progress calls it
 
     def _structure(self, model: ir.Model) -> onnx.ModelProto:
         """The model without its weights: main-graph initializers and large Constant nodes become
@@ -605,25 +608,62 @@ class Float64Model:
             out[rows] = block
         return out
 
+    def _streamable(self, node: onnx.NodeProto, names: list[str]) -> str | None:
+        """The weight of a MatMul by a 2-D float weight read once (and not an exact value): it can be
+        streamed through the product by blocks of rows, never held whole in float64."""
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            return None
+        name = node.input[1]
+        tensor = self._weights.get(name)
+        if tensor is None or name in self._exact or names.count(name) != 1 or node.input[0] == name:
+            return None
+        if tensor.dtype not in _FLOAT_DTYPES or len(tuple(tensor.shape)) != 2:
+            return None
+        return name
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run_many([feeds])[0]
 
-    def run_many(self, feeds_list: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def run_many(
+        self, feeds_list: list[dict[str, np.ndarray]], deadline: Deadline | None = None
+    ) -> list[dict[str, np.ndarray]]:
         """The outputs on each input set, the sets evaluated together node by node: each weight is
-        read once for all of them."""
+        read once for all of them. `deadline`: its pace is checked as the nodes run; where all the
+        sets would not fit, the first goes on alone (fewer outputs are returned), and where it would
+        not either, `Float64Unavailable` is raised."""
         sets: list[dict[str, Any]] = [{"": None, **float64_feeds(feeds)} for feeds in feeds_list]
+        weight_total = sum(getattr(t, "nbytes", 0) or 0 for t in self._weights.values())
+        weight_done, told = 0, 0
         keep = set(self.output_names)
         self.peak_bytes = sum(map(_bytes, sets))
         for index, (node, names) in enumerate(zip(self._evaluator.rt_nodes_, self._reads)):
-            weights = {n: self._weight(n) for n in names if n in self._weights and n not in sets[0]}
+            streamed = self._streamable(node.onnx_node, names)
+            weights = {n: self._weight(n) for n in names if n in self._weights and n not in sets[0] and n != streamed}
+            stacked = _streamed_matmul(node.onnx_node, self._weights[streamed], sets) if streamed else None
+            if streamed and stacked is None:  # activations it does not take: the weight is read whole
+                weights[streamed] = self._weight(streamed)
+            if stacked is None:
+                stacked = _stacked_matmul(node.onnx_node, weights, sets)
             current = sum(a.nbytes for a in weights.values())
-            for results in sets:
+            weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in {*weights, *([streamed] if streamed else [])})
+            for number, results in enumerate(sets):
                 results.update(weights)
-                inputs = [results[n] for n in node.input]
-                outputs = node.run(*inputs, context=results) if node.need_context() else node.run(*inputs)
+                if stacked is not None:
+                    outputs = [stacked[number]]
+                else:
+                    inputs = [results[n] for n in node.input]
+                    outputs = node.run(*inputs, context=results) if node.need_context() else node.run(*inputs)
                 results.update((name, value) for name, value in zip(node.output, outputs) if name)
                 current += _bytes(results) - sum(a.nbytes for a in weights.values())
+            del stacked
             self.peak_bytes = max(self.peak_bytes, current)
+            done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
+            if done * 10 >= told + 1:
+                told = int(done * 10)
+                say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
+            if deadline is not None:
+                if deadline.keeps(done, len(sets)) < len(sets):
+                    del sets[1:]
             if self.memory_budget is not None and current > self.memory_budget:
                 label = node.onnx_node.name or node.op_type
                 raise Float64Unavailable(
@@ -642,6 +682,92 @@ class Float64Model:
                     results[name] = self._weight(name)
             outputs.append({name: np.asarray(results[name]) for name in self.output_names})
         return outputs
+
+
+_STREAM_BYTES = 16 << 20
+
+
+def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
+    """`_stacked_matmul` with the weight read from its file by blocks of rows, each widened to
+    float64 and multiplied in as it comes (the product summed over the blocks): the weight is never
+    held whole, in its type or in float64. None where the activations are not float64 rows of it."""
+    depth, width = (int(d) for d in tensor.shape)
+    lefts = [results.get(node.input[0]) for results in sets]
+    if any(
+        not isinstance(a, np.ndarray) or a.ndim < 2 or a.shape[-1] != depth or a.dtype != np.float64 for a in lefts
+    ):
+        return None
+    rows = np.concatenate([a.reshape(-1, depth) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, depth)
+    # As (W^T X^T)^T: OpenBLAS streams a wide weight by few rows 2-3x faster that way round.
+    total = np.zeros((width, rows.shape[0]))
+    for part, block in row_blocks(tensor, _STREAM_BYTES):
+        total += block.astype(np.float64).T @ rows[:, part].T
+    product = np.ascontiguousarray(total.T)
+    out, start = [], 0
+    for a in lefts:
+        count = math.prod(a.shape[:-1])
+        out.append(product[start : start + count].reshape(*a.shape[:-1], width))
+        start += count
+    return out
+
+
+def _stacked_matmul(node: onnx.NodeProto, weights: dict[str, np.ndarray], sets: list[dict[str, Any]]) -> list | None:
+    """A MatMul of activations by a 2-D weight, on every input set as one product of the rows of
+    all (the weight streamed through memory once, not once a set, and one 2-D product instead of a
+    batch of them); None where the node is not that."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.input[1] not in weights:
+        return None
+    weight = weights[node.input[1]]
+    lefts = [results.get(node.input[0]) for results in sets]
+    if weight.ndim != 2 or any(
+        not isinstance(a, np.ndarray) or a.ndim < 2 or a.shape[-1] != weight.shape[0] or a.dtype != weight.dtype
+        for a in lefts
+    ):
+        return None
+    rows = np.concatenate([a.reshape(-1, weight.shape[0]) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, weight.shape[0])
+    # As (weight^T rows^T)^T: OpenBLAS streams a wide weight by few rows 2-3x faster that way round.
+    product = np.ascontiguousarray((weight.T @ rows.T).T)
+    out, start = [], 0
+    for a in lefts:
+        count = math.prod(a.shape[:-1])
+        out.append(product[start : start + count].reshape(*a.shape[:-1], weight.shape[1]))
+        start += count
+    return out
+
+
+class Deadline:
+    """The pace of a float64 evaluation against its allowance: `twins` models to run on the same
+    sets, this one first, within `allowance` seconds from `started`. The work done is measured in
+    the share of the weights read (what the time follows in a large model)."""
+
+    def __init__(self, started: float, allowance: float, twins: int):
+        self.started, self.allowance, self.twins = started, allowance, twins
+        self._dropped: tuple[float, float] | None = None  # (elapsed, done) when the sets were cut to one
+
+    def projected(self, done: float) -> float:
+        elapsed = time.perf_counter() - self.started
+        if self._dropped is None:
+            return self.twins * elapsed / max(done, 1e-9)
+        at, was = self._dropped
+        rate = (elapsed - at) / max(done - was, 1e-9)  # seconds for the whole model, one set
+        return elapsed + rate * (1.0 - done) + (self.twins - 1) * rate
+
+    def keeps(self, done: float, sets: int) -> int:
+        """How many input sets go on, after `done` of the work on `sets`; raises where none fits."""
+        if done < 0.05 and time.perf_counter() - self.started < 0.1 * self.allowance:
+            return sets  # too early to tell
+        projected = self.projected(done)
+        if projected <= self.allowance:
+            return sets
+        if sets > 1:
+            self._dropped = (time.perf_counter() - self.started, done)
+            return 1
+        if self._dropped is not None and done - self._dropped[1] < 0.05:
+            return sets  # the pace of one set is not known yet
+        raise Float64Unavailable(
+            f"a float64 evaluation would take about {projected:.0f} s, over its allowance of {self.allowance:.0f} s "
+            f"(stopped at {done:.0%} of the weights)"
+        )
 
 
 def _bytes(values: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import save_with_external_data, uses_external_data
+from onnx_lnfold.verify import blockwise
 from onnx_lnfold.verify.verdict import OutputDiff
 
 ModelBytesOrPath = Union[bytes, str, Path]
@@ -29,7 +30,7 @@ def onnxruntime_missing() -> str | None:
     return None
 
 
-def session_for(model: ModelBytesOrPath):
+def session_options():
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -42,8 +43,30 @@ def session_for(model: ModelBytesOrPath):
     # runs on the external data file mapped into memory (session_state_utils.cc), pages the kernel
     # can share and drop: a session of a file with external data holds about none of its weights.
     options.add_session_config_entry("session.disable_prepacking", "1")
+    return options
+
+
+def session_for(model: ModelBytesOrPath, perturbed: bool = False):
+    """A session of `model`: one ONNX Runtime session, or, for a model whose weights would not sit
+    comfortably in the memory available, a `BlockwiseSession` (block by block, each block's
+    weights read from the model's file in place). `perturbed`: the model with its weights moved by
+    one rounding step, block by block (`verify.judge.measure_sensitivity`); a single session of it
+    is not made here."""
+    import onnxruntime as ort
+
+    above = blockwise.blockwise_above()
+    if perturbed or (above is not None and not (isinstance(model, bytes) and len(model) <= above)):
+        proto, folder = blockwise.load_structure(model)
+        if perturbed or blockwise.runs_blockwise(proto):
+            label = Path(model).name if not isinstance(model, bytes) else "the model"
+            return blockwise.BlockwiseSession(proto, folder, session_options, perturbed=perturbed, label=label)
+        del proto
     source = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, session_options(), providers=["CPUExecutionProvider"])
+
+
+def is_blockwise(session) -> bool:
+    return isinstance(session, blockwise.BlockwiseSession)
 
 
 def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -53,6 +76,24 @@ def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     run_options.log_severity_level = 4
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds, run_options)))
+
+
+def run_sets(session, feeds_list: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
+    """Each input set's outputs, or the exception its run raised: a `BlockwiseSession` runs every
+    set through each block in turn (its weights read once), a session the sets one by one."""
+    if is_blockwise(session):
+        import onnxruntime as ort
+
+        run_options = ort.RunOptions()
+        run_options.log_severity_level = 4
+        return session.run_many(feeds_list, run_options)
+    results: list[dict[str, np.ndarray] | Exception] = []
+    for feeds in feeds_list:
+        try:
+            results.append(run_session(session, feeds))
+        except Exception as e:  # noqa: BLE001 - reported per set by the caller
+            results.append(e)
+    return results
 
 
 def run_model(model: ModelBytesOrPath, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

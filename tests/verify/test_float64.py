@@ -323,22 +323,53 @@ def test_a_float64_budget_of_zero_asks_for_none(tmp_path):
     assert code == 2 and "--float64-budget must be a number of seconds, 0 or more" in err
 
 
-def test_an_evaluation_estimated_over_the_budget_is_not_started(monkeypatch):
+def test_an_evaluation_estimated_over_the_budget_asked_for_is_not_started(monkeypatch):
     monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_COST", 1e9)
-    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
+    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=60).report.verification
     assert verification.judgment == SENSITIVITY and verification.status == "passed"
     assert verification.judgment_reason.startswith("a float64 evaluation would take about ")
     assert verification.judgment_reason.endswith(" s, over its allowance of 60 s")  # the first set: the budget
 
 
+def test_by_default_the_first_set_is_judged_in_float64_whatever_onnxruntime_s_time_suggests(monkeypatch):
+    """Without a budget asked for, the estimate from ONNX Runtime's time (mostly weights being read
+    when a large model runs block by block) does not decide: the float64 run is timed as it goes."""
+    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_COST", 1e9)
+    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
+    assert verification.judgment == FLOAT64 and verification.status == "passed"
+
+
+def test_a_float64_run_past_its_allowance_is_abandoned_and_said_so(monkeypatch):
+    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_FIRST_S", 0.0)
+    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_FIRST_SHARE", 0.0)
+    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
+    assert verification.judgment == SENSITIVITY and verification.status == "passed"
+    assert verification.judgment_reason.startswith("a float64 evaluation would take about ")
+    assert "over its allowance of 0 s (stopped at " in verification.judgment_reason
+
+
 def test_the_float64_allowance_follows_the_folds_own_time_within_the_budget():
-    from onnx_lnfold.verify.judge import FLOAT64_FLOOR_S, FLOAT64_SHARE, float64_allowance
+    from onnx_lnfold.verify.judge import (
+        FLOAT64_FIRST_S,
+        FLOAT64_FIRST_SHARE,
+        FLOAT64_FLOOR_S,
+        FLOAT64_SHARE,
+        first_allowance,
+        float64_allowance,
+    )
 
     assert float64_allowance(60.0, None) == 60.0  # nothing known of the fold: the budget
     assert float64_allowance(60.0, 0.1) == FLOAT64_FLOOR_S  # a small model still gets the floor
     assert float64_allowance(60.0, 20.0) == 40.0 == FLOAT64_SHARE * 20.0
     assert float64_allowance(60.0, 100.0) == 60.0  # never past the budget asked for
     assert float64_allowance(5.0, 0.1) == 5.0
+    # Without a budget asked for, it grows with the fold's time: a 10 GB fold's 90 s give 270 s for
+    # the first set, 180 s for all.
+    assert first_allowance(None, 90.0) == 270.0 == FLOAT64_FIRST_SHARE * 90.0
+    assert float64_allowance(None, 90.0) == 180.0 == FLOAT64_SHARE * 90.0
+    assert first_allowance(None, 1.0) == FLOAT64_FIRST_S  # the first set: at least FLOAT64_FIRST_S
+    assert first_allowance(None, None) == FLOAT64_FIRST_S
+    assert first_allowance(7.0, 90.0) == 7.0  # a budget asked for replaces it
 
 
 def test_only_the_input_sets_that_fit_are_judged_in_float64_and_the_others_in_onnxruntime(monkeypatch):

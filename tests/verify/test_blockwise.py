@@ -1,0 +1,148 @@
+"""Models run block by block (verify.cut, verify.blockwise): the cut is sound, and a check run that
+way takes the same verdict on the same figures as one ONNX Runtime session, refuses what it
+refuses, and writes no copy of the model.
+
+The threshold is forced low (every model runs block by block, in blocks of about 50 kB of weights)
+on the committed models, whose weights are a few hundred kB."""
+
+from __future__ import annotations
+
+import onnx
+import onnx_ir as ir
+import pytest
+
+import onnx_lnfold
+from onnx_lnfold._cli import main
+from onnx_lnfold.io import scratch
+from onnx_lnfold.verify import blockwise, check
+from onnx_lnfold.verify.cut import cut, node_reads
+from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
+
+from conftest import MODELS
+
+BLOCK_BYTES = 50_000
+
+
+def _force(monkeypatch) -> list[tuple[str, int]]:
+    """From now on every model runs block by block, in small blocks; returns the list of the block
+    runs made (label, number of blocks)."""
+    made = []
+    monkeypatch.setattr(blockwise, "blockwise_above", lambda: 0)
+    monkeypatch.setattr(blockwise, "block_bytes", lambda: BLOCK_BYTES)
+    init = blockwise.BlockwiseSession.__init__
+
+    def counting(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append((self.label, len(self.cut.blocks)))
+
+    monkeypatch.setattr(blockwise.BlockwiseSession, "__init__", counting)
+    return made
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    return _force(monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["gpt2.onnx", "bert.onnx", "bloom.onnx"])
+def test_the_cut_covers_the_graph_in_an_order_that_runs(name):
+    graph = onnx.load(MODELS / name).graph
+    found = cut(graph, BLOCK_BYTES)
+    assert sorted(found.order) == list(range(len(graph.node)))
+    assert len(found.blocks) > 2
+    assert [b.start for b in found.blocks[1:]] == [b.stop for b in found.blocks[:-1]]
+    assert found.blocks[0].start == 0 and found.blocks[-1].stop == len(graph.node)
+    weights = {t.name for t in graph.initializer}
+    available = {i.name for i in graph.input if i.name not in weights}
+    for block in found.blocks:
+        assert set(block.inputs) <= available  # made before the block, or fed
+        made = set()
+        for position in range(block.start, block.stop):
+            node = graph.node[found.order[position]]
+            for read in node_reads(node):
+                assert read in available or read in made or read in block.weights
+            made.update(node.output)
+        # The tensors kept across the cut are what later blocks and the graph's outputs read.
+        later = {n for b in found.blocks if b.start >= block.stop for n in b.inputs} | {o.name for o in graph.output}
+        assert set(block.outputs) == made & later
+        available |= set(block.outputs)
+
+
+def test_the_cuts_fall_where_few_tensors_are_live():
+    """On GPT-2 each cut carries the residual stream and what every layer reads (the mask and
+    positions), not a layer's inner tensors."""
+    found = cut(onnx.load(MODELS / "gpt2.onnx").graph, BLOCK_BYTES)
+    crossing = [len(b.inputs) for b in found.blocks[1:]]
+    assert max(crossing) <= 10 and min(crossing) <= 3, crossing
+
+
+def _figures(verification):
+    return [
+        (o.name, o.rel_diff, o.max_abs_diff, o.sensitivity, o.written, o.exact, o.original_error, o.fold_error)
+        for o in verification.outputs
+    ]
+
+
+@pytest.mark.parametrize("budget", [None, 0])
+@pytest.mark.parametrize("name", ["gpt2.onnx", "bert.onnx"])
+def test_a_check_run_block_by_block_takes_the_same_verdict_on_the_same_figures(name, budget, monkeypatch):
+    whole = onnx_lnfold.fold(MODELS / name, float64_budget=budget).report.verification
+    forced = _force(monkeypatch)
+    blocks = onnx_lnfold.fold(MODELS / name, float64_budget=budget).report.verification
+    assert forced and all(count > 2 for _, count in forced)
+    if budget == 0:  # the sensitivity: the perturbed original, block by block
+        assert any(label.endswith("its weights perturbed") for label, _ in forced)
+    assert blocks.status == whole.status == "passed"
+    assert blocks.judgment == whole.judgment == (SENSITIVITY if budget == 0 else FLOAT64)
+    assert _figures(blocks) == _figures(whole)
+
+
+def _wrong_epsilon(monkeypatch):
+    original = onnx_lnfold._pipeline.apply_plan
+
+    def broken(model, plan):
+        original(model, plan)
+        for node in model.graph:
+            if node.op_type == "SimplifiedLayerNormalization":
+                node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 1.0)
+
+    monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
+
+
+@pytest.mark.parametrize("budget", [None, 0])
+def test_a_wrong_fold_is_refused_block_by_block(monkeypatch, forced, budget):
+    _wrong_epsilon(monkeypatch)
+    with pytest.raises(onnx_lnfold.VerificationFailed) as info:
+        onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=budget)
+    assert "the folded model is not what the plan wrote" in str(info.value)  # the read-back, first
+    # The judge on its own, block by block: with the read-back out of the way it refuses the fold too.
+    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    with pytest.raises(onnx_lnfold.VerificationFailed) as info:
+        onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=budget)
+    verification = info.value.report.verification
+    assert forced and verification.status == "failed"
+    assert verification.judgment == (SENSITIVITY if budget == 0 else FLOAT64)
+    assert "output 'logits' differs" in str(info.value)
+
+
+def test_the_check_of_a_model_with_external_data_writes_no_copy(tmp_path, monkeypatch, forced):
+    """Block by block, the fold's own output is all the check reads: no scratch copy of either model
+    (the staged output aside), not for the sensitivity either."""
+    source = tmp_path / "in" / "gpt2.onnx"
+    source.parent.mkdir()
+    proto = onnx.load(MODELS / "gpt2.onnx")
+    onnx.save(proto, source, save_as_external_data=True, location="gpt2.onnx.data", size_threshold=0)
+    made = scratch.make
+
+    def staging_only(kind, *args, **kwargs):
+        assert kind == "staging", f"a '{kind}' scratch copy was made"
+        return made(kind, *args, **kwargs)
+
+    monkeypatch.setattr(scratch, "make", staging_only)
+    destination = tmp_path / "out" / "folded.onnx"
+    destination.parent.mkdir()
+    for budget in ([], ["--float64-budget", "0"]):
+        assert main([str(source), "-o", str(destination), *budget]) == 0
+        assert sorted(p.name for p in destination.parent.iterdir()) == ["folded.onnx", "folded.onnx.data"]
+    assert {label for label, _ in forced} >= {"gpt2.onnx", "gpt2.onnx, its weights perturbed"}
+    assert sorted(p.name for p in source.parent.iterdir()) == ["gpt2.onnx", "gpt2.onnx.data"]
