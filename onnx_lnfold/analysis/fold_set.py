@@ -23,6 +23,7 @@ from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
+from onnx_lnfold.core.values import is_zero
 from onnx_lnfold.emit.costs import Saving
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
@@ -143,7 +144,9 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
             memo[key] = frozenset()
             continue
         inputs = [(node.inputs[r.index], r.axis) for r in reqs if r.axis is not None and r.index < len(node.inputs)]
-        computed = [(v, a) for v, a in inputs if v is not None and constant_of(v) is None and not v.is_graph_input()]
+        computed = [
+            (v, a) for v, a in inputs if v is not None and constant_of(v) is None and not v.is_graph_input() and not is_zero(v, exact=False)
+        ]
         if not expanded:
             stack.append((key, True))
             stack.extend((child, False) for child in computed if child not in memo)

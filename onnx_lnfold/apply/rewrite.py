@@ -102,7 +102,8 @@ def _primitive(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: s
     recognize (`core.ops.PRIMITIVE_OPS`): `Pow(x, 2)`, `ReduceMean` over the last axis (axes an
     input from opset 18, an attribute below; keepdims), `Add(epsilon)`, `Sqrt`, `Div(x, .)`,
     `Mul(., gamma)`. The constants are of x's type (valid at every opset since Pow-7) and
-    scalars; each intermediate is read by the next op alone."""
+    scalars; each intermediate is read by the next op alone. A gamma of ones keeps its `Mul`:
+    ONNX Runtime's SimplifiedLayerNormFusion needs it (docs/DESIGN.md section 2.5)."""
     pow_, reduce_mean, add, sqrt, div, mul = PRIMITIVE_OPS
     cand = rewrite.cand
     (x,) = _read(rewrite.site.inputs)
