@@ -30,8 +30,9 @@ _MAX_DEPTH = 16
 
 
 def fill_of(value: ir.Value | None, exact: bool = True) -> float | None:
-    """The one value every element of `value` holds for every model input (a float), or None when
-    it is not one value or the graph does not show it."""
+    """The one value every element of `value` holds for every model input (a float; a product of
+    two such values to float64's precision, exact for 0 and 1), or None when it is not one value or
+    the graph does not show it."""
     return _fill(value, exact, 0)
 
 
@@ -71,7 +72,11 @@ def _fill(value: ir.Value | None, exact: bool, depth: int) -> float | None:
     if op in ("Mul", "Add", "Sub") and len(node.inputs) == 2:
         a, b = (_fill(v, exact, depth + 1) for v in node.inputs)
         if a is not None and b is not None:
-            return float({"Mul": np.multiply, "Add": np.add, "Sub": np.subtract}[op](a, b))
+            if op == "Mul":  # two floats' product is exact in float64: it is 0 or 1 where theirs is
+                return float(np.multiply(a, b))
+            if 0.0 in (a, b):  # adding a zero: the other, in any precision (a sum of two others may round)
+                return b if a == 0.0 and op == "Add" else (-b if a == 0.0 else a)
+            return None
         if op == "Mul" and not exact and 0.0 in (a, b):
             return 0.0  # x * 0, for every finite x
     return None
