@@ -48,13 +48,15 @@ def is_one(value: ir.Value | None) -> bool:
 def _fill(value: ir.Value | None, exact: bool, depth: int) -> float | None:
     if value is None or value.is_graph_input() or depth > _MAX_DEPTH:
         return None
-    tensor = constant_of(value)
-    if tensor is not None:
-        return _tensor_fill(tensor)
     node = value.producer()
-    if node is None or not is_standard(node) or value.index() != 0:
+    if node is None:
+        tensor = constant_of(value)  # an initializer
+        return None if tensor is None else _tensor_fill(tensor)
+    if not is_standard(node) or value.index() != 0:
         return None
     op = node.op_type
+    if op == "Constant":
+        return _constant_node_fill(node)
     if op == "ConstantOfShape":
         attr = node.attributes.get("value")
         return 0.0 if attr is None else _tensor_fill(attr.as_tensor())  # the spec's default: a float 0
@@ -79,6 +81,22 @@ def _fill(value: ir.Value | None, exact: bool, depth: int) -> float | None:
             return None
         if op == "Mul" and not exact and 0.0 in (a, b):
             return 0.0  # x * 0, for every finite x
+    return None
+
+
+def _constant_node_fill(node: ir.Node) -> float | None:
+    """A Constant node's fill, read from its attribute as it is (`ir.convenience.get_const_tensor`
+    names the attribute's tensor after the output: this analysis changes nothing)."""
+    if len(node.attributes) != 1:
+        return None
+    name, attr = next(iter(node.attributes.items()))
+    if attr.is_ref():
+        return None
+    if name == "value":
+        return _tensor_fill(attr.as_tensor())
+    if name in ("value_float", "value_floats", "value_int", "value_ints"):
+        values = np.asarray(attr.value, dtype=np.float64).reshape(-1)
+        return float(values[0]) if values.size and np.all(values == values[0]) else None
     return None
 
 

@@ -174,3 +174,11 @@ def test_zeros_like_queries_need_no_centering(zeros):
     assert ops(result.model_proto)["ReduceMean"] == 1
     assert result.report.verification.status == "passed"
     assert_equivalent(model, result.model_proto, rtol=1e-5, sequence_length=10, sequence_length2=10)
+
+
+def test_a_zero_beta_constant_node_is_removed_with_its_ln():
+    """TorchScript writes a bias-free LN's beta as a Constant node: once no Add reads it, the
+    node goes too (nothing dead is left in the written graph)."""
+    result = onnx_lnfold.fold(_post_norm_block("constant node"), verify=False)
+    assert "Constant" not in ops(result.model_proto)
+    assert ops(_post_norm_block("constant node"))["Constant"] == 2
