@@ -23,16 +23,12 @@ from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
+from onnx_lnfold.core.values import is_zero
 from onnx_lnfold.emit.costs import Saving
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
 
 logger = logging.getLogger(__name__)
-
-# A stream sum shared by fewer blocked LNs than this is not tried as a centering root (one LN's
-# fold pays for a centering only where it replaces ORT's fused SkipLayerNormalization, whose
-# residual Add is such a sum only where nothing else reads it).
-AUX_MIN_UNLOCKED = 2
 
 # What each LN's fold saves per run (`emit.costs.Saving`: with its spread, its width and the pricing
 # it comes from); an LN without an entry saves nothing. None: every LN folds whatever it costs
@@ -101,13 +97,16 @@ def _junction_roots(
     blocked, shapes: ShapeTable, savings: Savings | None, exclude: frozenset[ir.Value] = frozenset()
 ) -> frozenset[ir.Value]:
     """Stream sums (Add/Sub/Sum of two computed tensors) that the blocked LNs' inputs come from
-    through carry ops, each shared by at least `AUX_MIN_UNLOCKED` of them whose folds would pay
-    for its centering, most shared first.
+    through carry ops, each where the LNs it would newly unlock pay for its centering (any one of
+    them, where every fold is asked for: `savings` None), most shared first.
 
     Centering such a sum explicitly can unlock LNs that no weight edit reaches: in a Wav2Vec2
     encoder the stream starts as `projection + GELU(grouped conv(projection))`; the GELU output
     cannot be centered, and centering the projection changes the grouped conv's input, but the
-    sum itself can be centered once for every LN downstream.
+    sum itself can be centered once for every LN downstream. One LN can be reason enough: ELECTRA's
+    and DETR's first sum reads a projection the Q/K/V MatMuls read too (centering its weights
+    would change them), DeBERTa's a masked LN output; where ORT runs that LN fused with its
+    residual Add, the one centering costs less than SkipLayerNormalization's kernel.
     """
     memo: dict[tuple[ir.Value, int], frozenset[ir.Value]] = {}
     reached: dict[ir.Value, set[LnCandidate]] = {}
@@ -119,7 +118,7 @@ def _junction_roots(
     covered: set[LnCandidate] = set()
     for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
         new = cands - covered
-        if value not in exclude and len(new) >= AUX_MIN_UNLOCKED and _centering_pays(new, savings):
+        if value not in exclude and new and _centering_pays(new, savings):
             roots.add(value)
             covered |= cands
     return frozenset(roots)
@@ -143,7 +142,9 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
             memo[key] = frozenset()
             continue
         inputs = [(node.inputs[r.index], r.axis) for r in reqs if r.axis is not None and r.index < len(node.inputs)]
-        computed = [(v, a) for v, a in inputs if v is not None and constant_of(v) is None and not v.is_graph_input()]
+        computed = [
+            (v, a) for v, a in inputs if v is not None and constant_of(v) is None and not v.is_graph_input() and not is_zero(v, exact=False)
+        ]
         if not expanded:
             stack.append((key, True))
             stack.extend((child, False) for child in computed if child not in memo)

@@ -22,6 +22,7 @@ from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import FLOAT_TYPES, NARROW_FLOAT_TYPES, constant_of, node_label
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
+from onnx_lnfold.core.values import is_zero
 from onnx_lnfold.forms import is_residual_sum, sum_terms
 from onnx_lnfold.shapes.parts import WHOLE, Part
 from onnx_lnfold.shapes.table import ShapeTable
@@ -122,6 +123,8 @@ class Tracer:
         return self.memo[(value, axis, weights, part)]
 
     def _step(self, value: ir.Value, axis: int, weights: Weights, part: Part) -> frozenset[Leaf] | Blocked | Pending:
+        if is_zero(value, exact=False):  # zero-mean already (zeros_like queries): nothing to center
+            return frozenset()
         if value in self.junctions:
             return Blocked("centered-explicitly", f"tensor '{value.name}' is centered explicitly", value.name, value)
         if value.is_graph_input():
@@ -202,7 +205,7 @@ class Tracer:
         needs: list[Goal] = []
         for req in reqs:
             inp = node.inputs[req.index] if req.index < len(node.inputs) else None
-            if inp is None:
+            if inp is None or is_zero(inp, exact=False):  # a zero term: zero-mean as it is
                 continue
             req_weights = weights
             if req.factor is not None:

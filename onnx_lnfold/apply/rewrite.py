@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import LnDecision
 from onnx_lnfold.apply.centering import bias_plus_beta
-from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ir import constant_of, is_standard
 from onnx_lnfold.core.names import fresh_name
 from onnx_lnfold.core.ops import PRIMITIVE_OPS, SKIP_RMS_NORM
 from onnx_lnfold.emit.targets import ONNX_RMS_OP, PRIMITIVE_RMS_OP, RMS_OP, SKIP_RMS_OP, Rewrite, bias_slot
@@ -102,7 +102,8 @@ def _primitive(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: s
     recognize (`core.ops.PRIMITIVE_OPS`): `Pow(x, 2)`, `ReduceMean` over the last axis (axes an
     input from opset 18, an attribute below; keepdims), `Add(epsilon)`, `Sqrt`, `Div(x, .)`,
     `Mul(., gamma)`. The constants are of x's type (valid at every opset since Pow-7) and
-    scalars; each intermediate is read by the next op alone."""
+    scalars; each intermediate is read by the next op alone. A gamma of ones keeps its `Mul`:
+    ONNX Runtime's SimplifiedLayerNormFusion needs it (docs/DESIGN.md section 2.5)."""
     pow_, reduce_mean, add, sqrt, div, mul = PRIMITIVE_OPS
     cand = rewrite.cand
     (x,) = _read(rewrite.site.inputs)
@@ -250,10 +251,13 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, taken: set[str]) -
         old_sum.replace_all_uses_with(rms.outputs[3], replace_graph_outputs=True)
     owner.remove(rewrite.replaced, safe=True)  # type: ignore[union-attr]
     for param in (cand.scale, cand.bias):  # gamma/beta the rewrite no longer reads
-        if param is not None and param.is_initializer() and not param.uses() and not param.is_graph_output():
-            if not param.is_graph_input():
-                # of the graph that holds it: an If/Loop body's own beta is not the main graph's
-                (param.graph or graph).initializers.pop(param.name)
+        if param is None or param.uses() or param.is_graph_output():
+            continue
+        if param.is_initializer() and not param.is_graph_input():
+            # of the graph that holds it: an If/Loop body's own beta is not the main graph's
+            (param.graph or graph).initializers.pop(param.name)
+        elif (producer := param.producer()) is not None and producer.op_type == "Constant" and is_standard(producer):
+            producer.graph.remove(producer, safe=True)  # type: ignore[union-attr]  # an all-zero beta as TorchScript writes it
     # The replaced tensors' names move to the tensors that now hold their values: consumers,
     # graph outputs and anything downstream that refers to tensors by name stay valid.
     out.name = None

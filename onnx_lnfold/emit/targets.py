@@ -35,6 +35,7 @@ from onnx_lnfold.core.ops import (
     SKIP_RMS_NORM,
 )
 from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.core.values import is_zero
 from onnx_lnfold.emit.costs import NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
 from onnx_lnfold.emit.pricing import pricing_for
 from onnx_lnfold.emit.softmax_shift import softmax_removes
@@ -265,6 +266,10 @@ BETA_SITE_WORDS = {
 }
 
 
+# Why a folded LN writes no beta although it has a beta input.
+ZERO_BETA = "beta is all zero"
+
+
 @dataclass(frozen=True)
 class BetaPlacement:
     how: str  # "none", "add" or "consumers"
@@ -281,6 +286,8 @@ def beta_placement(cand: LnCandidate, shapes: ShapeTable, pricing: Pricing | Non
     created), else an explicit 'add' after the RMSNorm."""
     if cand.bias is None:
         return BetaPlacement("none")
+    if is_zero(cand.bias):  # LayerNorm(bias=False) as TorchScript writes it: no beta at all
+        return BetaPlacement("none", why=ZERO_BETA)
     out = cand.out
     if constant_of(cand.bias) is None:
         return BetaPlacement("add", why="beta is not a constant")
@@ -482,7 +489,7 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     before = _NODE_WORDS[original[0][0]]
     if rewrite.beta.how == "add":
         head = f"kept: its beta would stay a separate Add over the LN's output ({rewrite.beta.why})"
-    elif rewrite.beta.why:
+    elif rewrite.beta.how == "consumers" and rewrite.beta.why:
         head = f"kept: beta would need a created bias ({rewrite.beta.why})"
     else:
         head = "kept"
@@ -492,7 +499,7 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
         return Blocked(
             "costs-more",
             f"{head}, and {what} costs more than {before} on {table.provider_words}: {figures} ({table.source})",
-            detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.why else figures,
+            detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.how != "none" and rewrite.beta.why else figures,
         )
     figures = (
         f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {at}, "
@@ -502,5 +509,5 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
         "cost-unresolved",
         f"{head}: its cost table cannot tell {what} from {before} on {table.provider_words} ({figures}), and the "
         f"never-slower rule folds only what it shows cheaper ({table.source})",
-        detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.why else figures,
+        detail=f"{rewrite.beta.why}; {figures}" if rewrite.beta.how != "none" and rewrite.beta.why else figures,
     )

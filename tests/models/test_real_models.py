@@ -27,7 +27,10 @@ EXPECTED = {
     # the centering, the Add, SimplifiedLayerNormalization and beta's Add together.
     "bert": (4, 5, COSTS_MORE),
     "opt_pre_ln": (4, 5, COSTS_MORE),  # the final LN: its beta would stay an Add before the tied LM head
-    "opt_post_ln": (1, 4, None),
+    # Post-LN: the two LNs ORT runs fused with their residual Add fold through one explicit
+    # centering each (the first one's residual sum, whose projection the attention reads too; the
+    # LN output before the second); the other two stay for their beta.
+    "opt_post_ln": (2, 4, COSTS_MORE),
     "gpt_neox": (5, 5, None),
     # One explicit centering of the embeddings LN output; that LN itself is kept: its beta would
     # stay an Add.
@@ -124,13 +127,17 @@ def test_gpt2_tied_lm_head_is_untied_on_request():
 
 
 def test_post_ln_opt_names_the_attention_input():
-    plan = onnx_lnfold.fold(MODELS / "opt_post_ln.onnx", verify=False).plan
+    plan = onnx_lnfold.fold(MODELS / "opt_post_ln.onnx", verify=False, auxiliary_centering=False).plan
     first = plan.decisions[0]
     assert "would change, and it feeds MatMul" in first.reason
     assert all("is the output of LayerNormalization" in d.reason for d in plan.kept[1:])
-    # The one ORT runs fused with its residual Add (after attention) folds through an explicit
-    # centering of the LN output before it; the others' fold would not pay for theirs.
-    assert [d.node for d in plan.folded] == ["node_layer_norm_2"] and len(plan.centerings) == 1
+    # With explicit centering, the two ORT runs fused with their residual Add fold: the first
+    # through a centering of its residual sum (its projection's output feeds the attention too, so
+    # no weight edit centers it), the other through one of the LN output before it.
+    plan = onnx_lnfold.fold(MODELS / "opt_post_ln.onnx", verify=False).plan
+    assert [d.node for d in plan.folded] == ["node_layer_norm", "node_layer_norm_2"]
+    assert [c.tensor for c in plan.centerings] == ["add_166", "layer_norm_1"]
+    assert plan.folded[0].reason == "input is zero-mean once 'add_166' is explicitly centered"
 
 
 def test_bloom_without_auxiliary_centering_folds_only_the_embeddings_layer_norm():

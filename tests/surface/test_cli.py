@@ -68,15 +68,22 @@ def test_dry_run_prints_the_plan_and_writes_nothing(gpt2, tmp_path):
 
 
 def test_kept_lns_are_listed_with_their_reason(tmp_path):
-    code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run")
+    # Without explicit centering: the first LN's edits would reach the attention, the others read
+    # an LN output.
+    code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run", "--no-aux-centering")
     assert code == 0
-    assert "1 would fold, 3 kept" in out
+    assert "0 would fold, 4 kept" in out
     assert "  1 kept: (mixes-shift) centering would change a tensor that also feeds a layer mixing its channels" in out
     assert "node_layer_norm  'add_88' would change, and it feeds MatMul 'node_MatMul_43'" in out
-    assert "  2 kept: (normalization-output) post-LN: each reads the output of another LayerNorm" in out
+    assert "  3 kept: (normalization-output) post-LN: each reads the output of another LayerNorm" in out
     assert "node_layer_norm_1  reads 'layer_norm', the output of LayerNormalization 'node_layer_norm'" in out
-    # The one ORT runs fused with its residual Add as SkipLayerNormalization folds through an
-    # explicit centering of the LN output before it, which costs less than that fused kernel.
+    # By default the two ORT runs fused with their residual Add as SkipLayerNormalization fold
+    # through one explicit centering each (of the first one's residual sum, of the LN output
+    # before the second), which costs less than that fused kernel; the other two stay for their beta.
+    code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run")
+    assert code == 0 and "2 would fold, 2 kept" in out
+    assert "  2 kept: (costs-more) its fold would cost ONNX Runtime more than the LN saves" in out
+    assert "Explicit centering: 'add_166' - ReduceMean over axis 2 (1 ReduceMean + 1 Sub) unlocks 1 LN" in out
     assert "Explicit centering: 'layer_norm_1' - ReduceMean over axis 2 (1 ReduceMean + 1 Sub) unlocks 1 LN" in out
 
 
@@ -241,7 +248,7 @@ def test_verbose_adds_the_proof_per_ln(gpt2):
     assert "node_layer_norm_4 (LayerNormalization, axis 2): folded -> SimplifiedLayerNormalization" in proof
     assert "producer: Gemm weight 'model.transformer.h.1.mlp.c_proj.weight' read by node_addmm_7" in proof
     assert "and through 7 op(s) told above, for node_layer_norm_3 and 3 LNs before it" in proof
-    code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run", "--verbose")
+    code, out, _ = _cli(MODELS / "opt_post_ln.onnx", "--dry-run", "--verbose", "--no-aux-centering")
     assert "  blocked: tensor 'add_88' would change, and it feeds MatMul 'node_MatMul_43'" in out
 
 

@@ -1,0 +1,134 @@
+"""What a tensor holds for every model input, read from the graph: the one value every element
+of it is (`fill_of`), seen through the ops exporters write around constants (docs/DESIGN.md
+section 2.5). Pure: reads the IR, mutates nothing.
+
+TorchScript writes `LayerNorm(bias=False)` and `elementwise_affine=False` as an all-zero beta and
+an all-one gamma; `torch.zeros_like(x)` becomes `ConstantOfShape(Shape(x))` (TorchScript) or an
+`Expand` of a zero (dynamo); a zero can reach a graph through `Cast`, `Reshape`, `Unsqueeze`. A
+zero tensor is already zero-mean, and a zero beta is no beta: the steps that ask read this.
+
+Two strengths. `exact=True`: the value for every input, bit for bit (an LN's beta dropped must
+have been an exact zero). `exact=False` also takes `Mul(x, 0)` as 0, which it is wherever `x` is
+finite: a zero-mean proof may, because a row holding inf or NaN makes LayerNorm and RMSNorm both
+NaN whatever the proof says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_lnfold.core.ir import FLOAT_TYPES, constant_of, is_standard
+
+# Ops whose output holds only values of their first input (moved, repeated, reshaped, selected).
+_PASS_FIRST = frozenset(
+    {"Identity", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Tile", "Slice", "Gather"}
+)
+_INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.BOOL})
+# Deep enough for every chain of these ops an exporter writes around one constant.
+_MAX_DEPTH = 16
+
+
+def fill_of(value: ir.Value | None, exact: bool = True) -> float | None:
+    """The one value every element of `value` holds for every model input (a float; a product of
+    two such values to float64's precision, exact for 0 and 1), or None when it is not one value or
+    the graph does not show it."""
+    return _fill(value, exact, 0)
+
+
+def is_zero(value: ir.Value | None, exact: bool = True) -> bool:
+    fill = fill_of(value, exact)
+    return fill is not None and fill == 0.0
+
+
+def is_one(value: ir.Value | None) -> bool:
+    return fill_of(value) == 1.0
+
+
+def _fill(value: ir.Value | None, exact: bool, depth: int) -> float | None:
+    if value is None or value.is_graph_input() or depth > _MAX_DEPTH:
+        return None
+    node = value.producer()
+    if node is None:
+        tensor = constant_of(value)  # an initializer
+        return None if tensor is None else _tensor_fill(tensor)
+    if not is_standard(node) or value.index() != 0:
+        return None
+    op = node.op_type
+    if op == "Constant":
+        return _constant_node_fill(node)
+    if op == "ConstantOfShape":
+        attr = node.attributes.get("value")
+        return 0.0 if attr is None else _tensor_fill(attr.as_tensor())  # the spec's default: a float 0
+    if op in _PASS_FIRST or (op == "Dropout" and _inference_dropout(node)):
+        return _fill(node.inputs[0] if node.inputs else None, exact, depth + 1)
+    if op == "Cast":
+        fill = _fill(node.inputs[0], exact, depth + 1)
+        return _cast(fill, node.attributes.get_int("to", 0))
+    if op == "Neg":
+        fill = _fill(node.inputs[0], exact, depth + 1)
+        return None if fill is None else -fill
+    if op == "Concat":
+        fills = {_fill(v, exact, depth + 1) for v in node.inputs}
+        return fills.pop() if len(fills) == 1 else None
+    if op in ("Mul", "Add", "Sub") and len(node.inputs) == 2:
+        a, b = (_fill(v, exact, depth + 1) for v in node.inputs)
+        if a is not None and b is not None:
+            if op == "Mul":  # two floats' product is exact in float64: it is 0 or 1 where theirs is
+                return float(np.multiply(a, b))
+            if 0.0 in (a, b):  # adding a zero: the other, in any precision (a sum of two others may round)
+                return b if a == 0.0 and op == "Add" else (-b if a == 0.0 else a)
+            return None
+        if op == "Mul" and not exact and 0.0 in (a, b):
+            return 0.0  # x * 0, for every finite x
+    return None
+
+
+def _constant_node_fill(node: ir.Node) -> float | None:
+    """A Constant node's fill, read from its attribute as it is (`ir.convenience.get_const_tensor`
+    names the attribute's tensor after the output: this analysis changes nothing)."""
+    if len(node.attributes) != 1:
+        return None
+    name, attr = next(iter(node.attributes.items()))
+    if attr.is_ref():
+        return None
+    if name == "value":
+        return _tensor_fill(attr.as_tensor())
+    if name in ("value_float", "value_floats", "value_int", "value_ints"):
+        values = np.asarray(attr.value, dtype=np.float64).reshape(-1)
+        return float(values[0]) if values.size and np.all(values == values[0]) else None
+    return None
+
+
+def _tensor_fill(tensor: ir.TensorProtocol) -> float | None:
+    if tensor.size == 0 or tensor.dtype not in FLOAT_TYPES | _INT_TYPES:
+        return None
+    array = np.asarray(tensor.numpy())
+    first = array.reshape(-1)[0]
+    if not np.all(array == first):
+        return None
+    return float(first)
+
+
+
+def _cast(fill: float | None, to: int) -> float | None:
+    """`fill` cast to the ONNX type `to`, where that is exact to tell (0 and 1 are every type's)."""
+    if fill is None:
+        return None
+    if fill in (0.0, 1.0):
+        return fill
+    try:
+        dtype = ir.DataType(to)
+    except ValueError:
+        return None
+    if dtype not in FLOAT_TYPES:
+        return None
+    return float(np.asarray(fill, dtype=np.float64).astype(dtype.numpy()))
+
+
+def _inference_dropout(node: ir.Node) -> bool:
+    """A Dropout that passes its input: no training_mode input, or a constant false one."""
+    if len(node.inputs) < 3 or node.inputs[2] is None:
+        return True
+    flag = constant_of(node.inputs[2])
+    return flag is not None and not bool(np.asarray(flag.numpy()).reshape(-1)[0])
