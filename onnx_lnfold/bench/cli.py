@@ -39,7 +39,7 @@ def bench_parser(prog: str) -> argparse.ArgumentParser:
         prog=f"{prog} bench",
         description="Does the fold pay on this model, on this machine? Times ORIGINAL, its re-saved copy and "
         "FOLDED in fresh processes (sessions created in rotated order, rounds interleaved), prints original/folded "
-        "and re-saved/folded with bootstrap 95%% intervals, a verdict in words (faster / no change it can resolve / "
+        "and re-saved/folded with bootstrap 95% intervals, a verdict in words (faster / no change it can resolve / "
         "slower), and the normalizations' kernel time from ONNX Runtime's profiler.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"example:\n  {prog} model.onnx -o model.lnfold.onnx --inputs feeds.npz\n"
