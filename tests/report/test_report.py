@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import onnx_ir as ir
 import pytest
@@ -269,3 +270,16 @@ def test_the_pass_repr_names_its_options_and_its_last_run():
     )
     ir.passes.PassManager([fold_pass])(ir.load(str(MODELS / "opt_post_ln.onnx")))
     assert repr(fold_pass).endswith("; last run: 0/4 LNs folded, 4 kept>")
+
+
+def test_reasons_name_what_the_graph_holds():
+    """A depthwise Conv is not said to mix the shift into every output, and no proof counts
+    '0 constant(s)': an explicit centering alone is named as such."""
+    (mixes,) = [d for d in onnx_lnfold.analyze(MODELS / "convnext_block.onnx").kept if d.code == "mixes-shift"]
+    assert "a grouped Conv (group=64) that weighs the shift by each channel's own kernel" in mixes.reason
+    assert "every output" not in mixes.reason
+    plan = onnx_lnfold.analyze(MODELS / "wav2vec2_stable.onnx", fold_costly=True)
+    proofs = [d.reason for d in plan.decisions]
+    assert not [r for r in proofs if re.search(r"\b0 constant", r) or "constant(s)" in r]
+    assert "input is zero-mean once '/model/encoder/Add_output_0' is centered explicitly" in proofs
+    assert "input is zero-mean once 2 constants are centered and '/model/encoder/Add_output_0' is centered explicitly" in proofs
