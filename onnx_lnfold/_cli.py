@@ -292,10 +292,16 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
             way_out = "" if (args.output or args.in_place) else "use -o PATH to write elsewhere"
             _check_writable(destination.parent, "output", way_out)
     inputs = load_inputs(args.inputs) if args.inputs else None
+    rehearsal = None
     if args.costs is not None:
+        from onnx_lnfold.bench.tables import rehearsal_of
         from onnx_lnfold.emit.costs import load_table
 
         load_table(args.costs)  # a bad table is a usage error before any work
+        if rehearsal := rehearsal_of(args.costs):
+            rehearsal = f"--costs {args.costs} is {rehearsal}; measure one with `onnx-lnfold calibrate` without --quick"
+            if not args.quiet:
+                print(f"onnx_lnfold: warning: {rehearsal}", file=sys.stderr, flush=True)
 
     progress.phase(f"Loading {source}")
     model = load_path(source)
@@ -327,6 +333,8 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     )
     report = run.report
     report.size_before = size_before
+    if rehearsal:
+        report.notes.append(f"Warning: {rehearsal}.")
     if args.dry_run:
         progress.close()
         _emit(report, args, started)

@@ -35,7 +35,7 @@ from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify import blockwise
 from onnx_lnfold.verify.check import check_equivalence
-from onnx_lnfold.verify.inputs import check_inputs
+from onnx_lnfold.verify.inputs import check_input_shapes, check_inputs
 from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
 from onnx_lnfold.verify.reference import exact_tensors
 from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource
@@ -195,8 +195,10 @@ def run_pipeline(
     started = time.monotonic()
     # What a killed run left (its staged output, its check's copies) goes before this run adds its own.
     swept = scratch.sweep() + (scratch.sweep(destination.parent) if destination is not None else [])
-    if check.inputs is not None and not dry_run:
+    # What a real run refuses, a dry run refuses too (a dry run runs nothing, but prices at these shapes).
+    if check.inputs is not None:
         check_inputs(model, check.inputs)
+    check_input_shapes(model, dict(check.input_shapes or {}))
     ops_before = count_ops(model)
     source = str(path) if path else None
     verifying = check.enabled and not dry_run

@@ -38,6 +38,7 @@ from onnx_lnfold.emit.targets import (
     choose_rewrite,
     cost_nodes,
     cost_refusal,
+    once_centered,
     target_refusal,
 )
 from onnx_lnfold.forms import LnCandidate
@@ -184,11 +185,8 @@ def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, s
 def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: ShapeTable, names, claimed) -> LnDecision:
     n = sum(1 for e in edits if cand.name in e.required_by)
     aux = [c.tensor for c in centerings if cand.name in c.required_by]
-    centered = ", ".join(repr(t) for t in aux)
-    if not n:  # a zero tensor needs nothing; an explicit centering alone, nothing else
-        reason = f"input is zero-mean once {centered} {'is' if len(aux) == 1 else 'are'} explicitly centered" if aux else "input is zero-mean as it is"
-    else:
-        reason = f"input is zero-mean once {n} constant(s) are centered" + (f" and {centered} explicitly centered" if aux else "")
+    centered = f"{', '.join(repr(t) for t in aux)} {'is' if len(aux) == 1 else 'are'} centered explicitly" if aux else ""
+    reason = f"input is zero-mean {once_centered(n, centered)}"
     rewrite = choose_rewrite(cand, options, shapes, claimed)
     return LnDecision(
         node=cand.name,

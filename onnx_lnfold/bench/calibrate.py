@@ -197,11 +197,23 @@ def comparisons(d: int) -> list[tuple[str, list[tuple[str, int]], list[tuple[str
 
 
 def judged(table: CostTable, emitted, original, tokens: int) -> tuple[float, str]:
-    """(emitted / original, "less" / "more" / "cannot tell") by `table` at `tokens`."""
+    """(emitted / original, "less" / "more" / "cannot tell") by `table` at `tokens`. A side whose
+    fitted cost is not above zero (a marginal cost below what wall clock resolves, fitted a little
+    under it) has no ratio (NaN) and cannot be told apart."""
     e, o = table.total(emitted, tokens), table.total(original, tokens)
+    if not (e > 0 and o > 0):
+        return float("nan"), "cannot tell"
     spread = table.total_spread(emitted, tokens) + table.total_spread(original, tokens)
     word = "cannot tell" if abs(e - o) <= spread else "less" if e < o else "more"
-    return (e / o if o else float("nan")), word
+    return e / o, word
+
+
+def _verdict_words(ratio: float, word: str) -> str:
+    """`x0.962 costs less`, `x0.981, cannot tell`; where the fit gives no ratio: `no ratio (a fit at or
+    below 0)`."""
+    if ratio != ratio:  # NaN
+        return "no ratio (a fit at or below 0)"
+    return f"x{ratio:.3f}, cannot tell" if word == "cannot tell" else f"x{ratio:.3f} costs {word}"
 
 
 def decisions_text(table: CostTable, other: CostTable | None, tokens_list=(16, 8192), widths=(64, 384, 768, 1024)) -> str:
@@ -216,10 +228,10 @@ def decisions_text(table: CostTable, other: CostTable | None, tokens_list=(16, 8
         for tokens in tokens_list:
             for label, emitted, original in comparisons(d):
                 r, word = judged(table, emitted, original, tokens)
-                row = f"{label:<44} {d:>5} {tokens:>6}  {f'x{r:.3f} costs {word}':>28}"
+                row = f"{label:<44} {d:>5} {tokens:>6}  {_verdict_words(r, word):>28}"
                 if other is not None:
                     r2, word2 = judged(other, emitted, original, tokens)
-                    row += f"  {f'x{r2:.3f} costs {word2}':>28}" + ("  <- differs" if word != word2 else "")
+                    row += f"  {_verdict_words(r2, word2):>28}" + ("  <- differs" if word != word2 else "")
                 lines.append(row)
     return "\n".join(lines)
 
@@ -239,6 +251,17 @@ def costs_text(table: CostTable) -> str:
         lines.append(f"  fit: {cost.fixed:.4g} + {cost.per_token:.4g} x tokens + {cost.per_element:.4g} x tokens x d "
                      f"({table.unit}; worst fit error {100 * fit_error(table, kind):.1f}%)")
     return "\n".join(lines)
+
+
+def _children_peak_gb() -> float | None:
+    """The largest resident memory a measuring process reached (they run one at a time), in GB;
+    None where the platform does not say."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return kib * (1 if sys.platform == "darwin" else 1024) / 1e9 if kib else None
 
 
 def calibrate_command(args) -> int:
@@ -261,8 +284,9 @@ def calibrate_command(args) -> int:
     if args.from_samples:  # the table again from kept samples: nothing is measured
         kept = json.loads(Path(args.from_samples).read_text())
         meta = kept.get("run", {})
+        rounds = meta.get("rounds", rounds)
         table = from_samples(kept["processes"], meta.get("provider", provider),
-                             processes=len(kept["processes"]), rounds=meta.get("rounds", rounds),
+                             processes=len(kept["processes"]), rounds=rounds,
                              threads=kept.get("threads", 1), dtype=meta.get("dtype", args.dtype), source=str(out),
                              command=meta.get("command", command.strip()) + f" (table from {args.from_samples})",
                              onnxruntime=meta.get("onnxruntime", ort.__version__))
@@ -272,11 +296,17 @@ def calibrate_command(args) -> int:
                                command=command.strip(), log=log)
         if args.samples:
             raw["run"] = {"provider": provider, "rounds": rounds, "dtype": args.dtype, "command": command.strip(),
-                          "onnxruntime": ort.__version__}
+                          "onnxruntime": ort.__version__, "quick": bool(args.quick)}
             Path(args.samples).write_text(json.dumps(raw) + "\n")
-    write_table(table, out)
+    quick = args.quick if not args.from_samples else bool(kept.get("run", {}).get("quick"))
+    rehearsal = (f"measured by --quick ({len(table.points[KINDS[0]])} shapes, {rounds} rounds): a rehearsal of the "
+                 "run, too few shapes and rounds to fold by") if quick else None
+    write_table(table, out, rehearsal)
+    memory = f", peak memory {peak_gb:.1f} GB (a measuring process)" if (peak_gb := _children_peak_gb()) else ""
     print(f"onnx-lnfold calibrate: {table.provider} (onnxruntime {ort.__version__}), {table.unit} per node, "
-          f"{time.perf_counter() - started:.0f} s -> {out}")
+          f"{time.perf_counter() - started:.0f} s{memory} -> {out}")
+    if rehearsal:
+        print(f"The table is marked as a rehearsal: {rehearsal}; --costs warns when it reads it.")
     print(costs_text(table))
     print()
     print("What the never-slower rule decides by this table and by the built-in CPU one (emitted / original, "

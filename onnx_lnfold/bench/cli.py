@@ -13,6 +13,7 @@ get (one line on stderr), 3 internal error, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def bench_parser(prog: str) -> argparse.ArgumentParser:
         prog=f"{prog} bench",
         description="Does the fold pay on this model, on this machine? Times ORIGINAL, its re-saved copy and "
         "FOLDED in fresh processes (sessions created in rotated order, rounds interleaved), prints original/folded "
-        "and re-saved/folded with bootstrap 95%% intervals, a verdict in words (faster / no change it can resolve / "
+        "and re-saved/folded with bootstrap 95% intervals, a verdict in words (faster / no change it can resolve / "
         "slower), and the normalizations' kernel time from ONNX Runtime's profiler.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"example:\n  {prog} model.onnx -o model.lnfold.onnx --inputs feeds.npz\n"
@@ -79,7 +80,8 @@ def calibrate_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--widths", type=int, nargs="+", metavar="D", help="widths (hidden sizes) to measure "
                    "(default 64 256 384 768 1024)")
     p.add_argument("--tokens", type=int, nargs="+", metavar="T", help="token counts (batch x sequence) to measure "
-                   "(default 16 128 1024 8192)")
+                   "(default 16 128 1024 8192; the largest shape sets the memory: about 2.2 GB at the defaults, where "
+                   "8192 tokens x 1024 wide decides; the run prints its peak)")
     p.add_argument("--processes", type=int, default=2, help="fresh processes, at least 2 (default 2)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per process (default 7)")
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: the usable cores)")
@@ -90,7 +92,8 @@ def calibrate_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--samples", metavar="FILE.json", help="also write every wall-clock sample, by process")
     p.add_argument("--from-samples", metavar="FILE.json", help="make the table from the samples a run kept "
                    "(--samples), measuring nothing")
-    p.add_argument("--quick", action="store_true", help="fewer shapes and rounds: a rehearsal, not a table to fold by")
+    p.add_argument("--quick", action="store_true", help="fewer shapes and rounds: a rehearsal, not a table to fold by (the "
+                   "table says so, and --costs warns when it reads it)")
     return p
 
 
@@ -138,6 +141,9 @@ def main(argv: list[str] | None = None, prog: str = "onnx-lnfold") -> int:
     except KeyboardInterrupt:
         print("onnx_lnfold: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `... | head`: the reader left; what was measured is written already
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as e:  # noqa: BLE001 - one line, mapped to an exit code
         from onnx_lnfold.bench.placement import PlacementError
         from onnx_lnfold.core.errors import LnFoldError

@@ -44,9 +44,18 @@ def make_table(
     )
 
 
-def write_table(table: CostTable, path: str | Path) -> None:
-    """The table as JSON, one measured point a line."""
-    text = json.dumps(table.to_dict(), indent=1)
+# The key that marks a table measured as a rehearsal (`calibrate --quick`): too few shapes and
+# rounds to fold by. `--costs` reads such a table, and warns (`rehearsal_of`).
+REHEARSAL = "rehearsal"
+
+
+def write_table(table: CostTable, path: str | Path, rehearsal: str | None = None) -> None:
+    """The table as JSON, one measured point a line; `rehearsal`: why it is not a table to fold
+    by, written in the table under `REHEARSAL`."""
+    data = table.to_dict()
+    if rehearsal:
+        data = {"format": data.pop("format"), REHEARSAL: rehearsal, **data}
+    text = json.dumps(data, indent=1)
     text = re.sub(r"\[\s+([-0-9.e+]+),\s+([-0-9.e+]+),\s+([-0-9.e+]+),\s+([-0-9.e+]+)\s+\]", r"[\1, \2, \3, \4]", text)
     Path(path).write_text(text + "\n")
 
@@ -55,3 +64,13 @@ def fit_error(table: CostTable, kind: str) -> float:
     """The largest relative error of the fit over the kind's measured points."""
     cost = table.costs[kind]
     return max((abs(cost.at(p.tokens, p.width) - p.value) / abs(p.value) for p in table.points[kind] if p.value), default=0.0)
+
+
+def rehearsal_of(path: str | Path) -> str | None:
+    """What marks the table at `path` as a rehearsal (`write_table`), or None for a table to fold by
+    (the file was read as a table already: `emit.costs.load_table`)."""
+    try:
+        marked = json.loads(Path(path).read_text()).get(REHEARSAL)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(marked) if marked else None

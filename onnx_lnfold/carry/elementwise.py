@@ -124,6 +124,8 @@ class MulRule(BroadcastRule):
         for scale in (1, 0):
             if axis_vector(node, scale, out_rank, first.out_axis, shapes) is not None:
                 return [dataclasses.replace(links[1 - scale], factor=scale)]
+        if gated_activation(node) is not None:
+            return Blocked("varying-factor", f"{_activation_label(node)} is nonlinear: its output's mean depends on the data")
         return Blocked(
             "varying-factor",
             f"{node_label(node)} multiplies by a tensor that varies along the normalized axis "
@@ -137,7 +139,47 @@ class MulRule(BroadcastRule):
             return [link]
         if self.scales_per_channel and axis_vector(node, 1 - link.input, out_rank, link.out_axis, shapes) is not None:
             return [link]  # a per-channel scale: the caller rescales the shift
+        if gated_activation(node) is not None:
+            return Blocked("varying-factor", f"it feeds {_activation_label(node)}, which is nonlinear")
         return Blocked("varying-factor", f"{fed(node)}, which multiplies it by a tensor that varies along the axis")
+
+
+# The activations written as `x * f(x)` (a decomposed GELU, SiLU), named by the op inside f.
+_GATES = {"Erf": "GELU", "Tanh": "GELU (tanh approximation)", "Sigmoid": "SiLU"}
+_GATE_DEPTH = 5  # how far back each factor is followed to the input both read
+
+
+def gated_activation(node: ir.Node) -> str | None:
+    """`GELU` where the Mul `node` is `x * f(x)` with an Erf (Tanh, Sigmoid) in f: the activation
+    an exporter wrote out op by op; else None."""
+    if node.op_type != "Mul" or len(node.inputs) != 2:
+        return None
+    sides = [_ancestry(v) for v in node.inputs]
+    if not (sides[0][0] & sides[1][0]):  # the two factors read no tensor in common
+        return None
+    ops = sides[0][1] | sides[1][1]
+    return next((name for op, name in _GATES.items() if op in ops), None)
+
+
+def _ancestry(value: ir.Value | None) -> tuple[set[ir.Value], set[str]]:
+    """The tensors `value` is computed from within `_GATE_DEPTH` nodes (itself included), and the
+    op types on the way."""
+    values, ops, frontier = set(), set(), [value] if value is not None else []
+    for _ in range(_GATE_DEPTH):
+        nxt = []
+        for v in frontier:
+            values.add(v)
+            producer = v.producer()
+            if producer is not None and producer.op_type != "Constant":
+                ops.add(producer.op_type)
+                nxt += [i for i in producer.inputs if i is not None and not i.is_initializer()]
+        frontier = nxt
+    return values, ops
+
+
+def _activation_label(node: ir.Node) -> str:
+    """`the GELU written out op by op, ending in Mul 'node_gelu_2' (x * f(x))`."""
+    return f"the {gated_activation(node)} written out op by op, ending in {node_label(node)} (x * f(x))"
 
 
 class DivRule(MulRule):

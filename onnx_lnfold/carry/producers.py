@@ -52,7 +52,11 @@ class ProducerRule(Rule):
         if isinstance(end, Out):
             return links if isinstance(links, Blocked) else [link for link in links if link.starts_at(end)]
         mine = [] if isinstance(links, Blocked) else [link for link in links if link.starts_at(end)]
-        return mine or Blocked("mixes-shift", f"{fed(node)}, which mixes the shift into every output")
+        return mine or Blocked("mixes-shift", f"{fed(node)}, {self.spreads_shift(node)}")
+
+    def spreads_shift(self, node: ir.Node) -> str:
+        """What the op does to a shift of its data input, for the refusal."""
+        return "which mixes the shift into every output"
 
 
 class MatMulRule(ProducerRule):
@@ -115,6 +119,14 @@ class ConvRule(ProducerRule):
 
     def produced_axis(self, node, shapes):
         return 1
+
+    def spreads_shift(self, node):
+        group = node.attributes.get_int("group", 1)
+        if group == 1:
+            return super().spreads_shift(node)
+        # Depthwise and grouped: no channel reads another group's, but each weighs the shift by its own
+        # kernel, so the change is no longer the same along the channels.
+        return f"a grouped Conv (group={group}) that weighs the shift by each channel's own kernel"
 
     def wrong_axis(self, node):
         return Blocked("wrong-axis", f"{node_label(node)} is normalized along an axis other than its channels")

@@ -127,9 +127,14 @@ def _step(node: ir.Node, index: int, shift: _Shift, shapes: ShapeTable) -> _Shif
         if normalize_axis(axis, out_rank) != out_rank - 1:
             return f"{node_label(node)} normalizes over axis {axis}, not the key axis (the last)"
         return None
-    what = "scores" if shift.scores else "keys"
-    return f"{node_label(node)} reads the shifted {what} (only reshapes, transposes, scalar scaling, the scores " \
-           "MatMul, a mask Add and a Softmax over the key axis are followed)"
+    if shift.scores:
+        return f"{node_label(node)} reads the shifted attention scores (only a mask Add and a Softmax over the key " \
+               "axis are followed after the scores MatMul)"
+    # Not yet at a scores MatMul: nothing says this projection makes attention keys at all (an MLP's
+    # up-projection reaches its activation here).
+    return f"{node_label(node)} reads the shifted projection output, which reaches no attention Softmax (only " \
+           "reshapes, transposes and scalar scaling into a scores MatMul, then a mask Add and a Softmax over " \
+           "the key axis are followed)"
 
 
 def _opset(node: ir.Node) -> int:

@@ -413,6 +413,14 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
     return original, emitted
 
 
+def once_centered(constants: int, then: str = "") -> str:
+    """`once 2 constants are centered and 'x' is inserted`: what makes an LN's input zero-mean, in
+    words (no count where no constant is centered: `once 'x' is inserted`)."""
+    parts = [f"{constants} constant{' is' if constants == 1 else 's are'} centered"] if constants else []
+    parts += [then] if then else []
+    return "once " + " and ".join(parts) if parts else "as the graph computes it"
+
+
 def centering_refusal(root: str, axis: int, lns: int, savings: list[Saving], constants: int) -> Blocked:
     """Why an LN that folds once `root` is centered explicitly stays: the centering does not cost
     less than the LNs it would unlock save together (`savings`, of the `lns` LNs that fold with it,
@@ -430,10 +438,7 @@ def centering_refusal(root: str, axis: int, lns: int, savings: list[Saving], con
     figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}, d={d}"
     centering = f"'{root}' - ReduceMean over axis {axis}"
     unlocks = f"{lns} LN{'s' * (lns != 1)}"
-    proof = (
-        f"kept: its input is zero-mean once {constants} constant(s) are centered and {centering} is inserted (an "
-        "explicit centering)"
-    )
+    proof = f"kept: its input is zero-mean {once_centered(constants, f'{centering} is inserted')} (an explicit centering)"
     if cmp.dearer:
         return Blocked(
             "centering-costs-more",

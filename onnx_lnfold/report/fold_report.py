@@ -19,9 +19,14 @@ import onnx_ir as ir
 from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
 from onnx_lnfold.core.ops import RMS_OPS, TARGETS
+from onnx_lnfold.emit.pricing import DEFAULT
 from onnx_lnfold.emit.targets import BETA_SITE_WORDS
 from onnx_lnfold.report import kept
-from onnx_lnfold.verify.verdict import Verification
+from onnx_lnfold.verify.verdict import FLOAT64, Verification
+
+# How the JSON names the figure a verdict rests on (`verdict_figure`): the key it is the worst of.
+_FLOAT64_FIGURE = "outputs[].float64_written (the fold as written vs the float64 reference)"
+_ORT_FIGURE = "max_rel_diff (the fold vs the original in ONNX Runtime)"
 
 _WIDTH = 100  # long lines (reasons, lists of names) wrap here
 # A kept LN's specifics stand beside its name when that leaves them this column on; else under it.
@@ -111,6 +116,13 @@ class FoldReport:
         verification["passed"] = self.verification.passed
         ort = sys.modules.get("onnxruntime") if self.verification.status != "skipped" else None
         verification["onnxruntime"] = getattr(ort, "__version__", None)
+        # The one figure the verdict rests on (the summary line's), named: `max_rel_diff` is the fold
+        # vs the original in ONNX Runtime, which decides only where no float64 reference ran.
+        compared = bool(self.verification.outputs)
+        verification["verdict_rel_diff"] = self.verification.decisive_rel_diff if compared else None
+        verification["verdict_figure"] = (
+            (_FLOAT64_FIGURE if self.verification.judgment == FLOAT64 else _ORT_FIGURE) if compared else None
+        )
         return {
             "tool": "onnx_lnfold",
             "version": __version__,
@@ -156,6 +168,21 @@ class FoldReport:
             return "already folded (" + ", ".join(f"{n} {op.split('::')[-1]}" for op, n in done.items()) + ")"
         return "no LayerNormalization"
 
+    def _deciding_shape(self) -> str:
+        """` at 8192 tokens (the default guess; --input-shape or --inputs sets it)`: the shape the
+        cost rule priced the LNs at (the most of them, where they differ), and, where that was the
+        default, the flags that give the shape the model runs at; empty where no LN was priced."""
+        priced = Counter(d.priced_at for d in self.plan.decisions if d.priced_at)
+        if not priced:
+            return ""
+        (most, _), *others = priced.most_common()
+        text = f" {most}" + (f" (and {_plural(len(others), 'other shape')})" if others else "")
+        if any(DEFAULT in at for at in priced):
+            hint = "--input-shape or --inputs sets it"
+            guess = f"({DEFAULT})"
+            text = text.replace(guess, f"({DEFAULT} guess; {hint})") if guess in text else f"{text} ({DEFAULT} is a guess; {hint})"
+        return text
+
     def _verdict(self, diff: str) -> str:
         return self.verification.verdict(diff)
 
@@ -173,7 +200,7 @@ class FoldReport:
             where += " (dry run, nothing written)"
         elif self.refused:
             where += " (nothing written)"
-        parts = [where, self._lns("LayerNorm")]
+        parts = [where, self._lns("LayerNorm") + self._deciding_shape()]
         if self.size_before is not None and self.size_after is not None:
             parts.append(f"{_mb(self.size_before)} -> {_mb(self.size_after)} MB")
         elif self.size_before is not None:

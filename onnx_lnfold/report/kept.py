@@ -17,7 +17,8 @@ HEADINGS: dict[tuple[str, str | None], str] = {
     "data-dependent mean",
     ("proof", "graph-input"): "the input is a graph input: its mean depends on the data",
     ("proof", "weight-is-input"): "a weight to center is also a graph input: it can be overridden at run time, so it "
-    "is not a constant",
+    "is not a constant (re-export without keep_initializers_as_inputs=True, or drop the initializers from the "
+    "graph inputs)",
     ("side-effect", "graph-output"): "centering would change a graph output (a residual stream exposed as hidden "
     "states, say)",
     ("side-effect", "mixes-shift"): "centering would change a tensor that also feeds a layer mixing its channels",

@@ -140,6 +140,38 @@ def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
             raise InvalidInput(f"--inputs: '{name}' has rank {array.ndim}, the graph input has rank {len(value.shape)}")
 
 
+def check_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> None:
+    """`--input-shape` must name graph inputs, each at its declared rank and at the sizes the graph
+    fixes: the cost rule prices at these shapes and the check runs at them, so a dry run refuses
+    what a real run would (an unknown name, a wrong rank) before any work."""
+    declared = {v.name: v for v in graph_inputs(model)}
+    unknown = sorted(set(shapes) - set(declared))
+    if unknown:
+        raise InvalidInput(
+            f"--input-shape names no graph input: {', '.join(unknown)} (the graph inputs: {', '.join(declared) or 'none'})"
+        )
+    for name, dims in shapes.items():
+        shape = declared[name].shape
+        if shape is None:
+            continue
+        if len(shape) != len(dims):
+            raise InvalidInput(
+                f"--input-shape {name}:{','.join(map(str, dims))} has rank {len(dims)}, the graph input has rank "
+                f"{len(shape)} ({_declared_words(shape)})"
+            )
+        for axis, (size, fixed) in enumerate(zip(dims, shape)):
+            if isinstance(fixed, int) and size != fixed:
+                raise InvalidInput(
+                    f"--input-shape {name}:{','.join(map(str, dims))}: dim {axis} is {size}, the graph fixes it at "
+                    f"{fixed} ({_declared_words(shape)})"
+                )
+
+
+def _declared_words(shape: ir.Shape) -> str:
+    """`[batch, 3, 224, 224]`: a declared shape as the message shows it (`?` for an unnamed dim)."""
+    return "[" + ", ".join(str(d) if isinstance(d, int) else (getattr(d, "value", None) or "?") for d in shape) + "]"
+
+
 def load_inputs(path: str) -> dict[str, np.ndarray]:
     try:
         data = np.load(path, allow_pickle=False)

@@ -125,11 +125,31 @@ def float64_figures(
     except Float64Unavailable:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. an op the reference implements but not for these inputs
-        raise Float64Unavailable(f"the float64 evaluation failed: {first_line(e)}") from None
+        where = failing_node(e)
+        at = f" at {where}" if where else ""
+        raise Float64Unavailable(f"the float64 evaluation failed{at}: {first_line(e)}") from None
     for per_output in figures:
         for name, diff in per_output.items():
             worst[name].merge(diff)
     return len(figures)
+
+
+def failing_node(error: BaseException) -> str | None:
+    """`Pad 'time_shift'`: the node whose evaluation raised `error` inside `Float64Model.run_many`
+    (its loop variable `node`, read from the traceback: onnx.reference's own messages, such as
+    "index can't contain negative values" for a Pad with negative pads, name no op); None where the
+    error came from elsewhere."""
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code is Float64Model.run_many.__code__:
+            proto = getattr(frame.f_locals.get("node"), "onnx_node", None)
+            if proto is not None:
+                domain = f"{proto.domain}::" if proto.domain not in ("", "ai.onnx") else ""
+                found = f"{domain}{proto.op_type} '{proto.name}'" if proto.name else f"{domain}{proto.op_type}"
+        tb = tb.tb_next
+    return found
 
 
 def over_budget(estimate: float, allowance: float) -> str:

@@ -130,6 +130,8 @@ def test_weight_listed_as_graph_input_is_not_a_constant():
     assert reason.startswith("weight 'proj.weight' of MatMul 'proj/matmul' is a graph input")
     assert "overridden at run time" in reason
     assert result.plan.kept[0].code == "weight-is-input"
+    # The report says how to get a model whose weights are constants.
+    assert "re-export without keep_initializers_as_inputs=True" in result.report.format_text()
 
 
 def test_stream_from_a_graph_input_is_kept():

@@ -4,7 +4,10 @@ a provider the session does not get is refused."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +18,8 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold.bench import calibrate
 from onnx_lnfold.bench.graphs import chain_model
+from onnx_lnfold.bench.tables import rehearsal_of, write_table
+from onnx_lnfold.core.ops import LAYER_NORM, RMS_NORM
 from onnx_lnfold.emit import costs
 
 from conftest import MODELS, ROOT
@@ -32,6 +37,7 @@ def table_path(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr
     assert "What the never-slower rule decides by this table and by the built-in CPU one" in proc.stdout
     assert "  fit: " in proc.stdout
+    assert " GB (a measuring process)" in proc.stdout.splitlines()[0]  # the memory it took, stated
     return out
 
 
@@ -55,6 +61,22 @@ def test_a_table_is_made_again_from_the_samples_it_kept(table_path):
     first, second = costs.load_table(table_path), costs.load_table(again)
     assert first.costs == second.costs and first.points == second.points
     assert "(table from " in second.measured_by
+    assert json.loads(again.read_text())["rehearsal"] == json.loads(table_path.read_text())["rehearsal"]
+
+
+def test_a_quick_table_is_marked_and_folding_by_it_warns(table_path, tmp_path):
+    marked = json.loads(table_path.read_text())["rehearsal"]
+    assert marked.startswith("measured by --quick (4 shapes, 3 rounds)") and "too few" in marked
+    report = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold", str(MODELS / "gpt2.onnx"), "--dry-run", "--costs",
+                           str(table_path), "--json", str(report)], capture_output=True, text=True, env=_ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(f"onnx_lnfold: warning: --costs {table_path} is measured by --quick")
+    assert any(note.startswith("Warning: --costs") for note in json.loads(report.read_text())["notes"])
+    # A table measured in full is no rehearsal: the built-in one, written again, warns of nothing.
+    full = tmp_path / "full.json"
+    write_table(costs.builtin_table(), full)
+    assert rehearsal_of(full) is None and rehearsal_of(table_path) == marked
 
 
 def test_folding_by_the_calibrated_table_is_deterministic(table_path):
@@ -83,6 +105,17 @@ def test_the_rule_s_comparisons_say_when_a_table_cannot_tell():
     assert word == "cannot tell" and ratio == 1
     text = calibrate.decisions_text(table, table)
     assert "<- differs" not in text and "LN -> SLN + beta Add" in text
+
+
+def test_a_fit_below_zero_gives_no_ratio():
+    """A marginal cost wall clock cannot resolve may fit below zero at few tokens: no ratio is printed
+    for it (it read 'x-0.035 costs less'), and the table cannot tell."""
+    builtin = costs.builtin_table()
+    below = dataclasses.replace(builtin, costs={**builtin.costs, "BiasAdd": costs.Cost(-5e5, 0.0, 0.0)})
+    ratio, word = calibrate.judged(below, [(RMS_NORM.op_type, 768), ("BiasAdd", 768)], [(LAYER_NORM.op_type, 768)], 16)
+    assert ratio != ratio and word == "cannot tell"
+    text = calibrate.decisions_text(below, builtin)
+    assert "no ratio (a fit at or below 0)" in text and not re.search(r"x-\d", text)
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="needs an onnxruntime without the CUDA provider")

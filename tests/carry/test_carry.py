@@ -511,3 +511,26 @@ def test_a_new_carry_op_is_one_entry_in_the_table(monkeypatch):
     assert kept.plan.kept[0].code == "not-carried"
     monkeypatch.setitem(rules.RULES, "Pad", UnaryRule())  # input 0's axes are the output's
     fold_checked(model(), folded=1)
+
+
+def _written_out_gelu(g: Graph, x: str) -> str:
+    """GELU as an exporter writes it op by op: (x * 0.5) * (1 + Erf(x / sqrt 2))."""
+    half = g.node("Mul", [x, g.const("half", value=np.float32(0.5))], name="gelu_half")
+    erf = g.node("Erf", [g.node("Div", [x, g.const("root2", value=np.float32(2**0.5))])])
+    return g.node("Mul", [half, g.node("Add", [erf, g.const("one", value=np.float32(1.0))])], name="node_gelu_2")
+
+
+def test_a_written_out_gelu_is_named_as_the_gelu():
+    """The Mul that ends a GELU written out op by op is named as that GELU, not as a Mul by some
+    varying tensor: into the LN it is a nonlinearity, and a stream fed into it meets one."""
+    g = Graph()
+    g.output(g.ln(_written_out_gelu(g, _stream(g)), 16, "ln"))
+    result = fold_checked(g.model(), folded=0, kept=1)
+    (kept,) = result.plan.kept
+    assert kept.code == "varying-factor"
+    assert "the GELU written out op by op, ending in Mul 'node_gelu_2' (x * f(x)) is nonlinear" in kept.reason
+    # A product of two unrelated tensors is no activation.
+    g = Graph()
+    h = g.node("Mul", [_stream(g), g.input("gate", ["b", "s", 16])])
+    g.output(g.ln(h, 16, "ln"))
+    assert "GELU" not in fold_checked(g.model(), folded=0, kept=1).plan.kept[0].reason

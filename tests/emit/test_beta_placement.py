@@ -100,7 +100,7 @@ def test_key_projection_share_is_dropped(variant):
         ({"key_output": True}, "'k/matmul_out' is a graph output"),  # a KV cache's present key
         ({"key_read_twice": True}, "'k/matmul_out' is read by Reshape 'kt/reshape', Relu"),
         ({"softmax_axis": 2}, "Softmax 'softmax' normalizes over axis 2, not the key axis"),
-        ({"past_keys": True}, "Concat 'cat' reads the shifted keys"),
+        ({"past_keys": True}, "Concat 'cat' reads the shifted projection output"),
     ],
     ids=["keys-are-an-output", "keys-read-elsewhere", "softmax-over-queries", "past-keys"],
 )
@@ -113,6 +113,18 @@ def test_key_projection_refusals_leave_beta_an_add_and_the_cost_rule_keeps_the_l
     assert why in d.reason
     assert "k/matmul' has no bias, and its share cannot be dropped" in d.reason
     assert d.reason.endswith(f"({costs.SOURCE})")
+
+
+def test_a_bias_free_mlp_projection_is_not_told_about_keys():
+    """An up-projection without a bias feeding its activation: its share of beta cannot be dropped,
+    and the reason says what reads it, not that it reads 'the shifted keys'."""
+    g = Graph(seed=6)
+    n = g.ln(g.linear(g.input("x", ["b", "s", D]), D, D, "embed"), D, "ln")
+    up = g.linear(n, D, 4 * D, "up_proj", bias=False)
+    g.output(g.linear(g.node("Relu", [up], name="act"), 4 * D, D, "down_proj"))
+    d = onnx_lnfold.analyze(g.model()).decision_for("ln")
+    assert "Relu 'act' reads the shifted projection output, which reaches no attention Softmax" in d.reason
+    assert "keys (" not in d.reason and "shifted keys" not in d.reason
 
 
 def _ln_into(consumer_width: int, *, bias: bool, d: int = D) -> onnx.ModelProto:

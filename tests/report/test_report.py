@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import onnx_ir as ir
 import pytest
@@ -13,7 +14,7 @@ from onnx_lnfold.load.model import load_path
 from onnx_lnfold.report.fold_report import FoldReport, count_ops
 from onnx_lnfold.report.kept import explain_kept
 from onnx_lnfold.report.trace import explain
-from onnx_lnfold.verify.verdict import OutputDiff, Verification
+from onnx_lnfold.verify.verdict import FLOAT64, OutputDiff, Verification
 
 from conftest import MODELS
 
@@ -35,7 +36,8 @@ def test_summary_line_comes_first_with_lns_sizes_verdict_and_time():
     report.output = "gpt2.lnfold.onnx"
     first = report.format_text().splitlines()[0]
     assert first == (
-        "onnx_lnfold: gpt2.onnx -> gpt2.lnfold.onnx, 5/5 LayerNorms folded, 328 -> 482 MB, "
+        "onnx_lnfold: gpt2.onnx -> gpt2.lnfold.onnx, 5/5 LayerNorms folded at 8192 tokens (the default guess; "
+        "--input-shape or --inputs sets it), 328 -> 482 MB, "
         "verified (worst relative diff 3.7e-07), 12.3 s"
     )
 
@@ -46,11 +48,35 @@ def test_summary_line_of_a_failed_and_of_a_dry_run():
     assert "(nothing written)" in line and "verification FAILED (worst relative diff 3e-07 > rtol 1e-15)" in line
     dry = _report("gpt2.onnx", {"tied_weights": "untie"}, dry_run=True, size_before=860_897)
     assert dry.format_summary() == (
-        "onnx_lnfold: gpt2.onnx (dry run, nothing written), would fold 5/5 LayerNorms, "
+        "onnx_lnfold: gpt2.onnx (dry run, nothing written), would fold 5/5 LayerNorms at 8192 tokens (the default "
+        "guess; --input-shape or --inputs sets it), "
         "0.86 MB (+0.13 MB once written), verification skipped (dry run)"
     )
     assert "LayerNorm nodes: 5 would fold, 0 kept (of 5)" in dry.format_text()
     assert "Verification: skipped (dry run: nothing was changed)" in dry.format_text()
+
+
+def test_summary_line_names_the_deciding_shape_and_the_flag_for_a_guess():
+    guessed = _report("gpt2.onnx").format_summary()
+    assert "5/5 LayerNorms folded at 8192 tokens (the default guess; --input-shape or --inputs sets it)" in guessed
+    given = _report("gpt2.onnx", {"input_shapes": {"input_ids": (1, 64)}}).format_summary()
+    assert "5/5 LayerNorms folded at 64 tokens (the given inputs), " in given and "guess" not in given
+    # Nothing priced (no LN the cost rule looked at): no shape named.
+    assert " at " not in _report("keras_ln_axis1_3d.onnx").format_summary().split(", ")[1]
+
+
+def test_json_names_the_figure_the_verdict_rests_on():
+    """The summary's figure is in the JSON under its own name: in float64, the fold as written vs
+    the reference, which is not `max_rel_diff` (the fold vs the original in ONNX Runtime)."""
+    diff = OutputDiff("logits", (2, 8, 64), 4.7e-7, 1.0, exact=1e-16, written=2.8e-8, original_error=4e-7, fold_error=4e-7)
+    in_float64 = Verification("passed", "", 1e-4, {"input_ids": [2, 8]}, [diff], judgment=FLOAT64)
+    report = _report("gpt2.onnx", verification=in_float64)
+    data = report.to_dict()["verification"]
+    assert data["max_rel_diff"] == pytest.approx(4.7e-7) and data["verdict_rel_diff"] == pytest.approx(2.8e-8)
+    assert data["verdict_figure"].startswith("outputs[].float64_written")
+    assert "in float64, worst relative diff 2.8e-08" in report.format_summary()
+    without = _report("gpt2.onnx", verification=_passed()).to_dict()["verification"]
+    assert without["verdict_rel_diff"] == without["max_rel_diff"] and without["verdict_figure"].startswith("max_rel_diff")
 
 
 def test_every_refusal_says_nothing_written_the_same_way():
@@ -244,3 +270,16 @@ def test_the_pass_repr_names_its_options_and_its_last_run():
     )
     ir.passes.PassManager([fold_pass])(ir.load(str(MODELS / "opt_post_ln.onnx")))
     assert repr(fold_pass).endswith("; last run: 0/4 LNs folded, 4 kept>")
+
+
+def test_reasons_name_what_the_graph_holds():
+    """A depthwise Conv is not said to mix the shift into every output, and no proof counts
+    '0 constant(s)': an explicit centering alone is named as such."""
+    (mixes,) = [d for d in onnx_lnfold.analyze(MODELS / "convnext_block.onnx").kept if d.code == "mixes-shift"]
+    assert "a grouped Conv (group=64) that weighs the shift by each channel's own kernel" in mixes.reason
+    assert "every output" not in mixes.reason
+    plan = onnx_lnfold.analyze(MODELS / "wav2vec2_stable.onnx", fold_costly=True)
+    proofs = [d.reason for d in plan.decisions]
+    assert not [r for r in proofs if re.search(r"\b0 constant", r) or "constant(s)" in r]
+    assert "input is zero-mean once '/model/encoder/Add_output_0' is centered explicitly" in proofs
+    assert "input is zero-mean once 2 constants are centered and '/model/encoder/Add_output_0' is centered explicitly" in proofs

@@ -61,7 +61,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(gpt2, tmp_path):
     assert code == 0
     assert "model.lm_head.weight" in out and "untied" in out
     # Nothing was folded: the summary and the detail say what would be.
-    assert f"onnx_lnfold: {gpt2} (dry run, nothing written), would fold 5/5 LayerNorms," in out.splitlines()[0]
+    assert f"onnx_lnfold: {gpt2} (dry run, nothing written), would fold 5/5 LayerNorms at" in out.splitlines()[0]
     assert out.splitlines()[0].endswith(" s") and "verification skipped (dry run)" in out.splitlines()[0]
     assert "LayerNorm nodes: 5 would fold, 0 kept (of 5)" in out and "LayerNorms folded" not in out
     assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx", "plan.json"]
@@ -152,6 +152,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, make_args, me
     assert err.count("\n") == 1 and err.startswith("onnx_lnfold: error:") and message in err
     assert "Traceback" not in err
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("mode", [["--dry-run"], ["--no-verify"], []])
+@pytest.mark.parametrize(
+    "shape,message",
+    [
+        ("nope:1,2", "--input-shape names no graph input: nope (the graph inputs: input_ids)"),
+        ("input_ids:1,2,8", "--input-shape input_ids:1,2,8 has rank 3, the graph input has rank 2"),
+    ],
+)
+def test_input_shape_is_checked_alike_in_a_dry_run_and_a_real_one(tmp_path, mode, shape, message):
+    """An unknown input or a wrong rank is a usage error whatever the run: a dry run prices at
+    these shapes, a real one also runs them (the wrong rank used to end as 'not verified')."""
+    code, out, err = _cli(MODELS / "gpt2.onnx", "-o", tmp_path / "o.onnx", "--input-shape", shape, *mode)
+    assert code == 2 and out == "", (out, err)
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_inputs_are_checked_in_a_dry_run(tmp_path):
+    feeds = tmp_path / "in.npz"
+    np.savez(feeds, input_ids=np.zeros((1, 2, 8), dtype=np.int64))
+    code, out, err = _cli(MODELS / "gpt2.onnx", "--dry-run", "--inputs", feeds)
+    assert code == 2 and "--inputs: 'input_ids' has rank 3, the graph input has rank 2" in err
 
 
 def _write(path, data: bytes):
@@ -328,7 +352,8 @@ def test_summary_line_first_and_an_unchanged_copy_said_so(gpt2):
     first = out.splitlines()[0]
     size_before, size_after = gpt2.stat().st_size / 1e6, target.stat().st_size / 1e6
     assert first.startswith(
-        f"onnx_lnfold: {gpt2} -> {target}, 5/5 LayerNorms folded, {size_before:.2f} -> {size_after:.2f} MB, "
+        f"onnx_lnfold: {gpt2} -> {target}, 5/5 LayerNorms folded at 8192 tokens (the default guess; --input-shape or "
+        f"--inputs sets it), {size_before:.2f} -> {size_after:.2f} MB, "
         "verified (in float64, worst relative diff "
     )
     assert first.endswith(" s") and out.splitlines()[1].startswith("Nodes: 161 -> 163; Add 12 -> 13; LayerNormalization 5 -> 0")

@@ -125,3 +125,4 @@ def test_the_trained_models_table_is_a_run_of_fold_summary():
     if len(paths) < len(manifest):
         pytest.skip(f"{len(manifest) - len(paths)} trained model(s) missing in {folder}")
     assert summary.readme_block(README, "trained") == summary.markdown(paths)
+

@@ -550,3 +550,16 @@ def test_no_verdict_rests_on_a_float64_evaluation_that_disagrees_with_onnx_runti
     assert verification.passed and verification.judgment == SENSITIVITY
     assert "relative from ONNX Runtime's run of the original on" in verification.judgment_reason
     assert verification.edits_checked > 0
+
+
+def test_a_float64_evaluation_that_fails_names_the_op():
+    """onnx.reference's Pad refuses negative pads (a time shift: one step in, one out) with "index
+    can't contain negative values", naming no op: the fallback's reason names the node."""
+    g = Graph(seed=11)
+    n = g.ln(g.linear(g.input("x", [2, 8, 16]), 16, 16, "embed"), 16, "ln")
+    h = g.linear(n, 16, 16, "head")
+    g.output(g.node("Pad", [h, g.ints("shift", [0, 1, 0, 0, -1, 0])], name="time_shift"), [2, 8, 16])
+    result = onnx_lnfold.fold(g.model())
+    verification = result.report.verification
+    assert verification.passed and verification.judgment != FLOAT64
+    assert "the float64 evaluation failed at Pad 'time_shift': index can't contain negative values" in verification.judgment_reason
