@@ -33,32 +33,39 @@ def predicted(model_path: str, feeds: dict[str, np.ndarray], fold_args: dict) ->
     """The default plan's LNs folded and the saving the rule predicts for them, in the table's unit."""
     import onnx_ir as ir
 
-    from onnx_lnfold import _pipeline
-    from onnx_lnfold.analysis.planner import _priced, candidates
+    import onnx_lnfold
+    from onnx_lnfold.analysis.planner import candidates
     from onnx_lnfold.core.options import FoldOptions
     from onnx_lnfold.emit.costs import table_for
     from onnx_lnfold.emit.pricing import centering_kind
+    from onnx_lnfold.emit.targets import choose_rewrite, cost_nodes
+    from onnx_lnfold.ort_fusions.check import FusionCheck
     from onnx_lnfold.shapes.table import ShapeTable
 
     options = FoldOptions(**fold_args)
+    plan = onnx_lnfold.analyze(model_path, inputs=feeds, **fold_args)
     model = ir.load(model_path)
-    given = _pipeline.VerifyRequest(inputs=feeds).run_shapes
-    shapes = ShapeTable(model, given=given)
-    plan = _pipeline.analyze(model, options, shapes)  # reads how ONNX Runtime runs the LNs into `shapes`
+    shapes = ShapeTable(model, given={name: tuple(a.shape) for name, a in feeds.items()})
     lns = candidates(model, shapes)
-    savings, _ = _priced(lns, {}, options, shapes)
+    with FusionCheck.start(model, options.keep_ort_fusions) as fusions:
+        shapes.ort_layouts.update(fusions.layouts(lns))  # as the analysis prices them
+    savings = {}
+    for cand in lns:
+        if cand.form_problem is None:
+            rewrite = choose_rewrite(cand, options, shapes, set())
+            original, emitted = cost_nodes(rewrite, shapes)
+            savings[cand.name] = rewrite.pricing.saving(emitted, original, original[0][1])
     folded = {d.node for d in plan.folded}
-    saved = sum(s.amount for c, s in savings.items() if c.name in folded)
+    saved = sum(s.amount for name, s in savings.items() if name in folded)
     table = table_for(options)
     values = {v.name: v for n in model.graph for v in n.outputs}
     centerings = []
     for c in plan.centerings:
         root = values.get(c.tensor)
-        unlocked = [s for cand, s in savings.items() if cand.name in c.required_by]
+        unlocked = [s for name, s in savings.items() if name in c.required_by]
         kind = centering_kind(root, c.axis, shapes) if root is not None else "Centering"
-        pricing = unlocked[0].pricing if unlocked else None
         width = next((s.width for s in unlocked if s.width), None)
-        cost = pricing.total([(kind, width)]) if pricing and width else 0.0
+        cost = unlocked[0].pricing.total([(kind, width)]) if unlocked and width else 0.0
         centerings.append({"tensor": c.tensor, "axis": c.axis, "kind": kind, "cost": cost})
     return {"folded": len(folded), "lns": len(plan.decisions), "unit": table.unit, "source": table.source,
             "saving": saved - sum(c["cost"] for c in centerings), "lns_saving": saved, "centerings": centerings,
