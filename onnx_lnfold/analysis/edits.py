@@ -95,28 +95,42 @@ def _aux_centering(
     )
 
 
-def _past_scalings(
-    value: ir.Value, axis: int, uses: list[tuple[ir.Node, int]], names: dict[ir.Node, str]
-) -> tuple[ir.Value, list[tuple[ir.Node, int]]]:
-    """Where to put an explicit centering of `value` read by `uses`: after the scalar `Mul`s and
-    `Div`s those uses are, when they are its only planned reader. Exact: a scalar factor commutes
-    with removing a mean, and the scaled tensor changes as a whole either way. It keeps the
-    non-linearity the centering follows whole: the TorchScript exporter writes GELU as
-    `x * (erf(x / sqrt 2) + 1) * 0.5`, and ONNX Runtime's Gelu fusion wants the product before
-    the `* 0.5` read by that Mul alone (docs/DESIGN.md section 2.3)."""
+def centering_site(
+    value: ir.Value, axis: int, uses: list[tuple[ir.Node, int]], names: dict[ir.Node, str] | None = None
+) -> tuple[ir.Value, int, list[tuple[ir.Node, int]]]:
+    """Where to put an explicit centering of `value` along `axis` read by `uses`: (tensor, axis,
+    its readers). Past the scalar `Mul`s and `Div`s those uses are, when they are its only planned
+    reader: a scalar factor commutes with removing a mean, and the scaled tensor changes as a whole
+    either way. That keeps the non-linearity the centering follows whole: the TorchScript exporter
+    writes GELU as `x * (erf(x / sqrt 2) + 1) * 0.5`, and ONNX Runtime's Gelu fusion wants the
+    product before the `* 0.5` read by that Mul alone (docs/DESIGN.md section 2.3). Then past a
+    `Transpose` that is its only reader and makes `axis` the last: the same centering over the last
+    axis, where ONNX Runtime's reduction is contiguous (over a non-last axis it is strided: about
+    twice the instructions, benchmarks/results/EMISSION_COSTS.md)."""
+
+    def readers(out: ir.Value) -> list[tuple[ir.Node, int]]:
+        key = (lambda u: (names[u[0]], u[1])) if names is not None else (lambda u: (u[0].name or "", u[1]))
+        return sorted(((u.node, u.idx) for u in out.uses()), key=key)
+
     while len(uses) == 1:
         node, index = uses[0]
-        if not is_standard(node) or node.op_type not in ("Mul", "Div") or (node.op_type == "Div" and index != 0):
+        out = node.outputs[0] if node.outputs else None
+        if out is None or out.is_graph_output() or not out.uses() or not is_standard(node):
+            break
+        if node.op_type == "Transpose":
+            perm = node.attributes.get("perm")
+            perm = list(perm.as_ints()) if perm is not None else None
+            if perm is None or axis not in perm or perm.index(axis) != len(perm) - 1 or axis == len(perm) - 1:
+                break
+            value, axis, uses = out, len(perm) - 1, readers(out)
+            break  # the axis is the last: nothing further is cheaper
+        if node.op_type not in ("Mul", "Div") or (node.op_type == "Div" and index != 0):
             break
         factor = constant_of(node.inputs[1 - index])
         if factor is None or factor.size != 1 or len(factor.shape) > 1:
-            break
-        out = node.outputs[0]
-        if out.is_graph_output() or not out.uses():  # a factor of rank <= 1 keeps the rank, so the axis
-            break
-        value = out
-        uses = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
-    return value, uses
+            break  # a factor of rank <= 1 keeps the rank, so the axis
+        value, uses = out, readers(out)
+    return value, axis, uses
 
 
 def plan_edits(
@@ -145,7 +159,7 @@ def plan_edits(
         if aux:
             root = value
             if all(weights is None for leaf, _ in members for _, _, weights, _ in leaf.seeds):
-                value, uses = _past_scalings(value, axis, uses, names)  # type: ignore[arg-type]
+                value, axis, uses = centering_site(value, axis, uses, names)  # type: ignore[arg-type]
             centering = _aux_centering(value, axis, uses, required_by, names, taken)  # type: ignore[arg-type]
             if value is not root:
                 centering._root = root

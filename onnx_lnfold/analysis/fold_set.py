@@ -17,6 +17,7 @@ import logging
 import onnx_ir as ir
 
 from onnx_lnfold import carry
+from onnx_lnfold.analysis.edits import centering_site
 from onnx_lnfold.analysis.side_effects import side_effects
 from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
@@ -25,6 +26,7 @@ from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
 from onnx_lnfold.core.values import is_zero
 from onnx_lnfold.emit.costs import Saving
+from onnx_lnfold.emit.pricing import centering_kind
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -36,14 +38,23 @@ logger = logging.getLogger(__name__)
 Savings = dict[LnCandidate, Saving]
 
 
-def _centering_pays(cands, savings: Savings | None) -> bool:
+def _centering_pays(cands, savings: Savings | None, kind: str = "Centering") -> bool:
+    """`kind`: the centering's cost kind (`emit.pricing.centering_kind`: over the last axis or not)."""
     if savings is None:  # folding whatever it costs: any LN it unlocks is reason enough
         return bool(cands)
     priced = sorted((savings[c] for c in cands if c in savings), key=lambda s: s.width is None)
     if not priced:
         return False
     # The LNs a centering unlocks read the one stream it centers: one width, one token count.
-    return priced[0].pricing.centering_pays(priced[0].width, priced)
+    return priced[0].pricing.centering_pays(priced[0].width, priced, kind)
+
+
+def placed_centering_kind(root: ir.Value, axis: int | None, shapes: ShapeTable) -> str:
+    """The cost kind of an explicit centering of `root` where `analysis.edits` places it."""
+    if axis is None:
+        return centering_kind(root, axis, shapes)
+    value, placed, _ = centering_site(root, axis, [(u.node, u.idx) for u in root.uses()])
+    return centering_kind(value, placed, shapes)
 
 
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:
@@ -108,25 +119,28 @@ def _junction_roots(
     would change them), DeBERTa's a masked LN output; where ORT runs that LN fused with its
     residual Add, the one centering costs less than SkipLayerNormalization's kernel.
     """
-    memo: dict[tuple[ir.Value, int], frozenset[ir.Value]] = {}
+    memo: dict[tuple[ir.Value, int], frozenset[tuple[ir.Value, int]]] = {}
     reached: dict[ir.Value, set[LnCandidate]] = {}
+    axes: dict[ir.Value, int] = {}
     for cand in blocked:
         if cand.axis is not None and cand.x is not None:
-            for value in _sums_above(cand.x, cand.axis, shapes, memo):
+            for value, axis in _sums_above(cand.x, cand.axis, shapes, memo):
                 reached.setdefault(value, set()).add(cand)
+                axes.setdefault(value, axis)
     roots: set[ir.Value] = set()
     covered: set[LnCandidate] = set()
     for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
         new = cands - covered
-        if value not in exclude and new and _centering_pays(new, savings):
+        kind = placed_centering_kind(value, axes[value], shapes)
+        if value not in exclude and new and _centering_pays(new, savings, kind):
             roots.add(value)
             covered |= cands
     return frozenset(roots)
 
 
-def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozenset[ir.Value]:
-    """The stream sums `start` comes from through carry ops (itself included), memoized per
-    (tensor, axis); iterative, because streams are deep."""
+def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozenset[tuple[ir.Value, int]]:
+    """The stream sums `start` comes from through carry ops (itself included), each with the axis
+    the LN's axis is there, memoized per (tensor, axis); iterative, because streams are deep."""
     stack = [((start, axis), False)]
     while stack:
         key, expanded = stack.pop()
@@ -151,7 +165,7 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
             continue
         found = set().union(*(memo[child] for child in computed)) if computed else set()
         if node.op_type in ("Add", "Sub", "Sum") and len(computed) >= 2:
-            found.add(value)
+            found.add(key)
         memo[key] = frozenset(found)
     return memo[(start, axis)]
 
@@ -199,11 +213,13 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value], 
     while True:
         active, blocked = fold_set(candidates, shapes, sinks, names, denied, junctions)
         unlocked: dict[ir.Value, set[LnCandidate]] = {}
+        axes: dict[ir.Value, int | None] = {}
         for cand, leaves in active.items():
             for leaf in leaves:
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
-        poor = {root for root, cands in unlocked.items() if not _centering_pays(cands, savings)}
+                    axes.setdefault(leaf.value, leaf.axis)
+        poor = {root for root, cands in unlocked.items() if not _centering_pays(cands, savings, placed_centering_kind(root, axes[root], shapes))}
         poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
         poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:

@@ -115,7 +115,7 @@ class AuxCentering:
     _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
     # The stream root the LNs needed centered, when the centering was placed past scalar factors
-    # of it (`analysis.edits._past_scalings`); None when it is `_value` itself.
+    # of it or a Transpose (`analysis.edits.centering_site`); None when it is `_value` itself.
     _root: ir.Value | None = field(repr=False, compare=False, default=None)
 
     @property
@@ -175,6 +175,10 @@ class LnDecision:
     # The shape its fold was priced at by the cost rule ("at 1500 tokens (the given inputs)"); None
     # where it was not priced (kept before the cost rule: its form, a fusion).
     priced_at: str | None = None
+    # The same as data: the token count it was priced at, and whether that is the table's default
+    # (nothing fixed the LN's shape: `--input-shape` / `--inputs` would).
+    priced_tokens: int | None = None
+    priced_by_default: bool | None = None
     # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
     _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
 
@@ -225,6 +229,8 @@ class LnDecision:
             "residual_add": self.residual_add,
             "cost_note": self.cost_note,
             "priced_at": self.priced_at,
+            "priced_tokens": self.priced_tokens,
+            "priced_by_default": self.priced_by_default,
         }
 
 

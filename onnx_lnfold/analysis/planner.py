@@ -24,7 +24,7 @@ import logging
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.edits import plan_edits
-from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, with_auxiliary_centering
+from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, placed_centering_kind, with_auxiliary_centering
 from onnx_lnfold.analysis.plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.core.blocked import Blocked
@@ -89,7 +89,10 @@ def plan_for(
         else:
             decision = _kept(cand, blocked.get(cand) or unfit.get(cand.name) or kept[cand.name].at_stage("cost"))
         if cand in savings:
-            decision.priced_at = savings[cand].pricing.words
+            pricing = savings[cand].pricing
+            decision.priced_at, decision.priced_tokens, decision.priced_by_default = (
+                pricing.words, pricing.tokens, pricing.by_default
+            )
         decisions.append(decision)
     table = table_for(options)
     costs = f"{table.source} ({table.provider_words}, {table.unit_words})"
@@ -177,7 +180,8 @@ def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, s
         saved = [savings[c] for c in lns if c in savings and c not in dearer]  # held LNs are among them
         for cand in held:
             constants = sum(not leaf.aux for leaf in possible[cand])
-            refusal = centering_refusal(root.name or "", axis, len(lns), saved, constants)
+            kind = placed_centering_kind(root, axis, shapes)
+            refusal = centering_refusal(root.name or "", axis, len(lns), saved, constants, kind)
             why[cand] = refusal.at_stage("cost")
     return why
 

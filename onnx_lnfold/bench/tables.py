@@ -11,16 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx_lnfold.emit.costs import KINDS, Cost, CostTable, Point
+from onnx_lnfold.emit.costs import KINDS, LAYOUT_KINDS, Cost, CostTable, Point
 
 
-def fit_points(points: list[Point]) -> Cost:
-    """`fixed + per_token * tokens + per_element * tokens * width` through `points`, least squares
+def fit_points(points: list[Point], per_width: bool = False) -> Cost:
+    """`fixed + per_token * tokens + per_element * tokens * width` (`+ per_width * width` where
+    asked: the layout kinds) through `points`, least squares
     on the relative error (every shape weighs the same, 1x16 as much as 8x1024), each coefficient
     to 4 significant digits. A point whose spread exceeds its value (a noisy wall-clock difference)
     weighs by its spread instead: it says that little."""
     y = np.array([p.value for p in points], float)
-    a = np.array([[1.0, p.tokens, p.tokens * p.width] for p in points], float)
+    a = np.array([[1.0, p.tokens, p.tokens * p.width, *([p.width] if per_width else [])] for p in points], float)
     scale = np.maximum(np.abs(y), np.array([p.spread for p in points], float))
     w = 1.0 / np.where(scale > 0, scale, 1.0)
     coef, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
@@ -33,11 +34,12 @@ def make_table(
     missing = [k for k in KINDS if not points.get(k)]
     if missing:
         raise ValueError(f"no measured points for {', '.join(missing)}")
+    kinds = [*KINDS, *(k for k in LAYOUT_KINDS if len(points.get(k) or ()) >= 4)]  # a fit of 4 needs 4 shapes
     return CostTable(
         provider=provider,
         unit=unit,
-        costs={k: fit_points(points[k]) for k in KINDS},
-        points={k: tuple(sorted(points[k], key=lambda p: (p.width, p.tokens))) for k in KINDS},
+        costs={k: fit_points(points[k], per_width=k in LAYOUT_KINDS) for k in kinds},
+        points={k: tuple(sorted(points[k], key=lambda p: (p.width, p.tokens))) for k in kinds},
         source=source,
         measured_by=measured_by,
         onnxruntime=onnxruntime,

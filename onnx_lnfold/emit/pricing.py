@@ -7,7 +7,10 @@ The tokens of an LN over [..., d] are the product of its input's dims but the la
    shapes, a graph of 35 atoms): "the graph's static shape";
 2. else the shapes the model is run at, where the caller gave them (the verification inputs,
    `--inputs` / `--input-shape`: `ShapeTable.concrete`): "the given inputs";
-3. else the table's default (8x1024 for the built-in one: the top of the measured range, where
+3. else, where only the leading (batch) dim is not a size and the graph fixes the others (an image
+   model's patches, an audio encoder's frames: [batch, 1500, 384]), one item of the batch: "the
+   graph's static shape per item";
+4. else the table's default (8x1024 for the built-in one: the top of the measured range, where
    per-element costs decide): "the default".
 
 A count outside the table's measured range is priced at its nearest end (the fit is not
@@ -18,11 +21,14 @@ from __future__ import annotations
 
 import math
 
+import onnx_ir as ir
+
 from onnx_lnfold.emit.costs import CostTable, Pricing
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
 
 STATIC, GIVEN, DEFAULT = "the graph's static shape", "the given inputs", "the default"
+PER_ITEM = "the graph's static shape per item, the batch dynamic"
 
 
 def ln_tokens(cand: LnCandidate, shapes: ShapeTable) -> tuple[int, str] | None:
@@ -32,15 +38,31 @@ def ln_tokens(cand: LnCandidate, shapes: ShapeTable) -> tuple[int, str] | None:
     if found is None:
         return None
     dims, bound = found
-    if len(dims) < 2 or any(d is None for d in dims[:-1]):
+    if len(dims) < 2:
         return None
-    return math.prod(dims[:-1]), (GIVEN if bound else STATIC)  # type: ignore[arg-type]
+    if all(d is not None for d in dims[:-1]):
+        return math.prod(dims[:-1]), (GIVEN if bound else STATIC)  # type: ignore[arg-type]
+    if len(dims) >= 3 and dims[0] is None and all(d is not None for d in dims[1:-1]) and not bound:
+        return math.prod(dims[1:-1]), PER_ITEM  # type: ignore[arg-type]
+    return None
 
 
 def pricing_for(cand: LnCandidate, shapes: ShapeTable, table: CostTable) -> Pricing:
     """The pricing of `cand`'s fold: `table` at the tokens the LN runs at, where known."""
     known = ln_tokens(cand, shapes)
+    layout = shapes.ort_layouts.get(cand.name)  # how ONNX Runtime runs it, where known (`ort_fusions.layout`)
     if known is None:
-        return Pricing(table, table.default_tokens, DEFAULT)
+        return Pricing(table, table.default_tokens, DEFAULT, layout)
     tokens, source = known
-    return Pricing(table, tokens, source)
+    return Pricing(table, tokens, source, layout)
+
+
+def centering_kind(value: ir.Value, axis: int | None, shapes: ShapeTable) -> str:
+    """The cost kind of `value - ReduceMean(value, axis)` (`emit.costs`): "StridedCentering" where
+    `axis` is not the last and a dim after it is not 1 (or not known), else "Centering"."""
+    shape = shapes.shape(value)
+    if shape is None or axis is None:
+        return "Centering"
+    rank = len(shape)
+    axis = axis % rank if rank else 0
+    return "StridedCentering" if any(d != 1 for d in shape[axis + 1 :]) else "Centering"

@@ -36,7 +36,7 @@ from onnx_lnfold.core.ops import (
 )
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.core.values import is_zero
-from onnx_lnfold.emit.costs import NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
+from onnx_lnfold.emit.costs import LAYOUT_WORDS, NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
 from onnx_lnfold.emit.pricing import pricing_for
 from onnx_lnfold.emit.softmax_shift import softmax_removes
 from onnx_lnfold.forms import LnCandidate, LnKind, RewriteSite
@@ -361,6 +361,7 @@ _NODE_WORDS = {
     **{op.op_type: op.described for op in (LAYER_NORM, SKIP_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM)},
     "Add": "the residual Add",
     "BiasAdd": "an Add of beta",
+    **LAYOUT_WORDS,
 }
 
 
@@ -410,7 +411,7 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
     if rewrite.beta.how == "add":
         emitted.append(("BiasAdd", d))
     emitted += [("BiasAdd", output_width(site.node)) for site in rewrite.beta.sites if site.how == "created"]
-    return original, emitted
+    return rewrite.pricing.as_run(original, emitted)  # as ONNX Runtime runs them, where known
 
 
 def once_centered(constants: int, then: str = "") -> str:
@@ -421,7 +422,9 @@ def once_centered(constants: int, then: str = "") -> str:
     return "once " + " and ".join(parts) if parts else "as the graph computes it"
 
 
-def centering_refusal(root: str, axis: int, lns: int, savings: list[Saving], constants: int) -> Blocked:
+def centering_refusal(
+    root: str, axis: int, lns: int, savings: list[Saving], constants: int, kind: str = "Centering"
+) -> Blocked:
     """Why an LN that folds once `root` is centered explicitly stays: the centering does not cost
     less than the LNs it would unlock save together (`savings`, of the `lns` LNs that fold with it,
     by their pricing) by more than the figures' spread (docs/DESIGN.md section 2.3); `constants`:
@@ -431,12 +434,14 @@ def centering_refusal(root: str, axis: int, lns: int, savings: list[Saving], con
     pricing = savings[0].pricing
     table = pricing.table
     d = next((s.width for s in savings if s.width is not None), None) or NARROWEST
-    cost = [("Centering", d)]
+    cost = [(kind, d)]  # "StridedCentering": over a non-last axis (`emit.pricing.centering_kind`)
     cmp = Comparison(
         pricing.total(cost), sum(s.amount for s in savings), pricing.spread(cost) + sum(s.spread for s in savings)
     )
     figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}, d={d}"
     centering = f"'{root}' - ReduceMean over axis {axis}"
+    if kind == "StridedCentering":
+        centering += " (not the last axis: a strided reduction)"
     unlocks = f"{lns} LN{'s' * (lns != 1)}"
     proof = f"kept: its input is zero-mean {once_centered(constants, f'{centering} is inserted')} (an explicit centering)"
     if cmp.dearer:

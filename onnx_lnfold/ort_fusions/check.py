@@ -44,7 +44,9 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard
 from onnx_lnfold.core.names import display_names
 from onnx_lnfold.core.ops import EMBED_LAYER_NORM, NORM_OPS
+from onnx_lnfold.emit.costs import OrtLayout
 from onnx_lnfold.forms import LnCandidate, LnKind
+from onnx_lnfold.ort_fusions.layout import decomposed_layouts
 from onnx_lnfold.ort_fusions.probe import (
     CHILD_ABOVE_BYTES,
     OptimizerProcess,
@@ -484,6 +486,20 @@ class FusionCheck:
                 detail=f"{OPTIMIZER}; {settings[0]}; onnxruntime {self.version}; the Gathers of {listed}",
             )
         return costs
+
+    # ------------------------------------------------------------------ how the LNs run
+
+    def layouts(self, candidates: list[LnCandidate]) -> dict[str, OrtLayout]:
+        """How an ONNX Runtime session runs the decomposed LNs it does not fuse, where that is not
+        as written (`ort_fusions.layout`): what the cost rule prices for them."""
+        if not self.active or not any(c.form.is_pattern for c in candidates):
+            return {}
+        try:
+            session = self._session(self._original_path())
+        except Exception as error:
+            self._give_up("optimize a weightless copy in a session", error)
+            return {}
+        return decomposed_layouts(candidates, session)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ session fusions
 

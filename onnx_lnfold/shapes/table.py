@@ -120,6 +120,9 @@ class ShapeTable:
         self._given = dict(given or {})
         self._at_given: Inferred | None = None  # inference with the given input shapes
         self.bindings = _bindings(model, self._given)
+        # How ONNX Runtime runs the decomposed LNs it does not fuse, by LN name (`ort_fusions.layout`;
+        # the cost rule reads it): set by the analysis, shared with clones.
+        self.ort_layouts: dict = {}
 
     def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
         if self._inferred is None:
@@ -140,6 +143,7 @@ class ShapeTable:
         table.bindings, table._given, table._at_given = self.bindings, self._given, self._at_given
         table._inferred = self._sources()
         table._shared = self._shared
+        table.ort_layouts = self.ort_layouts
         table._paths = {id(graph): path for path, graph, _ in subgraphs(clone.graph)}
         return table
 

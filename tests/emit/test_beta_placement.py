@@ -225,14 +225,14 @@ def test_cost_table_is_the_committed_measurement():
         (d, t) for d in (64, 256, 384, 768, 1024) for t in (16, 128, 1024, 8192)
     }
     fitted = fit(results)
-    assert set(fitted) == set(costs.CPU) == set(costs.KINDS)
+    assert set(fitted) == set(costs.CPU) == {*costs.KINDS, *costs.LAYOUT_KINDS}
     for kind, coefficients in fitted.items():
         cost = costs.CPU[kind]
-        assert (cost.fixed, cost.per_token, cost.per_element) == pytest.approx(coefficients, rel=1e-3), kind
+        assert (cost.fixed, cost.per_token, cost.per_element, cost.per_width) == pytest.approx(coefficients, rel=1e-3), kind
     builtin = costs.builtin_table()
     expected = table(results, committed["command"], committed["machine"])
     assert (builtin.provider, builtin.unit, builtin.source) == ("CPUExecutionProvider", "instructions", costs.SOURCE)
-    for kind in costs.KINDS:
+    for kind in fitted:
         assert [(p.tokens, p.width) for p in builtin.points[kind]] == [(p.tokens, p.width) for p in expected.points[kind]]
         for got, want in zip(builtin.points[kind], expected.points[kind]):
             assert (got.value, got.spread) == pytest.approx((want.value, want.spread), rel=1e-6), kind
@@ -282,12 +282,20 @@ def test_an_ln_the_plans_centering_unlocks_is_kept_for_its_cost_not_for_the_brok
     """TorchScript's Whisper encoder: the explicit centering sits after the GELU's trailing `* 0.5`
     (so ONNX Runtime still fuses the Gelu), one scalar Mul past where the final LN's proof breaks.
     That LN is kept because its beta would stay an Add before a graph output, and its reason must
-    say so, not that no edit can center its input: `--fold-costly` folds it with the same centering."""
+    say so, not that no edit can center its input: `--fold-costly` folds it with the same centering.
+    The centering goes past the conv stem's Transpose, over the last axis of [batch, 32, 64] rather
+    than a strided axis 1 of [batch, 64, 32]; priced at a batch of 64 (2048 tokens) it pays for the 4
+    LNs it unlocks, and not at one item's 32 tokens (the default)."""
     from conftest import MODELS
 
-    plan = onnx_lnfold.analyze(MODELS / "whisper_encoder_torchscript.onnx")
+    shapes = {"input_features": (64, 16, 64)}
+    plan = onnx_lnfold.analyze(MODELS / "whisper_encoder_torchscript.onnx", input_shapes=shapes)
     [kept] = plan.kept
     assert (kept.node, kept.code, kept.stage) == ("/model/layer_norm/LayerNormalization", "costs-more", "cost")
     assert "is a graph output" in kept.reason
-    costly = onnx_lnfold.analyze(MODELS / "whisper_encoder_torchscript.onnx", fold_costly=True)
+    costly = onnx_lnfold.analyze(MODELS / "whisper_encoder_torchscript.onnx", input_shapes=shapes, fold_costly=True)
     assert len(costly.folded) == 5 and [c.tensor for c in costly.centerings] == [c.tensor for c in plan.centerings]
+    assert [(c.tensor, c.axis) for c in plan.centerings] == [("/model/Transpose_output_0", 2)]
+    one_item = onnx_lnfold.analyze(MODELS / "whisper_encoder_torchscript.onnx")
+    assert {d.code for d in one_item.kept} == {"cost-unresolved", "costs-more"} and not one_item.folded
+    assert "at 32 tokens (the graph's static shape per item, the batch dynamic)" in one_item.decisions[0].reason

@@ -207,7 +207,7 @@ def test_the_explicit_centering_goes_after_the_gelu_so_its_fusion_stays(tmp_path
     before, after = session_ops(model, tmp_path), session_ops(result.model_proto, tmp_path)
     assert before["com.microsoft::BiasGelu"] == after["com.microsoft::BiasGelu"] == 1
 
-    monkeypatch.setattr(edits, "_past_scalings", lambda value, axis, uses, names: (value, uses))
+    monkeypatch.setattr(edits, "centering_site", lambda value, axis, uses, names=None: (value, axis, uses))
     inside = onnx_lnfold.fold(model)
     assert not inside.plan.folded
     assert {(d.code, d.stage) for d in inside.plan.decisions} == {("fusion-lost", "cost")}
@@ -242,7 +242,8 @@ def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
     path = MODELS / "whisper_encoder_torchscript.onnx"
     result = onnx_lnfold.fold(path, fold_costly=True)
     assert len(result.plan.folded) == len(result.plan.decisions) == 5
-    assert [c.tensor for c in result.plan.centerings] == ["/model/Mul_3_output_0"]  # after the stem's `* 0.5`
+    # after the stem's `* 0.5` and past its Transpose, over the last axis (analysis.edits.centering_site)
+    assert [(c.tensor, c.axis) for c in result.plan.centerings] == [("/model/Transpose_output_0", 2)]
     assert result.report.verification.status == "passed"
     before, after = session_ops(str(path), tmp_path), session_ops(result.model_proto, tmp_path)
     assert before["com.microsoft::Gelu"] == after["com.microsoft::Gelu"] == 2

@@ -105,4 +105,4 @@ def test_the_installed_package_reads_its_builtin_cost_table():
     from onnx_lnfold.emit import costs
 
     table = costs.builtin_table()
-    assert table.provider == "CPUExecutionProvider" and set(table.costs) == set(costs.KINDS)
+    assert table.provider == "CPUExecutionProvider" and set(table.costs) == {*costs.KINDS, *costs.LAYOUT_KINDS}
