@@ -62,5 +62,5 @@ def test_the_default_centers_one_sum_where_it_pays(start):
     stays an Add: the mask's Mul reads it) is kept for its own cost."""
     plan = onnx_lnfold.analyze(_post_ln_encoder(start))
     assert plan.decisions[1].status == "folded"
-    assert plan.decisions[1].reason == "input is zero-mean once 'l0/res1_out' is explicitly centered"
+    assert plan.decisions[1].reason == "input is zero-mean once 'l0/res1_out' is centered explicitly"
     assert [(d.node, d.stage, d.code) for d in plan.kept] == ([] if start == "projection" else [("emb/ln", "cost", "costs-more")])

@@ -139,7 +139,7 @@ def test_post_ln_opt_names_the_attention_input():
     plan = onnx_lnfold.fold(MODELS / "opt_post_ln.onnx", verify=False).plan
     assert [d.node for d in plan.folded] == ["node_layer_norm", "node_layer_norm_2"]
     assert [c.tensor for c in plan.centerings] == ["add_166", "layer_norm_1"]
-    assert plan.folded[0].reason == "input is zero-mean once 'add_166' is explicitly centered"
+    assert plan.folded[0].reason == "input is zero-mean once 'add_166' is centered explicitly"
 
 
 def test_bloom_without_auxiliary_centering_folds_only_the_embeddings_layer_norm():
