@@ -126,6 +126,9 @@ class PlannedChanges:
     betas: list[PlannedBeta] = field(default_factory=list)
     centerings: list[PlannedCentering] = field(default_factory=list)
     edits: list[PlannedEdit] = field(default_factory=list)
+    # keys of the Constant nodes holding a folded LN's gamma or beta: the rewrite drops the ones it
+    # no longer reads (a zero beta as TorchScript writes it), so each may be gone if nothing reads it
+    released: set[str] = field(default_factory=set)
 
 
 
@@ -256,6 +259,10 @@ def planned_changes(model: ir.Model, plan: CenteringPlan) -> PlannedChanges:
         assert r is not None, d.node
         cand, site = r.cand, r.site
         changes.removed |= {key(n) for n in r.replaced}
+        for param in (cand.scale, cand.bias):
+            producer = param.producer() if param is not None else None
+            if producer is not None and producer.op_type == "Constant":
+                changes.released.add(key(producer))
         old_sum = site.old_sum
         keep_sum = old_sum is not None and (old_sum.is_graph_output() or any(n not in r.replaced for n, _ in old_sum.uses()))
         # Every folded LN normalizes its last axis (the forms keep the others): where no shape is
@@ -597,6 +604,9 @@ def _check_rest(folded: _Folded, changes: PlannedChanges) -> ReadBack:
             raise _Differs(f"the node '{key}' reads {list(now.inputs)}, where the plan has it read {list(expected)}")
     gone = set(changes.nodes) - set(folded.nodes) - changes.removed
     dead = gone & {f"{e.graph}:{e.tensor}" for e in changes.edits}  # an edited constant's node, untied away
+    # a released gamma or beta may be gone where no node of any graph reads its name
+    read = {name for node in folded.nodes.values() for name in _names(node)} | set(changes.outputs)
+    dead |= {k for k in gone & changes.released if not set(changes.nodes[k].outputs) & read}
     if gone - dead:
         key = sorted(gone - dead)[0]
         raise _Differs(f"the node '{key}' ({changes.nodes[key].op}) is gone, and the plan does not remove it")
