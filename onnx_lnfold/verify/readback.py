@@ -23,7 +23,7 @@ Tensors are read a block of rows at a time, external data unmapped once read.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -70,6 +70,7 @@ class PlannedNorm:
     beta: str  # "none", "add" or "consumers"
     bias: str | None  # beta's name
     residual_sum: str | None  # Skip: the residual sum's name, where something else reads it
+    skip_bias_takes_beta: bool = False  # the skip bias took another LN's beta: `_check_beta` reads it
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class PlannedBeta:
     scale: float
     rows: int
     created_after: str | None  # a created Add after this MatMul (its output key)
+    skip_of: str | None = None  # the LN whose Skip op takes this bias in (its bias Add folded away)
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,13 @@ def planned_changes(model: ir.Model, plan: CenteringPlan) -> PlannedChanges:
     def read(node: ir.Node, index: int) -> str:
         return substitutions.get((key(node), index), node.inputs[index].name or "")
 
+    # (node key, index) of each Skip op's bias, by the LN that takes it in
+    skip_slots = {
+        (key(d._rewrite.site.skip_bias[0]), d._rewrite.site.skip_bias[1]): d.node
+        for d in plan.folded
+        if d._rewrite is not None and d._rewrite.site.skip_bias is not None
+    }
+
     for d in plan.folded:
         r = d._rewrite
         assert r is not None, d.node
@@ -323,6 +332,12 @@ def planned_changes(model: ir.Model, plan: CenteringPlan) -> PlannedChanges:
                     created,
                 )
             )
+    taking = {}
+    for i, b in enumerate(changes.betas):
+        if (b.node, b.index) in skip_slots:
+            taking[skip_slots[(b.node, b.index)]] = True
+            changes.betas[i] = replace(b, skip_of=skip_slots[(b.node, b.index)])
+    changes.norms = [replace(n, skip_bias_takes_beta=True) if n.ln in taking else n for n in changes.norms]
     return changes
 
 
@@ -428,7 +443,9 @@ def _check_norm(folded: _Folded, n: PlannedNorm) -> int:
     if inputs[:scale_at] != expected:
         raise _Differs(f"{what} reads {inputs[:scale_at]}, not the planned {expected}")
     _check_scale(folded, n, inputs[scale_at] if len(inputs) > scale_at else "", what)
-    if n.skip_bias is not None and (len(inputs) < scale_at + 2 or inputs[scale_at + 1] != n.skip_bias):
+    if n.skip_bias is not None and (
+        len(inputs) < scale_at + 2 or (inputs[scale_at + 1] != n.skip_bias and not n.skip_bias_takes_beta)
+    ):
         raise _Differs(f"{what} does not read the skip bias '{n.skip_bias}'")
     if n.skip_bias is None and len(inputs) > scale_at + 1 and inputs[scale_at + 1]:
         raise _Differs(f"{what} reads a bias '{inputs[scale_at + 1]}' the plan does not give it")
@@ -559,6 +576,14 @@ def _check_beta(folded: _Folded, changes: PlannedChanges, b: PlannedBeta) -> int
         folded.claim(add)
         folded.claim(matmul)
         bias_name = _names(add)[1]
+    elif b.skip_of is not None:  # the bias Add became the Skip op's bias input
+        norm = next(n for n in changes.norms if n.ln == b.skip_of)
+        skip = folded.node_making(norm.graph, norm.out, what)
+        if norm.beta == "add":
+            skip = folded.node_making(norm.graph, _names(skip)[0], what)
+        if _op(skip) != _qualified(norm.op) or len(skip.inputs) < len(norm.inputs) + 2:
+            raise _Differs(f"{what}: the Skip op of '{b.skip_of}' reads no bias")
+        bias_name = _names(skip)[len(norm.inputs) + 1]
     else:
         node = folded.nodes.get(b.node)
         if node is None or len(node.inputs) <= b.index or node.inputs[b.index] is None:

@@ -183,3 +183,36 @@ def test_an_unchanged_tensor_must_be_byte_for_byte_the_original():
     assert edits.check_unchanged(_tensor(values), _tensor(moved)) == "differs from the original"
     assert "where the original is" in edits.check_unchanged(_tensor(values), _tensor(values[:5]))
 
+
+
+def _skip_takes_a_bias_with_beta():
+    """ln1's beta goes into mlp's bias; fused with the residual Add, that bias becomes ln2's Skip
+    op's bias input (its Add is folded away)."""
+    from graphs import Graph
+
+    g = Graph()
+    h0 = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "embed")
+    h1 = g.node("Add", [h0, g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp")], name="residual")
+    g.output(g.ln(h1, 16, "ln2"))
+    return ir.from_proto(g.model())
+
+
+def _run(model: ir.Model, fault=None):
+    options = FoldOptions(fuse_residual="always")
+    run = _pipeline.run_pipeline(model, None, options, _pipeline.VerifyRequest(float64_budget=0.0), after_apply=fault)
+    return run
+
+
+def test_a_skip_bias_that_took_a_beta_is_read_back():
+    run = _run(_skip_takes_a_bias_with_beta())
+    assert [d.rewrite for d in run.report.plan.folded][-1].startswith("com.microsoft")
+    assert run.report.verification.passed, run.report.verification.reason
+
+    def fault(model, plan):
+        bias = model.graph.initializers["mlp.bias"]
+        values = np.array(bias.const_value.numpy())
+        values.reshape(-1)[3] += 1e-3
+        bias.const_value = ir.Tensor(values, name="mlp.bias")
+
+    verification = _run(_skip_takes_a_bias_with_beta(), fault).report.verification
+    assert verification.status == "failed" and "'mlp.bias'" in verification.reason, verification.reason
