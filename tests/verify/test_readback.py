@@ -216,3 +216,37 @@ def test_a_skip_bias_that_took_a_beta_is_read_back():
 
     verification = _run(_skip_takes_a_bias_with_beta(), fault).report.verification
     assert verification.status == "failed" and "'mlp.bias'" in verification.reason, verification.reason
+
+
+def _constant_node_bias_centered_and_given_a_beta():
+    """mlp's bias is a Constant node (as TorchScript writes some): centered for ln2's stream and
+    given ln1's beta, it is written as a copy, and its Constant node goes."""
+    from onnx import numpy_helper
+
+    from graphs import Graph
+
+    g = Graph()
+    h0 = g.linear(g.input("x", ["b", "s", 8]), 8, 16, "embed")
+    bias = np.random.default_rng(1).standard_normal(16).astype(np.float32)
+    g.node("Constant", [], name="mlp_bias", value=numpy_helper.from_array(bias, "mlp_bias"))
+    mlp = g.node("Add", [g.linear(g.ln(h0, 16, "ln1"), 16, 16, "mlp", bias=False), "mlp_bias_out"], name="mlp/bias")
+    g.output(g.ln(g.node("Add", [h0, mlp], name="residual"), 16, "ln2"))
+    return ir.from_proto(g.model())
+
+
+def test_a_constant_node_bias_centered_and_given_a_beta_is_read_back():
+    model = _constant_node_bias_centered_and_given_a_beta()
+    run = _pipeline.run_pipeline(model, None, FoldOptions(fold_costly=True), _pipeline.VerifyRequest(float64_budget=0.0))
+    assert "mlp_bias_out" in {e.tensor for e in run.report.plan.edits}
+    assert run.report.verification.passed, run.report.verification.reason
+
+    def fault(model, plan):
+        (copy,) = [v for name, v in model.graph.initializers.items() if name.startswith("mlp_bias_out")]
+        values = np.array(copy.const_value.numpy())
+        values.reshape(-1)[5] += 1e-3
+        copy.const_value = ir.Tensor(values, name=copy.name)
+
+    model = _constant_node_bias_centered_and_given_a_beta()
+    options, request = FoldOptions(fold_costly=True), _pipeline.VerifyRequest(float64_budget=0.0)
+    verification = _pipeline.run_pipeline(model, None, options, request, after_apply=fault).report.verification
+    assert verification.status == "failed" and "is off the original bias plus beta @ W" in verification.reason, verification.reason
