@@ -94,6 +94,8 @@ def _skip_able_add(cand: LnCandidate, shapes: ShapeTable) -> ir.Node | None:
     add = cand.x.producer()
     if add is None or add.op_type != "Add" or not is_standard(add):
         return None
+    if add.graph is not cand.node.graph:
+        return None  # an outer graph's sum, read by an If/Loop body's LN: the Skip op cannot take it in
     if len(add.inputs) != 2 or any(v is None or constant_of(v) is not None for v in add.inputs):
         return None  # a bias Add, not a residual
     a, b = (shapes.shape(v) for v in add.inputs)

@@ -170,3 +170,26 @@ def test_external_data_held_only_by_if_body_initializers(tmp_path):
     assert code == 0, stderr
     assert "Verification (passed" in stdout
     assert_same_on_both_branches(str(src), str(out))
+
+
+def test_a_body_ln_does_not_take_in_the_outer_graphs_residual_add():
+    """An If body's LN reads a residual sum of the main graph. With fuse_residual='always', the
+    body's Skip op once took in the main graph's Add: the rewrite raised (the Add is not the
+    body's node), the traceback reaching the user."""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    x = g.input("x", [2, "s", 4])
+    g.input("cond", [], TensorProto.BOOL)
+    h = g.node("Add", [g.linear(x, 4, 8, "a"), g.linear(x, 4, 8, "b")], name="residual")
+
+    def branch(tag: str) -> onnx.GraphProto:
+        ln = helper.make_node("LayerNormalization", [h, f"{tag}_g", f"{tag}_b"], [f"{tag}_ln"], name=f"{tag}_ln", axis=-1)
+        inits = [numpy_helper.from_array(_arr(rng, 8), f"{tag}_g"), numpy_helper.from_array(_arr(rng, 8), f"{tag}_b")]
+        return helper.make_graph([ln], tag, [], [helper.make_tensor_value_info(f"{tag}_ln", TensorProto.FLOAT, None)], inits)
+
+    g.nodes.append(helper.make_node("If", ["cond"], ["y"], name="if", then_branch=branch("then"), else_branch=branch("else")))
+    g.output("y")
+    model = g.model()
+    result = fold_checked(model, folded=2, fuse_residual="always", fold_costly=True)
+    assert not [d.node for d in result.plan.folded if d.residual_add]
+    assert_same_on_both_branches(model, result.model_proto)
