@@ -41,8 +41,8 @@ from onnx_lnfold.apply.centering import BiasPlusBeta
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.ops import RMS_OPS
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions
+from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.load.model import load_model
-from onnx_lnfold.verify.inputs import verification_input_sets
 from onnx_lnfold.verify.reference import Float64Model
 
 ROOT = Path(__file__).resolve().parent.parent

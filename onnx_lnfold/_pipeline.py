@@ -24,6 +24,7 @@ from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, check_preconditions, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.feeds.given import check_input_shapes, check_inputs
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.load.opset import convert_opset, default_opset
@@ -35,7 +36,6 @@ from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify import blockwise
 from onnx_lnfold.verify.check import check_equivalence
-from onnx_lnfold.verify.inputs import check_input_shapes, check_inputs
 from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
 from onnx_lnfold.verify.reference import exact_tensors
 from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource

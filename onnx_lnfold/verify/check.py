@@ -43,7 +43,8 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S
-from onnx_lnfold.verify.inputs import verification_input_sets
+from onnx_lnfold.feeds.sets import verification_input_sets
+from onnx_lnfold.feeds.synthesize import InputsUnavailable
 from onnx_lnfold.verify.judge import (
     Compared,
     first_allowance,
@@ -68,7 +69,6 @@ from onnx_lnfold.verify.runner import (
     session_for,
 )
 from onnx_lnfold.verify.shadow import bfloat16_rounding, float32_shadow, has_bfloat16, widen_feeds
-from onnx_lnfold.verify.synthesize import InputsUnavailable
 from onnx_lnfold.verify.verdict import (
     FLOAT64,
     LOW_PRECISION,

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper
 
 import onnx_lnfold
 from onnx_lnfold.apply import centering
+from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.verify import check
-from onnx_lnfold.verify.inputs import verification_input_sets
 from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
 from onnx_lnfold.verify.runner import run_model
 from onnx_lnfold.verify.shadow import float64_twin
