@@ -34,10 +34,10 @@ from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
-from onnx_lnfold.verify import blockwise
 from onnx_lnfold.verify.check import check_equivalence
+from onnx_lnfold.verify.oracle import blockwise
+from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
-from onnx_lnfold.verify.reference import exact_tensors
 from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource
 from onnx_lnfold.verify.verdict import Verification
 

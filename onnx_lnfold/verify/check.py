@@ -5,7 +5,7 @@ Both models run in ONNX Runtime (graph optimizations off, so that its fusions ca
 cause a difference) on every input set (`verify.inputs`): the fold must load and run there, and the figures
 users see come from there. But a float32 run is one rounding of the truth, and a deep model's own
 float32 error can exceed the tolerance while the fold is exact (or the fold can be wrong by less
-than that error). So the decision is taken in float64 (`verify.reference`), against three twins:
+than that error). So the decision is taken in float64 (`verify.oracle.reference`), against three twins:
 
 1. the original's twin vs the fold's twin with every constant the fold computed at its unrounded
    float64 value (`apply.centering`'s `exact_float64`): an exact transformation differs by float64
@@ -25,7 +25,7 @@ A fold is written only when this check *passed*. When it cannot run (no onnxrunt
 does not run on the inputs, no inputs can be made), the status is "unverified" and the fold is
 refused like a failed one, with the way out named (`refusal`).
 
-bfloat16 models run in ONNX Runtime through float32 shadows (`verify.shadow`). `check_equivalence` is the
+bfloat16 models run in ONNX Runtime through float32 shadows (`verify.oracle.shadow`). `check_equivalence` is the
 step as the pipeline runs it: inputs synthesized from the graph (`verify.inputs`), both models handed to
 ONNX Runtime as bytes or, when large, as files (`OrtSource`).
 """
@@ -56,8 +56,9 @@ from onnx_lnfold.verify.judge import (
     measure_sensitivity,
     over_budget,
 )
+from onnx_lnfold.verify.oracle.reference import Float64Unavailable, exact_tensors
+from onnx_lnfold.verify.oracle.shadow import bfloat16_rounding, float32_shadow, has_bfloat16, widen_feeds
 from onnx_lnfold.verify.readback import PlannedChanges, ReadBack, read_back
-from onnx_lnfold.verify.reference import Float64Unavailable, exact_tensors
 from onnx_lnfold.verify.runner import (
     ModelBytesOrPath,
     compare,
@@ -68,7 +69,6 @@ from onnx_lnfold.verify.runner import (
     run_sets,
     session_for,
 )
-from onnx_lnfold.verify.shadow import bfloat16_rounding, float32_shadow, has_bfloat16, widen_feeds
 from onnx_lnfold.verify.verdict import (
     FLOAT64,
     LOW_PRECISION,
@@ -134,7 +134,7 @@ def verify(
 
     `rtol` applies to every output when given; else each output gets the tolerance of its
     element type in `output_types` (the original's). `shadow`: run float32 shadows in ONNX
-    Runtime. `exact`: the constants the fold computed, by name (`verify.reference.exact_tensors`: they
+    Runtime. `exact`: the constants the fold computed, by name (`verify.oracle.reference.exact_tensors`: they
     give their float64 values), for the exact twin; without it that check is not made. `float64_budget`: seconds the float64
     evaluation may take (0: none, judge by the sensitivity; None: scaled with `fold_seconds`, what the
     fold took: `first_allowance`, `float64_allowance`). The float64 twins run on the input sets that
@@ -342,7 +342,7 @@ def check_equivalence(
     """Run both models on the verification inputs; never raises for a check that cannot run
     (the status is then "unverified", with the reason and the way out). `spec_model` is the
     folded model in memory: its inputs are synthesized from it. `computed`: the constants the
-    fold computed (`verify.reference.exact_tensors`, taken before the model was written), which give
+    fold computed (`verify.oracle.reference.exact_tensors`, taken before the model was written), which give
     the exact twin their unrounded values; by default those `spec_model` still holds. `planned`: what
     the plan changes, taken before it was applied (`verify.readback.planned_changes`). `folder`:
     where the model was read from (a genai_config.json there describes its KV cache)."""

@@ -9,10 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from onnx_lnfold.verify.reference import Deadline, Float64Model, Float64Unavailable
+from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model, Float64Unavailable
 from onnx_lnfold.verify.runner import ModelBytesOrPath, compare, first_line, run_sets, session_for
 from onnx_lnfold.verify.verdict import (
     EXACT_RTOL,
@@ -199,29 +198,11 @@ def judge_float64(outputs: list[OutputDiff], result, partial: bool = False) -> V
     return result("passed", "", outputs, judgment=FLOAT64)
 
 
-_PERTURB_BLOCK = 1 << 20  # elements
-
-
-def perturb(values: np.ndarray, seed: int) -> np.ndarray:
-    """`values` moved by up to one rounding step of their type: w * (1 + u * eps), u uniform in
-    [-1, 1] (drawn from `seed`), rounded back."""
-    values = np.asarray(values)
-    eps = float(ml_dtypes.finfo(values.dtype).eps)
-    rng = np.random.default_rng(seed)
-    moved = np.empty_like(values)
-    flat, out = values.reshape(-1), moved.reshape(-1)
-    # In blocks: float64 copies of a whole embedding table would hold several times its size.
-    for start in range(0, flat.size, _PERTURB_BLOCK):
-        block = flat[start : start + _PERTURB_BLOCK].astype(np.float64)
-        out[start : start + block.size] = block * (1.0 + eps * rng.uniform(-1.0, 1.0, block.size))
-    return moved
-
-
 def measure_sensitivity(original: ModelBytesOrPath, compared: list[Compared], worst: dict[str, OutputDiff]) -> None:
     """The original's own change, on each input set, when every float weight of two or more
     elements moves by up to one rounding step (`perturb`; scalars stay: a mask's lowest value, a
     scale compared with another are the graph's logic, not its weights). Run block by block
-    (`verify.blockwise`), each block's weights perturbed in memory: no copy is written."""
+    (`verify.oracle.blockwise`), each block's weights perturbed in memory: no copy is written."""
     session = session_for(original, perturbed=True)
     results = run_sets(session, [run.ort_feeds for run in compared])
     del session

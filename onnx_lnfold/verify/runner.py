@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import save_with_external_data, uses_external_data
-from onnx_lnfold.verify import blockwise
+from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.verdict import OutputDiff
 
 ModelBytesOrPath = Union[bytes, str, Path]

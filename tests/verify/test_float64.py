@@ -1,5 +1,5 @@
 """Verification judged in float64 (docs/DESIGN.md section 6): the float64 twins and the ops they
-need (`verify.reference`), the judgment itself (a fold exact in float64 passes where ONNX Runtime's own
+need (`verify.oracle.reference`), the judgment itself (a fold exact in float64 passes where ONNX Runtime's own
 float32 noise exceeds the tolerance; a wrong fold smaller than that noise is refused), the
 fallback when no float64 run is possible, and the realistic-scale inputs.
 """
@@ -20,9 +20,9 @@ import onnx_lnfold
 from onnx_lnfold.apply import centering
 from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.verify import check
-from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
+from onnx_lnfold.verify.oracle.reference import Float64Model, Float64Unavailable
+from onnx_lnfold.verify.oracle.shadow import float64_twin
 from onnx_lnfold.verify.runner import run_model
-from onnx_lnfold.verify.shadow import float64_twin
 from onnx_lnfold.verify.verdict import EXACT_RTOL, FLOAT64, SENSITIVITY
 
 from conftest import MODELS
@@ -521,7 +521,7 @@ def test_batch_normalization_at_opset_11_is_evaluated_in_inference_mode():
     a momentum; a one-output node is in inference mode (ONNX Runtime uses the running ones)."""
     import onnxruntime as ort
 
-    from onnx_lnfold.verify.reference import FLOAT64_OPS
+    from onnx_lnfold.verify.oracle.ops import FLOAT64_OPS
 
     rng = np.random.default_rng(0)
     c = 4
@@ -541,10 +541,10 @@ def test_batch_normalization_at_opset_11_is_evaluated_in_inference_mode():
 def test_no_verdict_rests_on_a_float64_evaluation_that_disagrees_with_onnx_runtime(monkeypatch):
     """Where the float64 evaluation of the original is far from ONNX Runtime's run of it (an op
     evaluated otherwise), the fold is judged without it, and the report says why."""
-    from onnx_lnfold.verify import reference
+    from onnx_lnfold.verify.oracle import ops
 
-    erf = reference._erf
-    monkeypatch.setattr(reference, "_erf", lambda x: erf(x) * 1.5)
+    erf = ops._erf
+    monkeypatch.setattr(ops, "_erf", lambda x: erf(x) * 1.5)
     result = onnx_lnfold.fold(MODELS / "vit.onnx")
     verification = result.report.verification
     assert verification.passed and verification.judgment == SENSITIVITY
