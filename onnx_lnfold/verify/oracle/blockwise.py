@@ -9,8 +9,7 @@ largest block's weights (mapped pages, released with the session) plus the activ
 model's weights.
 
 `perturbed=True` runs the model with every float weight of two or more elements moved by up to one
-rounding step (`perturb`: the one definition of the perturbation, the same draws, the same figures), each block's
-weights perturbed in memory: no copy of the model is written.
+rounding step (`perturb`), each block's weights perturbed in memory: no copy of the model is written.
 """
 
 from __future__ import annotations

@@ -196,7 +196,8 @@ class Float64Model:
             nodes = list(holder.node)
         known = {i.name for i in inputs}
         outputs = [ir.serde.serialize_value(v) for v in graph.outputs]
-        g = onnx.helper.make_graph([nodes[i] for i in topological(nodes, known)], graph.name or "graph", inputs, outputs)
+        ordered = [nodes[i] for i in topological(nodes, known)]
+        g = onnx.helper.make_graph(ordered, graph.name or "graph", inputs, outputs)
         opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
         proto = onnx.helper.make_model(g, opset_imports=opsets, ir_version=model.ir_version)
         proto.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
@@ -396,3 +397,21 @@ def _load_ir(model: bytes | str | Path) -> ir.Model:
     if isinstance(model, bytes):
         return ir.from_proto(onnx.load_from_string(model))
     return load_path(model)
+
+
+def failing_node(error: BaseException) -> str | None:
+    """`Pad 'time_shift'`: the node whose evaluation raised `error` inside `Float64Model.run_many`
+    (its loop variable `node`, read from the traceback: onnx.reference's own messages, such as
+    "index can't contain negative values" for a Pad with negative pads, name no op); None where the
+    error came from elsewhere."""
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code is Float64Model.run_many.__code__:
+            proto = getattr(frame.f_locals.get("node"), "onnx_node", None)
+            if proto is not None:
+                domain = f"{proto.domain}::" if proto.domain not in ("", "ai.onnx") else ""
+                found = f"{domain}{proto.op_type} '{proto.name}'" if proto.name else f"{domain}{proto.op_type}"
+        tb = tb.tb_next
+    return found
