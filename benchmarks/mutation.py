@@ -5,7 +5,7 @@ then ONE fault is injected into the folded model (`run_pipeline(after_apply=...)
 tool's own verification sees it, through both judgments: the default (float64 where it fits) and
 `float64_budget=0` (the path every model past the float64 budget takes: the read-back and the
 original's sensitivity). Each mutant is also judged independently in float64
-(`verify.reference.Float64Model`, first verification input set): the fault *matters* when it moves
+(`verify.oracle.reference.Float64Model`, first verification input set): the fault *matters* when it moves
 some output by more than MATTERS relative against the same fold without the fault, as written.
 
 Faults (`FAULTS`): one centered constant offset by 1e-2 / 1e-4 / 1e-6 of its largest entry (a
@@ -41,9 +41,9 @@ from onnx_lnfold.apply.centering import BiasPlusBeta
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.ops import RMS_OPS
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions
+from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.load.model import load_model
-from onnx_lnfold.verify.inputs import verification_input_sets
-from onnx_lnfold.verify.reference import Float64Model
+from onnx_lnfold.verify.oracle.reference import Float64Model
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

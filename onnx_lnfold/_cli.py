@@ -272,11 +272,11 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
 def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     # The heavy imports (numpy, onnx, onnx_ir: about a second), once the arguments are known good.
     from onnx_lnfold._pipeline import VerifyRequest, run_pipeline
+    from onnx_lnfold.feeds.given import load_inputs, parse_input_shape
     from onnx_lnfold.io.external_data import external_data_files
     from onnx_lnfold.load.model import load_path
     from onnx_lnfold.report.fold_report import model_bytes
     from onnx_lnfold.save.staged import check_destination
-    from onnx_lnfold.verify.inputs import load_inputs, parse_input_shape
 
     source = _check_source(args.model)
     shapes = dict(parse_input_shape(s) for s in args.input_shape)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -22,8 +21,9 @@ from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import candidates, plan_for, plan_for_clone
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
-from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, check_preconditions, target_op_names, target_opset
+from onnx_lnfold.core.options import FoldOptions, check_preconditions, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.feeds.given import check_input_shapes, check_inputs
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.load.opset import convert_opset, default_opset
@@ -33,11 +33,11 @@ from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.save.staged import StagedModel
 from onnx_lnfold.shapes.table import ShapeTable
-from onnx_lnfold.verify import blockwise
 from onnx_lnfold.verify.check import check_equivalence
-from onnx_lnfold.verify.inputs import check_input_shapes, check_inputs
+from onnx_lnfold.verify.oracle import blockwise
+from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
-from onnx_lnfold.verify.reference import exact_tensors
+from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource
 from onnx_lnfold.verify.verdict import Verification
 
@@ -72,27 +72,6 @@ class FoldResult:
         data = [written.parent / staged.data_name] if staged.data_name else []
         self.report.output, self.report.output_identical = str(path), False
         self.report.size_after = model_bytes(written, data)
-
-
-@dataclass(frozen=True)
-class VerifyRequest:
-    """Whether and how to check the fold in ONNX Runtime; `inputs`, when given, must match the
-    graph inputs even when the check is off (they were asked for, so a mismatch is an error)."""
-
-    enabled: bool = True
-    disabled_because: str = "disabled by the caller"  # the report's reason when not enabled
-    rtol: float | None = None
-    input_shapes: dict[str, tuple[int, ...]] | None = None
-    inputs: dict[str, np.ndarray] | None = None
-    float64_budget: float | None = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none; None: scaled)
-
-    @property
-    def run_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The input shapes given (the inputs', else `input_shapes`): the cost rule prices each LN at
-        the tokens they make it run at (`emit.pricing`), whether or not the check runs."""
-        if self.inputs is not None:
-            return {name: tuple(np.shape(array)) for name, array in self.inputs.items()}
-        return dict(self.input_shapes or {})
 
 
 @dataclass
@@ -274,20 +253,8 @@ def _check_folded(
     folded_src = None if staged is not None else OrtSource(model)
     try:
         folded = staged.path if staged is not None else folded_src.source  # type: ignore[union-attr]
-        return check_equivalence(
-            original,
-            folded,
-            model,
-            rtol=check.rtol,
-            input_shapes=check.input_shapes,
-            inputs=check.inputs,
-            plan=plan,
-            planned=planned,
-            float64_budget=check.float64_budget,
-            computed=computed,
-            fold_seconds=fold_seconds,
-            folder=original.parent if isinstance(original, Path) else None,
-        )
+        folder = original.parent if isinstance(original, Path) else None
+        return check_equivalence(original, folded, model, check.for_fold(plan, planned, computed, fold_seconds, folder))
     finally:
         if folded_src is not None:
             folded_src.close()

@@ -7,8 +7,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lnfold
+from onnx_lnfold.feeds.synthesize import synthesize_inputs
 from onnx_lnfold.verify.runner import compare, run_model
-from onnx_lnfold.verify.synthesize import synthesize_inputs
 
 F = TensorProto.FLOAT
 

@@ -33,7 +33,7 @@ MODELS = HERE.parent / "models"
 sys.path.insert(0, str(HERE.parent))  # this checkout's onnx_lnfold, over any installed one
 
 import onnx_lnfold  # noqa: E402
-from onnx_lnfold.verify.inputs import synthesize_inputs  # noqa: E402
+from onnx_lnfold.feeds.synthesize import synthesize_inputs  # noqa: E402
 
 HEADS, HIDDEN = 4, 64
 

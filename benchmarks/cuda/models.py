@@ -199,7 +199,7 @@ def trained_model_type(name: str, entry: dict) -> tuple[str, int, int]:
 def prepare_trained(model: Path, workdir: Path) -> Prepared:
     import onnx_ir as ir
 
-    from onnx_lnfold.verify.synthesize import synthesize_inputs
+    from onnx_lnfold.feeds.synthesize import synthesize_inputs
 
     t0 = time.perf_counter()
     entry = _manifest_entry(model)

@@ -98,7 +98,7 @@ def calibrate_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
-    from onnx_lnfold.verify.inputs import parse_input_shape
+    from onnx_lnfold.feeds.given import parse_input_shape
 
     return dict(parse_input_shape(s) for s in specs)
 
@@ -106,7 +106,7 @@ def _parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
 def _bench(args: argparse.Namespace) -> int:
     from onnx_lnfold.bench.compare import bench, write_json
     from onnx_lnfold.bench.placement import provider_name
-    from onnx_lnfold.verify.inputs import load_inputs
+    from onnx_lnfold.feeds.given import load_inputs
 
     inputs = load_inputs(args.inputs) if args.inputs else None
     result = bench(args.original, args.folded, provider=provider_name(args.provider), inputs=inputs,

@@ -180,9 +180,10 @@ class BenchResult:
 
 def _feeds(model_path: str, inputs: dict[str, np.ndarray] | None, shapes: dict[str, tuple[int, ...]] | None):
     """The inputs to time with, and where they came from."""
+    from onnx_lnfold.feeds.given import check_inputs
+    from onnx_lnfold.feeds.sets import REALISTIC_SIZES
+    from onnx_lnfold.feeds.synthesize import synthesize_inputs
     from onnx_lnfold.load.model import load_path
-    from onnx_lnfold.verify.inputs import REALISTIC_SIZES, check_inputs
-    from onnx_lnfold.verify.synthesize import synthesize_inputs
 
     model = load_path(Path(model_path))
     if inputs is not None:

@@ -1,7 +1,8 @@
-"""Verify (step 5): is the folded model the original's function? Both run in ONNX Runtime on
-input sets given or synthesized from the graph (`inputs`), and their float64 twins
-(`shadow`, evaluated by `reference`) decide (`check`, docs/DESIGN.md section 6).
+"""Verify (step 5): is the folded model the original's function? (docs/DESIGN.md section 6)
 
-Takes the original and the folded model (paths or in memory) and the plan; gives a
-`Verification`: passed, failed, skipped or unverified, with the figures it rests on.
+Takes the original and the folded model (paths or in memory) and one `VerifyRequest` (`request`);
+gives a `Verification` (`verdict`): passed, failed, skipped or unverified, with the figures it rests
+on. `check` runs it: both models in ONNX Runtime on the input sets of `feeds.sets` (`ort_runs`), the
+fold read back against its plan (`readback`), then the ladder of judges (`judges`: float64, the
+original's sensitivity, rtol alone) against the float64 oracle (`oracle`).
 """

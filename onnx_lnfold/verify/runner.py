@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import save_with_external_data, uses_external_data
-from onnx_lnfold.verify import blockwise
+from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.verdict import OutputDiff
 
 ModelBytesOrPath = Union[bytes, str, Path]
@@ -50,7 +50,7 @@ def session_for(model: ModelBytesOrPath, perturbed: bool = False):
     """A session of `model`: one ONNX Runtime session, or, for a model whose weights would not sit
     comfortably in the memory available, a `BlockwiseSession` (block by block, each block's
     weights read from the model's file in place). `perturbed`: the model with its weights moved by
-    one rounding step, block by block (`verify.judge.measure_sensitivity`); a single session of it
+    one rounding step, block by block (`verify.judges.sensitivity.measure_sensitivity`); a single session of it
     is not made here."""
     import onnxruntime as ort
 
@@ -126,6 +126,11 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) 
             )
         )
     return diffs
+
+
+def relative(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """max|candidate - reference| / max|reference|: one output's figure, as `compare` gives it."""
+    return compare({"": reference}, {"": candidate})[0].rel_diff
 
 
 def first_line(e: BaseException, limit: int = 240) -> str:

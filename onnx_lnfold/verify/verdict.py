@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import onnx
 
@@ -42,6 +42,13 @@ TWIN_DISAGREES_FACTOR = 30.0
 SENSITIVITY_FACTOR = 10.0
 
 
+# What a verification comes to: "unverified" where the check could not run, "skipped" where it was
+# not asked for or nothing was folded.
+Status = Literal["passed", "failed", "unverified", "skipped"]
+# What the user can do about an unverified check: give inputs, install onnxruntime, or decline the check.
+WayOut = Literal["inputs", "install", "decline"]
+
+
 # What the user can do when the check could not run, per surface.
 _WAY_OUT = {
     "cli": {
@@ -58,10 +65,12 @@ _WAY_OUT = {
 }
 
 
-# What a verdict rests on (`Verification.judgment`), from the strongest to the weakest.
-FLOAT64 = "float64 reference"
-SENSITIVITY = "fp32 sensitivity"
-RTOL_ONLY = "rtol alone"  # neither a float64 run nor the original's sensitivity could be had
+# What a verdict rests on (`Verification.judgment`): the judge of `verify.judges` that gave it.
+Judgment = Literal["float64 reference", "fp32 sensitivity", "rtol alone"]
+# The judges, from the strongest to the weakest.
+FLOAT64: Judgment = "float64 reference"
+SENSITIVITY: Judgment = "fp32 sensitivity"
+RTOL_ONLY: Judgment = "rtol alone"  # neither a float64 run nor the original's sensitivity could be had
 # How the summary line names each.
 _RESTS_ON = {FLOAT64: "in float64, ", SENSITIVITY: "without float64, ", RTOL_ONLY: "by rtol alone, "}
 
@@ -139,7 +148,7 @@ class OutputDiff:
 
 @dataclass
 class Verification:
-    status: str  # "passed", "failed", "unverified" (could not run) or "skipped" (not asked / nothing folded)
+    status: Status
     reason: str = ""
     rtol: float | None = None  # the largest tolerance applied (each output has its own)
     input_shapes: dict[str, list[int]] = field(default_factory=dict)  # of the first input set
@@ -147,8 +156,8 @@ class Verification:
     input_sets: list[str] = field(default_factory=list)
     shadow: str = ""  # how the models were widened to run on CPU, if they were
     notes: list[str] = field(default_factory=list)
-    way_out: str = ""  # "inputs", "install" or "decline": what the user can do about an unverified check
-    judgment: str = ""  # FLOAT64 or SENSITIVITY: what decided; "" when nothing was compared
+    way_out: WayOut | Literal[""] = ""  # what the user can do about an unverified check
+    judgment: Judgment | Literal[""] = ""  # the judge that decided; "" when nothing was compared
     judgment_reason: str = ""  # why the fallback was used
     # The plan's changes read back from the folded file and found as planned (`verify.readback`): centered
     # weights, biases with beta, rewritten and inserted nodes; every other tensor and node was found as it was.

@@ -196,7 +196,7 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def input_sets(name: str, count: int) -> list[dict[str, np.ndarray]]:
-    from onnx_lnfold.verify.synthesize import synthesize_inputs
+    from onnx_lnfold.feeds.synthesize import synthesize_inputs
 
     spec = ir.load(MODELS / f"{name}.onnx")
     sets = [dict(np.load(MODELS / f"{name}.inputs.npz"))]

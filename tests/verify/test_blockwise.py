@@ -1,4 +1,4 @@
-"""Models run block by block (verify.cut, verify.blockwise): the cut is sound, and a check run that
+"""Models run block by block (verify.oracle.cut, verify.oracle.blockwise): the cut is sound, and a check run that
 way takes the same verdict on the same figures as one ONNX Runtime session, refuses what it
 refuses, and writes no copy of the model.
 
@@ -14,8 +14,9 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold._cli import main
 from onnx_lnfold.io import scratch
-from onnx_lnfold.verify import blockwise, check
-from onnx_lnfold.verify.cut import cut, node_reads
+from onnx_lnfold.verify import check
+from onnx_lnfold.verify.oracle import blockwise
+from onnx_lnfold.verify.oracle.cut import cut, node_reads
 from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
 
 from conftest import MODELS

@@ -8,10 +8,10 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold.verify.inputs import verification_input_sets
-from onnx_lnfold.verify.reference import Float64Model
+from onnx_lnfold.feeds.kv_cache import kv_cache
+from onnx_lnfold.feeds.sets import verification_input_sets
+from onnx_lnfold.verify.oracle.reference import Float64Model
 from onnx_lnfold.verify.runner import run_model
-from onnx_lnfold.verify.synthesize import kv_cache
 from onnx_lnfold.verify.verdict import FLOAT64
 
 from conftest import MODELS

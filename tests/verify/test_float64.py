@@ -1,5 +1,5 @@
 """Verification judged in float64 (docs/DESIGN.md section 6): the float64 twins and the ops they
-need (`verify.reference`), the judgment itself (a fold exact in float64 passes where ONNX Runtime's own
+need (`verify.oracle.reference`), the judgment itself (a fold exact in float64 passes where ONNX Runtime's own
 float32 noise exceeds the tolerance; a wrong fold smaller than that noise is refused), the
 fallback when no float64 run is possible, and the realistic-scale inputs.
 """
@@ -18,11 +18,11 @@ from onnx import TensorProto, helper
 
 import onnx_lnfold
 from onnx_lnfold.apply import centering
+from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.verify import check
-from onnx_lnfold.verify.inputs import verification_input_sets
-from onnx_lnfold.verify.reference import Float64Model, Float64Unavailable
+from onnx_lnfold.verify.oracle.reference import Float64Model, Float64Unavailable
+from onnx_lnfold.verify.oracle.shadow import float64_twin
 from onnx_lnfold.verify.runner import run_model
-from onnx_lnfold.verify.shadow import float64_twin
 from onnx_lnfold.verify.verdict import EXACT_RTOL, FLOAT64, SENSITIVITY
 
 from conftest import MODELS
@@ -324,7 +324,7 @@ def test_a_float64_budget_of_zero_asks_for_none(tmp_path):
 
 
 def test_an_evaluation_estimated_over_the_budget_asked_for_is_not_started(monkeypatch):
-    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_COST", 1e9)
+    monkeypatch.setattr("onnx_lnfold.verify.judges.allowance.FLOAT64_COST", 1e9)
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=60).report.verification
     assert verification.judgment == SENSITIVITY and verification.status == "passed"
     assert verification.judgment_reason.startswith("a float64 evaluation would take about ")
@@ -334,14 +334,14 @@ def test_an_evaluation_estimated_over_the_budget_asked_for_is_not_started(monkey
 def test_by_default_the_first_set_is_judged_in_float64_whatever_onnxruntime_s_time_suggests(monkeypatch):
     """Without a budget asked for, the estimate from ONNX Runtime's time (mostly weights being read
     when a large model runs block by block) does not decide: the float64 run is timed as it goes."""
-    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_COST", 1e9)
+    monkeypatch.setattr("onnx_lnfold.verify.judges.allowance.FLOAT64_COST", 1e9)
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.judgment == FLOAT64 and verification.status == "passed"
 
 
 def test_a_float64_run_past_its_allowance_is_abandoned_and_said_so(monkeypatch):
-    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_FIRST_S", 0.0)
-    monkeypatch.setattr("onnx_lnfold.verify.judge.FLOAT64_FIRST_SHARE", 0.0)
+    monkeypatch.setattr("onnx_lnfold.verify.judges.allowance.FLOAT64_FIRST_S", 0.0)
+    monkeypatch.setattr("onnx_lnfold.verify.judges.allowance.FLOAT64_FIRST_SHARE", 0.0)
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.judgment == SENSITIVITY and verification.status == "passed"
     assert verification.judgment_reason.startswith("a float64 evaluation would take about ")
@@ -349,7 +349,7 @@ def test_a_float64_run_past_its_allowance_is_abandoned_and_said_so(monkeypatch):
 
 
 def test_the_float64_allowance_follows_the_folds_own_time_within_the_budget():
-    from onnx_lnfold.verify.judge import (
+    from onnx_lnfold.verify.judges.allowance import (
         FLOAT64_FIRST_S,
         FLOAT64_FIRST_SHARE,
         FLOAT64_FLOOR_S,
@@ -375,10 +375,10 @@ def test_the_float64_allowance_follows_the_folds_own_time_within_the_budget():
 def test_only_the_input_sets_that_fit_are_judged_in_float64_and_the_others_in_onnxruntime(monkeypatch):
     """With an allowance for one set, the first is judged in float64 and the rest against the
     original in ONNX Runtime, held to the original's own error; the report says which and why."""
-    from onnx_lnfold.verify import check
+    from onnx_lnfold.verify.judges import float64
 
-    original = check._within
-    monkeypatch.setattr(check, "_within", lambda *args: original(*args)[:1])
+    original = float64.within
+    monkeypatch.setattr(float64, "within", lambda *args: original(*args)[:1])
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.status == "passed" and verification.judgment == FLOAT64
     assert any(n.startswith("judged in float64 on the first 1 of 3 input sets") for n in verification.notes)
@@ -387,18 +387,14 @@ def test_only_the_input_sets_that_fit_are_judged_in_float64_and_the_others_in_on
 def test_a_fold_far_from_the_original_on_a_set_judged_without_float64_is_refused():
     """A set left out of the float64 evaluation is still judged: the fold within rtol plus the
     original's own error (measured on the float64 sets) of the original, in ONNX Runtime."""
-    from onnx_lnfold.verify.judge import judge_float64
-    from onnx_lnfold.verify.verdict import OutputDiff, Verification
-
-    def result(status, reason="", outputs=(), **kwargs):
-        return Verification(status, reason)
+    from onnx_lnfold.verify.judges.float64 import float64_failure
+    from onnx_lnfold.verify.verdict import OutputDiff
 
     fine = OutputDiff("y", (2,), 1e-7, 1.0, rtol=1e-4, exact=1e-15, written=1e-8, original_error=1e-6, fold_error=1e-6)
     far = OutputDiff("y", (2,), 5e-4, 1.0, rtol=1e-4, exact=1e-15, written=1e-8, original_error=1e-6, fold_error=1e-6)
-    assert judge_float64([fine], result, partial=True).status == "passed"
-    assert judge_float64([far], result, partial=False).status == "passed"  # every set judged in float64
-    refused = judge_float64([far], result, partial=True)
-    assert refused.status == "failed" and "in onnxruntime, the fold is 0.0005 relative from the original" in refused.reason
+    assert float64_failure([fine], partial=True) == ""
+    assert float64_failure([far], partial=False) == ""  # every set judged in float64
+    assert "in onnxruntime, the fold is 0.0005 relative from the original" in float64_failure([far], partial=True)
 
 
 # --------------------------------------------------------------------------- realistic inputs
@@ -521,7 +517,7 @@ def test_batch_normalization_at_opset_11_is_evaluated_in_inference_mode():
     a momentum; a one-output node is in inference mode (ONNX Runtime uses the running ones)."""
     import onnxruntime as ort
 
-    from onnx_lnfold.verify.reference import FLOAT64_OPS
+    from onnx_lnfold.verify.oracle.ops import FLOAT64_OPS
 
     rng = np.random.default_rng(0)
     c = 4
@@ -541,10 +537,10 @@ def test_batch_normalization_at_opset_11_is_evaluated_in_inference_mode():
 def test_no_verdict_rests_on_a_float64_evaluation_that_disagrees_with_onnx_runtime(monkeypatch):
     """Where the float64 evaluation of the original is far from ONNX Runtime's run of it (an op
     evaluated otherwise), the fold is judged without it, and the report says why."""
-    from onnx_lnfold.verify import reference
+    from onnx_lnfold.verify.oracle import ops
 
-    erf = reference._erf
-    monkeypatch.setattr(reference, "_erf", lambda x: erf(x) * 1.5)
+    erf = ops._erf
+    monkeypatch.setattr(ops, "_erf", lambda x: erf(x) * 1.5)
     result = onnx_lnfold.fold(MODELS / "vit.onnx")
     verification = result.report.verification
     assert verification.passed and verification.judgment == SENSITIVITY

@@ -27,7 +27,7 @@ import pytest
 
 from onnx_lnfold._cli import EXIT_OK, EXIT_VERIFY, main
 from onnx_lnfold.apply import centering
-from onnx_lnfold.verify import blockwise
+from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.verdict import EXACT_RTOL, FLOAT64, RTOL_ONLY, SENSITIVITY
 
 from helpers import make_large_model

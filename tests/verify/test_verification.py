@@ -12,11 +12,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnx_lnfold
+from onnx_lnfold.feeds.dims import DimExpr
+from onnx_lnfold.feeds.sets import verification_input_sets
+from onnx_lnfold.feeds.synthesize import synthesize_inputs
 from onnx_lnfold.verify import check
-from onnx_lnfold.verify.inputs import verification_input_sets
+from onnx_lnfold.verify.oracle.shadow import float32_shadow
 from onnx_lnfold.verify.runner import run_model
-from onnx_lnfold.verify.shadow import float32_shadow
-from onnx_lnfold.verify.synthesize import DimExpr, synthesize_inputs
 
 from conftest import MODELS
 from graphs import Graph, ops

@@ -1,6 +1,6 @@
 """Cutting a model's main graph into blocks where few tensors are live, as plain data.
 
-A model larger than the memory at hand is run block by block (`verify.blockwise`): each block a
+A model larger than the memory at hand is run block by block (`verify.oracle.blockwise`): each block a
 sub-model holding only its own weights, fed the tensors that cross the cut before it. Good cuts
 are where few tensors are live: between transformer layers, the residual stream and what every
 layer reads (masks, positions). `cut` walks the nodes in an order that runs, counts the tensors

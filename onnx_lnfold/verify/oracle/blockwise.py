@@ -1,7 +1,7 @@
 """Running a model in ONNX Runtime block by block, for models larger than the memory at hand.
 
 The model's structure is read without its weights and cut where few tensors are live
-(`verify.cut`). Each block becomes a sub-model whose initializers still name the model's own
+(`verify.oracle.cut`). Each block becomes a sub-model whose initializers still name the model's own
 external-data file (ONNX Runtime is told the folder: nothing is copied), one session at a time:
 made, run on every input set, released before the next block's. The tensors crossing the cut are
 kept in memory, each dropped after the last block that reads it. The memory is then about the
@@ -9,8 +9,7 @@ largest block's weights (mapped pages, released with the session) plus the activ
 model's weights.
 
 `perturbed=True` runs the model with every float weight of two or more elements moved by up to one
-rounding step, as `verify.judge.perturbed` does (same draws, the same figures), each block's
-weights perturbed in memory: no copy of the model is written.
+rounding step (`perturb`), each block's weights perturbed in memory: no copy of the model is written.
 """
 
 from __future__ import annotations
@@ -22,10 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import onnx
 
-from onnx_lnfold.verify.cut import Cut, cut, tensor_bytes
+from onnx_lnfold.verify.oracle.cut import Cut, cut, tensor_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +215,6 @@ class BlockwiseSession:
         index, tensor = self._initializers[name]
         if tensor.data_type not in _FLOATS or np.prod(tensor.dims) < 2:
             return None
-        from onnx_lnfold.verify.judge import perturb  # the one definition of the perturbation
-
         return perturb(onnx.numpy_helper.to_array(tensor, base_dir=self._folder or ""), seed=index)
 
     def _perturbed_constant(self, index: int, node: onnx.NodeProto) -> onnx.NodeProto:
@@ -225,8 +223,6 @@ class BlockwiseSession:
         attr = next((a for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
         if attr is None or attr.t.data_type not in _FLOATS or np.prod(attr.t.dims) < 2:
             return node
-        from onnx_lnfold.verify.judge import perturb
-
         moved = onnx.NodeProto()
         moved.CopyFrom(node)
         values = onnx.numpy_helper.to_array(attr.t, base_dir=self._folder or "")
@@ -234,6 +230,24 @@ class BlockwiseSession:
             if a.name == "value":
                 a.t.CopyFrom(onnx.numpy_helper.from_array(perturb(values, seed=~index), attr.t.name))
         return moved
+
+
+_PERTURB_BLOCK = 1 << 20  # elements
+
+
+def perturb(values: np.ndarray, seed: int) -> np.ndarray:
+    """`values` moved by up to one rounding step of their type: w * (1 + u * eps), u uniform in
+    [-1, 1] (drawn from `seed`), rounded back."""
+    values = np.asarray(values)
+    eps = float(ml_dtypes.finfo(values.dtype).eps)
+    rng = np.random.default_rng(seed)
+    moved = np.empty_like(values)
+    flat, out = values.reshape(-1), moved.reshape(-1)
+    # In blocks: float64 copies of a whole embedding table would hold several times its size.
+    for start in range(0, flat.size, _PERTURB_BLOCK):
+        block = flat[start : start + _PERTURB_BLOCK].astype(np.float64)
+        out[start : start + block.size] = block * (1.0 + eps * rng.uniform(-1.0, 1.0, block.size))
+    return moved
 
 
 def _value_info(name: str, value) -> onnx.ValueInfoProto:

@@ -1,5 +1,5 @@
-"""Inputs for verification: the user's (`--inputs FILE.npz`, checked against the graph inputs;
-`--input-shape NAME:D1,D2,...`) or synthesized from the graph (`synthesize`).
+"""The input sets a fold is checked on: the user's (`given`) or synthesized from the graph
+(`synthesize`).
 
 `verification_input_sets` gives the sets `fold()` checks on: two small sizes, every bool input at
 both values (the `If` of a merged decoder runs both branches), and one set at the scale real use
@@ -11,15 +11,14 @@ pixels, ImageNet's mean and std per channel).
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.core.errors import InvalidInput
-from onnx_lnfold.verify.synthesize import KvCache, dim_rereadings, graph_inputs, kv_cache, synthesize_inputs
+from onnx_lnfold.feeds.kv_cache import KvCache, kv_cache
+from onnx_lnfold.feeds.synthesize import dim_rereadings, graph_inputs, synthesize_inputs
 
 # The two sizes verification runs at, (batch, sequence length): the second falls back to changing
 # only one of the two where the graph fixes the other (a Split of the batch into fixed parts).
@@ -29,20 +28,6 @@ SECOND_SIZES = ((3, 5), (2, 5), (3, 8))
 
 # The realistic-scale set: one long sequence, shorter where a position table holds fewer.
 REALISTIC_SIZES = ((1, 64), (1, 32), (1, 16))
-
-
-def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
-    """'NAME:D1,D2,...' -> (NAME, (D1, D2, ...))."""
-    name, sep, dims = spec.rpartition(":")
-    try:
-        if not sep or not name:
-            raise ValueError
-        shape = tuple(int(d) for d in dims.split(","))
-        if any(d < 0 for d in shape):
-            raise ValueError
-    except ValueError:
-        raise InvalidInput(f"bad --input-shape '{spec}': expected NAME:D1,D2,... with non-negative integers") from None
-    return name, shape
 
 
 @dataclass
@@ -112,75 +97,6 @@ def verification_input_sets(
     ]
     sets.append(InputSet(candidates[0], candidates[1:], required=False, kind="realistic scale"))
     return sets
-
-
-def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
-    """User-given verification inputs must name every graph input, and only those, with its
-    element type and rank: else onnxruntime would fail on the original, not on the fold."""
-    declared = {v.name: v for v in graph_inputs(model)}
-    missing = sorted(set(declared) - set(inputs))
-    extra = sorted(set(inputs) - set(declared))
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append("missing " + ", ".join(missing))
-        if extra:
-            parts.append("not graph inputs: " + ", ".join(extra))
-        raise InvalidInput(f"--inputs does not match the graph inputs ({'; '.join(parts)})")
-    for name, value in declared.items():
-        array = inputs[name]
-        if value.dtype is not None:
-            try:
-                expected = np.dtype(value.dtype.numpy())
-            except (TypeError, ValueError, NotImplementedError):  # no numpy counterpart: let ORT judge
-                expected = None
-            if expected is not None and array.dtype != expected:
-                raise InvalidInput(f"--inputs: '{name}' is {array.dtype}, the graph input is {expected}")
-        if value.shape is not None and len(value.shape) != array.ndim:
-            raise InvalidInput(f"--inputs: '{name}' has rank {array.ndim}, the graph input has rank {len(value.shape)}")
-
-
-def check_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> None:
-    """`--input-shape` must name graph inputs, each at its declared rank and at the sizes the graph
-    fixes: the cost rule prices at these shapes and the check runs at them, so a dry run refuses
-    what a real run would (an unknown name, a wrong rank) before any work."""
-    declared = {v.name: v for v in graph_inputs(model)}
-    unknown = sorted(set(shapes) - set(declared))
-    if unknown:
-        raise InvalidInput(
-            f"--input-shape names no graph input: {', '.join(unknown)} (the graph inputs: {', '.join(declared) or 'none'})"
-        )
-    for name, dims in shapes.items():
-        shape = declared[name].shape
-        if shape is None:
-            continue
-        if len(shape) != len(dims):
-            raise InvalidInput(
-                f"--input-shape {name}:{','.join(map(str, dims))} has rank {len(dims)}, the graph input has rank "
-                f"{len(shape)} ({_declared_words(shape)})"
-            )
-        for axis, (size, fixed) in enumerate(zip(dims, shape)):
-            if isinstance(fixed, int) and size != fixed:
-                raise InvalidInput(
-                    f"--input-shape {name}:{','.join(map(str, dims))}: dim {axis} is {size}, the graph fixes it at "
-                    f"{fixed} ({_declared_words(shape)})"
-                )
-
-
-def _declared_words(shape: ir.Shape) -> str:
-    """`[batch, 3, 224, 224]`: a declared shape as the message shows it (`?` for an unnamed dim)."""
-    return "[" + ", ".join(str(d) if isinstance(d, int) else (getattr(d, "value", None) or "?") for d in shape) + "]"
-
-
-def load_inputs(path: str) -> dict[str, np.ndarray]:
-    try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("an .npy array, not an .npz archive of named arrays")
-        with data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise InvalidInput(f"{path}: cannot read inputs ({e})".splitlines()[0]) from None
 
 
 # (batch, new tokens, past) of the steps a KV-cache decoder is checked on: a prompt (empty past)

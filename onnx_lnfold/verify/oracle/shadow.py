@@ -7,7 +7,7 @@ the precision that serves as the truth:
   centered weights as they were rounded to bf16; how far that rounding leaves each centered weight
   from a zero mean is reported beside it (`bfloat16_rounding`).
 - float64 twins (`float64_twin`): every float tensor, type, Cast target and dtype attribute
-  widened to double, so that `onnx.reference` evaluates the network in float64 (`verify.reference`,
+  widened to double, so that `onnx.reference` evaluates the network in float64 (`verify.oracle.reference`,
   docs/DESIGN.md section 6).
 
 The widening is one walk over the model (initializers, value types, constant tensors in every

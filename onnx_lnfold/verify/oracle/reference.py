@@ -1,20 +1,9 @@
 """The float64 evaluation verification judges a fold against (docs/DESIGN.md section 6).
 
-A model's float64 twin (`verify.shadow.float64_twin`: every float tensor, type and dtype attribute widened
+A model's float64 twin (`verify.oracle.shadow.float64_twin`: every float tensor, type and dtype attribute widened
 to double) runs in `onnx.reference`, which evaluates any standard op in the dtype of its inputs.
 ONNX Runtime's CPU provider would be faster but has no double Conv or Erf. What `onnx.reference`
-lacks or gets wrong for this purpose is implemented here as `OpRun`s:
-
-- ONNX Runtime's own ops that the fold emits or that its transformers optimizer writes
-  (`SimplifiedLayerNormalization`, `com.microsoft::SkipSimplifiedLayerNormalization`,
-  `SkipLayerNormalization`, `FastGelu`, `BiasGelu`, `Gelu`, `QuickGelu`), with the semantics of
-  its CPU kernels (onnxruntime/contrib_ops/cpu/skip_layer_norm.cc, bert/bias_gelu.cc,
-  core/providers/cpu/nn/layer_norm_impl.cc) computed in float64;
-- `Erf`, whose reference implementation rounds to float32, and `Gelu` (opset 20), which would
-  expand to that Erf;
-- `GatherElements`, whose reference implementation fails on tables of more than 32 rows, and
-  `Loop`, which it runs zero times without a condition input and whose scan outputs it
-  concatenates instead of stacking.
+lacks or gets wrong for this purpose is implemented as `OpRun`s (`verify.oracle.ops`).
 
 A twin of the fold can carry its centered weights and beta-folded biases unrounded (`exact_values`:
 the float64 values `apply.centering` computed before rounding): then an exact fold differs from the
@@ -33,356 +22,18 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
-from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
-from onnx_lnfold.verify.blockwise import say
-from onnx_lnfold.verify.shadow import float64_feeds, widen_to_float64
+from onnx_lnfold.verify.oracle.blockwise import available_memory, say
+from onnx_lnfold.verify.oracle.cut import body_reads, topological
+from onnx_lnfold.verify.oracle.ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
+from onnx_lnfold.verify.oracle.shadow import float64_feeds, widen_to_float64
 
 
 class Float64Unavailable(Exception):
     """The model cannot be evaluated in float64 here; the message says why (an op named)."""
-
-
-# --------------------------------------------------------------------------- ops
-def _erf(x: np.ndarray) -> np.ndarray:
-    # The C library's double erf (within an ulp or so), one Python call an element: numpy has none.
-    flat = np.fromiter(map(math.erf, x.ravel().tolist()), dtype=np.float64, count=x.size)
-    return flat.reshape(x.shape).astype(x.dtype, copy=False)
-
-
-def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
-
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
-
-
-def _normalize(x: np.ndarray, scale, bias, axis: int, epsilon: float, simplified: bool):
-    """(y, mean, inv_std_dev) over the axes from `axis` on: LayerNorm, or RMSNorm when
-    `simplified` (its mean output is zeros, as the kernel leaves nothing else there)."""
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    if simplified:
-        mean = np.zeros(x.shape[: axis % x.ndim] + (1,) * len(axes), dtype=x.dtype)
-        centered = x
-    else:
-        mean = x.mean(axis=axes, keepdims=True)
-        centered = x - mean
-    inv_std_dev = 1.0 / np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True) + epsilon)
-    y = centered * inv_std_dev * scale
-    if bias is not None:
-        y = y + bias
-    return y.astype(x.dtype, copy=False), mean, inv_std_dev.astype(x.dtype, copy=False)
-
-
-class SimplifiedLayerNormalization(OpRun):
-    """ONNX Runtime's RMSNorm (domain ''): X / sqrt(mean(X^2) + epsilon) * scale over the axes from
-    `axis` on; outputs Y and inv_std_var."""
-
-    op_domain = ""
-
-    def _run(self, X, scale, axis=None, epsilon=None, stash_type=None):  # noqa: ARG002
-        axis = -1 if axis is None else axis
-        epsilon = 1e-5 if epsilon is None else epsilon
-        y, _, inv_std_dev = _normalize(X, scale, None, axis, epsilon, simplified=True)
-        return y, inv_std_dev
-
-
-# SkipLayerNormalization's schema default; the kernel requires the attribute to be present.
-_SKIP_EPSILON = 1e-12
-
-
-class SkipLayerNormalization(OpRun):
-    """com.microsoft: sum = input + skip (+ bias), LayerNorm of the sum over the last axis; outputs
-    (output, mean, inv_std_var, input_skip_bias_sum); skip broadcasts over the leading axes."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(self, input, skip, gamma, beta=None, bias=None, epsilon=None):  # noqa: A002
-        total = input + skip if bias is None else input + skip + bias
-        epsilon = _SKIP_EPSILON if epsilon is None else epsilon
-        y, mean, inv_std_dev = _normalize(total, gamma, beta, -1, epsilon, simplified=False)
-        return y, mean, inv_std_dev, total
-
-
-class SkipSimplifiedLayerNormalization(OpRun):
-    """com.microsoft: the RMSNorm counterpart of SkipLayerNormalization (inputs input, skip,
-    gamma, bias)."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(self, input, skip, gamma, bias=None, epsilon=None):  # noqa: A002
-        total = input + skip if bias is None else input + skip + bias
-        epsilon = _SKIP_EPSILON if epsilon is None else epsilon
-        y, mean, inv_std_dev = _normalize(total, gamma, None, -1, epsilon, simplified=True)
-        return y, mean, inv_std_dev, total
-
-
-class FastGelu(OpRun):
-    """com.microsoft: the tanh approximation of GELU, of X (+ bias)."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(self, X, bias=None):
-        return (_gelu_tanh(X if bias is None else X + bias),)
-
-
-class BiasGelu(OpRun):
-    """com.microsoft: GELU (erf) of A + B."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(self, A, B):
-        return (_gelu(A + B),)
-
-
-class Gelu(OpRun):
-    """GELU (erf) as com.microsoft::Gelu has it."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(self, X, approximate=None):  # noqa: ARG002 - the evaluator adds ONNX's Gelu attribute
-        return (_gelu(X),)
-
-
-class QuickGelu(OpRun):
-    """com.microsoft: X * sigmoid(alpha * X)."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(self, X, alpha=None):
-        alpha = 1.702 if alpha is None else alpha
-        return ((X / (1.0 + np.exp(-alpha * X))).astype(X.dtype, copy=False),)
-
-
-class Erf(OpRun):
-    """The reference's Erf computes in float32 whatever its input; this one in the input's dtype."""
-
-    op_domain = ""
-
-    def _run(self, x):
-        return (_erf(x),)
-
-
-class _OnnxGelu(OpRun):
-    """Gelu (opset 20): its function body would run the reference's float32 Erf."""
-
-    op_domain = ""
-
-    def _run(self, X, approximate=None):
-        approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
-        return ((_gelu_tanh(X) if approximate == "tanh" else _gelu(X)).astype(X.dtype, copy=False),)
-
-
-_OnnxGelu.__name__ = "Gelu"  # the evaluator keys new ops by (op_domain, class name)
-
-
-class BatchNormalization(OpRun):
-    """The reference's opset 9-13 kernel normalizes by the batch's own statistics whenever the node
-    has a `momentum` (exporters write one); at those opsets a node with one output is in inference
-    mode and uses the running mean and variance, as ONNX Runtime does (a PP-OCRv5 export at opset 11:
-    25% relative from ONNX Runtime at its first BatchNormalization)."""
-
-    op_domain = ""
-
-    def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None, training_mode=None, is_test=None, spatial=None):  # noqa: ARG002
-        if training_mode or len(self.onnx_node.output) > 1:
-            raise NotImplementedError("BatchNormalization in training mode")
-        eps = 1e-5 if epsilon is None else epsilon
-        shape = (-1,) + (1,) * (x.ndim - 2)
-        y = scale.reshape(shape) * (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) + bias.reshape(shape)
-        return (y.astype(x.dtype, copy=False),)
-
-
-class GatherElements(OpRun):
-    """The reference's GatherElements gives wrong shapes past 32 rows (np.choose's limit)."""
-
-    op_domain = ""
-
-    def _run(self, data, indices, axis=None):
-        axis = 0 if axis is None else axis
-        indices = np.where(indices < 0, indices + data.shape[axis], indices)
-        return (np.take_along_axis(data, indices, axis=axis),)
-
-
-def _rotary(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
-    """Rotary embedding of x [B, N, S, D] over its first 2 * cos.shape[1] dims at `positions` [B, S]."""
-    half = cos.shape[1]
-    c, s = cos[positions][:, None], sin[positions][:, None]  # [B, 1, S, half]
-    out = x.copy()
-    if interleaved:
-        x1, x2 = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
-        out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2] = x1 * c - x2 * s, x2 * c + x1 * s
-    else:
-        x1, x2 = x[..., :half], x[..., half : 2 * half]
-        out[..., :half], out[..., half : 2 * half] = x1 * c - x2 * s, x2 * c + x1 * s
-    return out
-
-
-class GroupQueryAttention(OpRun):
-    """com.microsoft: attention of num_heads query heads over kv_num_heads key/value heads, each
-    shared by num_heads / kv_num_heads of them, causal, with a KV cache (past and present in
-    [B, kv_num_heads, S, head_size]) and rotary embedding of q and k inside, as ONNX Runtime's CPU
-    kernel computes it (contrib_ops/cpu/bert/group_query_attention.cc, gqa_attention_base.h):
-    `seqlens_k` is each batch row's total length minus one, the new tokens its last positions."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(  # noqa: PLR0913
-        self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None, total_sequence_length=None,
-        cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None, *, num_heads=None,
-        kv_num_heads=None, scale=None, softcap=None, local_window_size=None, do_rotary=None, rotary_interleaved=None,
-        smooth_softmax=None, qk_output=None,
-    ):  # fmt: skip
-        heads, kv_heads = int(num_heads), int(kv_num_heads)
-        batch, new = query.shape[:2]
-        if key is None:  # packed: [B, S, (heads + 2 kv_heads) * D]
-            size = query.shape[2] // (heads + 2 * kv_heads)
-            packed = query.reshape(batch, new, heads + 2 * kv_heads, size)
-            q, k, v = np.split(packed, [heads, heads + kv_heads], axis=2)
-        else:
-            size = query.shape[2] // heads
-            q = query.reshape(batch, new, heads, size)
-            k = key.reshape(batch, new, kv_heads, size)
-            v = value.reshape(batch, new, kv_heads, size)
-        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, N, S, D]
-        lengths = seqlens_k.astype(np.int64).reshape(-1) + 1  # each row's total length
-        positions = lengths[:, None] - new + np.arange(new)[None, :]  # the new tokens' positions
-        if position_ids is not None:
-            positions = position_ids.astype(np.int64)
-        if do_rotary:
-            q = _rotary(q, np.maximum(positions, 0), cos_cache, sin_cache, bool(rotary_interleaved))
-            k = _rotary(k, np.maximum(positions, 0), cos_cache, sin_cache, bool(rotary_interleaved))
-        past_length = 0 if past_key is None else past_key.shape[2]
-        present_k = np.zeros((batch, kv_heads, max(past_length, int(lengths.max())), size), dtype=query.dtype)
-        present_v = np.zeros_like(present_k)
-        for b in range(batch):
-            start = int(lengths[b]) - new  # where the new tokens go: after the row's own past
-            if past_key is not None and start > 0:
-                present_k[b, :, :start] = past_key[b, :, :start]
-                present_v[b, :, :start] = past_value[b, :, :start]
-            present_k[b, :, start : start + new] = k[b]
-            present_v[b, :, start : start + new] = v[b]
-        group = heads // kv_heads
-        keys = np.repeat(present_k, group, axis=1)  # [B, heads, T, D]
-        values = np.repeat(present_v, group, axis=1)
-        factor = float(scale) if scale else 1.0 / math.sqrt(size)
-        scores = np.einsum("bhsd,bhtd->bhst", q, keys) * factor
-        if softcap:
-            scores = float(softcap) * np.tanh(scores / float(softcap))
-        if attention_bias is not None:
-            scores = scores + attention_bias
-        t = np.arange(keys.shape[2])[None, None, None, :]
-        allowed = t <= positions[:, None, :, None]  # causal, and within the row's length
-        if local_window_size is not None and int(local_window_size) > 0:
-            allowed &= t > positions[:, None, :, None] - int(local_window_size)
-        scores = np.where(allowed, scores, -np.inf)
-        top = scores.max(axis=-1, keepdims=True)
-        weights = np.exp(scores - top)
-        denominator = weights.sum(axis=-1, keepdims=True) + (np.exp(-top) if smooth_softmax else 0.0)
-        out = np.einsum("bhst,bhtd->bhsd", weights / denominator, values)
-        return out.transpose(0, 2, 1, 3).reshape(batch, new, heads * size), present_k, present_v
-
-
-class MatMulNBits(OpRun):
-    """com.microsoft: A @ W^T with W [N, K] stored in `bits`-bit blocks of `block_size` along K,
-    each with its scale (and zero point, default 2^(bits-1)), dequantized in float64; whatever the
-    kernel does with A (`accuracy_level` 4 rounds it to int8), the float64 reference is exact."""
-
-    op_domain = MS_DOMAIN
-
-    def _run(self, A, B, scales, zero_points=None, g_idx=None, bias=None, *, K=None, N=None, bits=None, block_size=None,
-             accuracy_level=None):  # noqa: ARG002
-        k, n, bits, size = int(K), int(N), int(bits or 4), int(block_size)
-        blocks = -(-k // size)
-        raw = np.asarray(B, dtype=np.uint8).reshape(n, blocks, -1)
-        if bits == 4:
-            q = np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(n, blocks, -1)[:, :, :size]
-        elif bits == 8:
-            q = raw[:, :, :size]
-        else:
-            raise NotImplementedError(f"MatMulNBits with bits={bits}")
-        scale = np.asarray(scales, dtype=np.float64).reshape(n, blocks)
-        if zero_points is None:
-            zero = np.full((n, blocks), 2 ** (bits - 1), dtype=np.float64)
-        elif zero_points.dtype == np.uint8:
-            packed = zero_points.reshape(n, -1)
-            zero = (np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, -1) if bits == 4 else packed)[:, :blocks]
-        else:
-            zero = np.asarray(zero_points, dtype=np.float64).reshape(n, blocks)
-        weight = ((q.astype(np.float64) - zero[:, :, None]) * scale[:, :, None]).reshape(n, -1)[:, :k]
-        out = A @ weight.T
-        if bias is not None:
-            out = out + bias
-        return (out.astype(A.dtype, copy=False),)
-
-
-class Loop(_ReferenceLoop):
-    """The reference's Loop runs no iteration when the condition input is omitted (it means true),
-    joins scan outputs with np.vstack ([M * d0, ...] where ONNX stacks them: [M, d0, ...]), and
-    fails when no iteration ran."""
-
-    op_domain = ""
-
-    def _run(self, M, cond, *args, context=None, body=None, attributes=None, bindings=None):  # noqa: ARG002
-        body = self.body
-        names = body.input_names
-        inputs: dict[str, Any] = dict.fromkeys(names)
-        for name, value in zip(names[2:], args):
-            inputs[name] = value
-        inputs.update(context or {})
-        scans: list[list[np.ndarray]] = [[] for _ in range(self.K)]
-        states = [inputs[name] for name in names[2:]]
-        cond = np.array(True) if cond is None else cond
-        iteration = 0
-        while cond and (M is None or iteration < M):
-            if names and names[0]:
-                inputs[names[0]] = np.array(iteration, dtype=None if M is None else M.dtype)
-            if len(names) > 1 and names[1]:
-                inputs[names[1]] = cond
-            outputs = self._run_body(inputs, attributes=attributes, bindings=bindings)
-            cond = outputs[self.output_index[body.output_names[0]]]
-            states = list(outputs[1 : 1 + self.N])
-            for k in range(self.K):
-                scans[k].append(outputs[1 + self.N + k])
-            for name, value in zip(names[2:], states):
-                inputs[name] = value
-            iteration += 1
-        results = states + [np.stack(scan) if scan else np.empty((0,)) for scan in scans]
-        return self._check_and_fix_outputs(tuple(results))
-
-
-FLOAT64_OPS: list[type[OpRun]] = [
-    GroupQueryAttention,
-    MatMulNBits,
-    SimplifiedLayerNormalization,
-    SkipLayerNormalization,
-    SkipSimplifiedLayerNormalization,
-    FastGelu,
-    BiasGelu,
-    Gelu,
-    QuickGelu,
-    Erf,
-    _OnnxGelu,
-    BatchNormalization,
-    GatherElements,
-    Loop,
-]
-# Domains the evaluator knows besides the main one (and model-local functions).
-_KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "experimental"}
-
-
-class _Evaluator(ReferenceEvaluator):
-    """A ReferenceEvaluator whose model-local functions get the ops above too (the base class
-    builds their evaluators without `new_ops`; If/Loop/Scan bodies inherit them)."""
-
-    def __init__(self, proto, *args, new_ops=None, **kwargs):
-        super().__init__(proto, *args, new_ops=FLOAT64_OPS if new_ops is None else new_ops, **kwargs)
 
 
 # --------------------------------------------------------------------------- the twins
@@ -418,18 +69,6 @@ _FLOAT_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.B
 _INLINE_CONSTANT_BYTES = 1 << 16
 # The float64 evaluation may hold this share of the memory available when it starts.
 MEMORY_SHARE = 0.5
-
-
-def available_memory() -> int | None:
-    """Bytes the system can give without swapping (Linux's MemAvailable), None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _substitute(graph: onnx.GraphProto, values: dict[str, np.ndarray], done: set[str]) -> None:
@@ -475,40 +114,9 @@ def _widened(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float64) if kind == "f" or array.dtype.name == "bfloat16" else array
 
 
-def _body_reads(node: onnx.NodeProto) -> set[str]:
-    """The outer-scope names a node's subgraphs read (at any depth)."""
-    reads: set[str] = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
-            for inner in g.node:
-                reads.update(n for n in inner.input if n and n not in defined)
-                reads.update(n for n in _body_reads(inner) if n not in defined)
-                defined.update(inner.output)
-    return reads
-
-
-def _topological(nodes: list[onnx.NodeProto], known: set[str]) -> list[onnx.NodeProto]:
-    """The nodes in an order that runs (ONNX Runtime sorts them; converters that append nodes, as
-    the fp16 converter's input Casts, rely on that)."""
-    known = set(known) | {""}
-    ordered, waiting = [], list(nodes)
-    while waiting:
-        ready = [n for n in waiting if all(i in known for i in n.input) and _body_reads(n) <= known]
-        if not ready:  # a cycle, or a name nothing defines: let the evaluator say which
-            return ordered + waiting
-        ids = {id(n) for n in ready}
-        waiting = [n for n in waiting if id(n) not in ids]
-        for n in ready:
-            ordered.append(n)
-            known.update(n.output)
-    return ordered
-
-
 class Float64Model:
     """A model's float64 twin, evaluated node by node in `onnx.reference`: every float tensor,
-    type, Cast target and dtype attribute widened to double (`verify.shadow`), the weights read
+    type, Cast target and dtype attribute widened to double (`verify.oracle.shadow`), the weights read
     from the model as their node runs and dropped after it (a memory-mapped external tensor is
     not copied until then), each intermediate dropped after its last reader. Its memory is the
     live activations plus one node's weights in float64, not the model in float64, so a twin of
@@ -538,18 +146,18 @@ class Float64Model:
         ours = {(cls.op_domain, cls.__name__) for cls in FLOAT64_OPS}
         functions = {(f.domain, f.name) for f in proto.functions}
         unknown = sorted(
-            f"{domain}::{op}" for domain, op in ops if (domain, op) not in ours | functions and domain not in _KNOWN_DOMAINS
+            f"{domain}::{op}" for domain, op in ops if (domain, op) not in ours | functions and domain not in KNOWN_DOMAINS
         )
         if unknown:
             raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
         try:
-            self._evaluator = _Evaluator(proto)
+            self._evaluator = Evaluator(proto)
         except NotImplementedError as e:  # a standard op the reference lacks
             found = re.search(r"Node type '([^']+)' from domain '([^']*)'", str(e))
             what = f"{found[2] + '::' if found and found[2] else ''}{found[1]}" if found else str(e).splitlines()[0]
             raise Float64Unavailable(f"onnx.reference cannot evaluate {what}") from None
         self.output_names = [o.name for o in proto.graph.output]
-        self._reads = [list(node.input) + sorted(_body_reads(node)) for node in self._evaluator.nodes_]
+        self._reads = [list(node.input) + sorted(body_reads(node)) for node in self._evaluator.nodes_]
         last: dict[str, int] = {}
         for index, names in enumerate(self._reads):
             for name in names:
@@ -588,7 +196,8 @@ class Float64Model:
             nodes = list(holder.node)
         known = {i.name for i in inputs}
         outputs = [ir.serde.serialize_value(v) for v in graph.outputs]
-        g = onnx.helper.make_graph(_topological(nodes, known), graph.name or "graph", inputs, outputs)
+        ordered = [nodes[i] for i in topological(nodes, known)]
+        g = onnx.helper.make_graph(ordered, graph.name or "graph", inputs, outputs)
         opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
         proto = onnx.helper.make_model(g, opset_imports=opsets, ir_version=model.ir_version)
         proto.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
@@ -788,3 +397,21 @@ def _load_ir(model: bytes | str | Path) -> ir.Model:
     if isinstance(model, bytes):
         return ir.from_proto(onnx.load_from_string(model))
     return load_path(model)
+
+
+def failing_node(error: BaseException) -> str | None:
+    """`Pad 'time_shift'`: the node whose evaluation raised `error` inside `Float64Model.run_many`
+    (its loop variable `node`, read from the traceback: onnx.reference's own messages, such as
+    "index can't contain negative values" for a Pad with negative pads, name no op); None where the
+    error came from elsewhere."""
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code is Float64Model.run_many.__code__:
+            proto = getattr(frame.f_locals.get("node"), "onnx_node", None)
+            if proto is not None:
+                domain = f"{proto.domain}::" if proto.domain not in ("", "ai.onnx") else ""
+                found = f"{domain}{proto.op_type} '{proto.name}'" if proto.name else f"{domain}{proto.op_type}"
+        tb = tb.tb_next
+    return found

@@ -1,0 +1,8 @@
+"""The oracle the check holds a fold to, and the means to compute it at any size.
+
+The truth is the float64 value of the original: each model widened to a float64 twin (`shadow`,
+which also widens bfloat16 models to float32 shadows for ONNX Runtime) and evaluated node by node in
+`onnx.reference` (`reference`), with the ops it lacks or rounds added (`ops`). A model larger than the
+memory at hand is cut where few tensors are live (`cut`) and run block by block (`blockwise`), which is
+also how the original's own sensitivity to one rounding step of its weights is measured.
+"""

@@ -1,0 +1,129 @@
+"""Both models in ONNX Runtime on every input set, the fold compared with the original there.
+
+One session at a time: the original's outputs are kept and its session released before the folded
+model's is made (two sessions of a large model would hold its weights twice). An input set the
+original does not run on is tried in its other readings of the shapes; a set that is not required
+is left out, with a note, where none runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from onnx_lnfold.verify.case import Case, Compared
+from onnx_lnfold.verify.oracle.shadow import float32_shadow, widen_feeds
+from onnx_lnfold.verify.runner import (
+    ModelBytesOrPath,
+    compare,
+    first_line,
+    is_blockwise,
+    onnxruntime_missing,
+    run_session,
+    run_sets,
+    session_for,
+)
+from onnx_lnfold.verify.verdict import Verification, rtol_for
+
+# (number from 1, feeds as given, as ONNX Runtime took them, the original's outputs, seconds)
+_Run = tuple[int, dict, dict, dict, float]
+
+
+def run_both(case: Case) -> Verification | None:
+    """Run the original, then the fold, on `case`'s input sets, filling `case.compared` and
+    `case.worst`; None where both ran, else the verdict: 'unverified' where the check cannot run
+    (no onnxruntime, no shadows, the original does not load or run), 'failed' where the fold does
+    not load or run."""
+    missing = onnxruntime_missing()
+    if missing:
+        return Verification("unverified", missing, case.request.rtol, way_out="install")
+    try:
+        case.ort_original = float32_shadow(case.original) if case.shadow else case.original
+        ort_folded = float32_shadow(case.folded) if case.shadow else case.folded
+    except Exception as e:  # noqa: BLE001 - e.g. a shadow over 2 GB
+        return case.verdict("unverified", f"cannot build the float32 shadows: {first_line(e)}", way_out="decline")
+    runs = _run_original(case)
+    if isinstance(runs, Verification):
+        return runs
+    return _run_folded(case, ort_folded, runs)
+
+
+def _run_original(case: Case) -> list[_Run] | Verification:
+    try:
+        session = session_for(case.ort_original)  # type: ignore[arg-type]
+    except Exception as e:  # noqa: BLE001
+        reason = f"the original model does not load in onnxruntime: {first_line(e)}"
+        return case.verdict("unverified", reason, way_out="decline")
+    runs: list[_Run] = []
+    ahead = _Ahead(session, [widen_feeds(s.feeds) if case.shadow else s.feeds for s in case.input_sets])
+    for number, input_set in enumerate(case.input_sets, 1):
+        where = case.where(number)
+        error: Exception | None = None
+        for candidate_feeds in (input_set.feeds, *input_set.alternatives):
+            feeds = widen_feeds(candidate_feeds) if case.shadow else candidate_feeds
+            try:
+                started = time.perf_counter()
+                reference, seconds = ahead(number - 1, candidate_feeds is input_set.feeds), ahead.seconds
+                if reference is None:
+                    reference, seconds = run_session(session, feeds), time.perf_counter() - started
+            except Exception as e:  # noqa: BLE001 - another reading of the shapes may run
+                error = error or e
+                continue
+            input_set.feeds, input_set.alternatives = candidate_feeds, []
+            case.labels[number - 1] = input_set.label
+            runs.append((number, candidate_feeds, feeds, reference, seconds))
+            break
+        else:  # nothing to compare against
+            reason = f"the original model does not run in onnxruntime on {where}: {first_line(error)}"  # type: ignore[arg-type]
+            if input_set.required:
+                return case.verdict("unverified", reason, way_out="inputs")
+            case.dropped.append(number - 1)
+            case.notes.append(f"left out: {reason}")
+    return runs
+
+
+def _run_folded(case: Case, folded: ModelBytesOrPath, runs: list[_Run]) -> Verification | None:
+    try:
+        session = session_for(folded)
+    except Exception as e:  # noqa: BLE001
+        return case.verdict("failed", f"the folded model does not load in onnxruntime: {first_line(e)}")
+    rtol = case.request.rtol
+    ahead = _Ahead(session, [feeds for _, _, feeds, _, _ in runs])
+    for index, (number, given, feeds, reference, seconds) in enumerate(runs):
+        try:
+            candidate = ahead(index)
+            if candidate is None:
+                candidate = run_session(session, feeds)
+        except Exception as e:  # noqa: BLE001
+            reason = f"the folded model does not run in onnxruntime on {case.where(number)}: {first_line(e)}"
+            return case.verdict("failed", reason)
+        case.compared.append(Compared(given, feeds, reference, candidate, seconds))
+        for diff in compare(reference, candidate):
+            diff.rtol = rtol if rtol is not None else rtol_for(case.output_types.get(diff.name))
+            if diff.name in case.worst:
+                case.worst[diff.name].merge(diff)
+            else:
+                case.worst[diff.name] = diff
+    return None
+
+
+class _Ahead:
+    """A `BlockwiseSession`'s runs of every input set, made at once (each block's weights read once
+    for all sets): `ahead(i)` is set i's outputs (raising what its run raised), None where the
+    session runs sets one by one or `first` is false (another reading of the shapes is tried)."""
+
+    def __init__(self, session, feeds_list: list[dict[str, np.ndarray]]):
+        self._results, self.seconds = None, 0.0
+        if is_blockwise(session):
+            started = time.perf_counter()
+            self._results = run_sets(session, feeds_list)
+            self.seconds = (time.perf_counter() - started) / max(len(feeds_list), 1)
+
+    def __call__(self, index: int, first: bool = True) -> dict | None:
+        if self._results is None or not first:
+            return None
+        result = self._results[index]
+        if isinstance(result, Exception):
+            raise result
+        return result
