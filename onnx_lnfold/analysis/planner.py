@@ -13,7 +13,8 @@ Following docs/DESIGN.md sections 2, 3 and 10, in five steps, one module each:
    and of the plan applied to it, decide which LNs to keep because folding them would cost a
    fusion; the plan is made again without them until it loses none.
 
-The result is a `CenteringPlan`; `apply_plan` carries it out.
+The result is a `BoundPlan`: the `CenteringPlan` (plain data) with the IR objects that
+`apply_plan` changes to carry it out.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 
 import onnx_ir as ir
 
+from onnx_lnfold.analysis.bound import BoundFold, BoundPlan
 from onnx_lnfold.analysis.edits import plan_edits
 from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, placed_centering_kind, with_auxiliary_centering
 from onnx_lnfold.analysis.plan import FOLDED, KEPT, CenteringPlan, LnDecision
@@ -33,6 +35,7 @@ from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.emit.costs import table_for
 from onnx_lnfold.emit.targets import (
+    Rewrite,
     beta_add_note,
     centering_refusal,
     choose_rewrite,
@@ -55,7 +58,7 @@ def candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
     return find_layer_norms(model.graph, shapes, names) + find_in_functions(model, names)
 
 
-def plan_for_clone(clone: ir.Model, options: FoldOptions, shapes: ShapeTable, kept: dict[str, Blocked]) -> CenteringPlan:
+def plan_for_clone(clone: ir.Model, options: FoldOptions, shapes: ShapeTable, kept: dict[str, Blocked]) -> BoundPlan:
     """The plan for a clone of the model (the same decisions, bound to the clone's IR objects)."""
     clone_shapes = shapes.for_clone(clone)
     return plan_for(clone, options, clone_shapes, candidates(clone, clone_shapes), kept)
@@ -67,7 +70,7 @@ def plan_for(
     shapes: ShapeTable,
     candidates: list[LnCandidate],
     kept: dict[str, Blocked],
-) -> CenteringPlan:
+) -> BoundPlan:
     """The plan with the LNs of `kept` (by name) kept for the reason given: what each fold would
     cost (`_priced`), which LNs fold together and through which explicit centerings
     (`_folding`), the constants to center (`analysis.edits`), and every LN's decision (`_decisions`)."""
@@ -83,9 +86,12 @@ def plan_for(
     blocked.update(_kept_for_cost(candidates, {**kept, **unfit}, dearer, active, blocked, options, shapes, sinks, names, savings, fused))
     claimed: set[ir.Node] = set()  # residual Adds already taken in by a fold
     decisions = []
+    folds = []
+    plain_edits, plain_centerings = [b.edit for b in edits], [b.centering for b in centerings]
     for cand in candidates:
         if cand in active:
-            decision = _folded(cand, edits, centerings, options, shapes, names, claimed)
+            decision, rewrite = _folded(cand, plain_edits, plain_centerings, options, shapes, names, claimed)
+            folds.append(BoundFold(decision, rewrite))
         else:
             decision = _kept(cand, blocked.get(cand) or unfit.get(cand.name) or kept[cand.name].at_stage("cost"))
         if cand in savings:
@@ -96,7 +102,10 @@ def plan_for(
         decisions.append(decision)
     table = table_for(options)
     costs = f"{table.source} ({table.provider_words}, {table.unit_words})"
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target, costs=costs)
+    plan = CenteringPlan(
+        decisions=decisions, edits=plain_edits, centerings=plain_centerings, target=options.target, costs=costs
+    )
+    return BoundPlan(plan, edits, centerings, folds)
 
 
 def _priced(
@@ -186,13 +195,15 @@ def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, s
     return why
 
 
-def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: ShapeTable, names, claimed) -> LnDecision:
+def _folded(
+    cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: ShapeTable, names, claimed
+) -> tuple[LnDecision, Rewrite]:
     n = sum(1 for e in edits if cand.name in e.required_by)
     aux = [c.tensor for c in centerings if cand.name in c.required_by]
     centered = f"{', '.join(repr(t) for t in aux)} {'is' if len(aux) == 1 else 'are'} centered explicitly" if aux else ""
     reason = f"input is zero-mean {once_centered(n, centered)}"
     rewrite = choose_rewrite(cand, options, shapes, claimed)
-    return LnDecision(
+    decision = LnDecision(
         node=cand.name,
         op_type=str(cand.kind),
         status=FOLDED,
@@ -204,8 +215,8 @@ def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: 
         beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
         residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
         cost_note=beta_add_note(rewrite, shapes) if rewrite.beta.how == "add" else None,
-        _rewrite=rewrite,
     )
+    return decision, rewrite
 
 
 def _kept(cand: LnCandidate, blocked: Blocked) -> LnDecision:

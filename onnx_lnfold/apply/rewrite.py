@@ -225,10 +225,8 @@ def _fold_beta_into_consumers(graph: ir.Graph, sites, beta: np.ndarray, taken: s
         _add_beta_to_bias(graph, slot[0], slot[1], row, weight, taken)
 
 
-def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
+def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> None:
     """Replace one folded LN (its nodes, and the residual Add it takes in) by the op planned."""
-    rewrite = decision._rewrite
-    assert rewrite is not None, decision.node
     cand, site = rewrite.cand, rewrite.site
     out, out_name = cand.out, cand.out.name
     emitted = _EMIT[rewrite.op](graph, decision, rewrite, taken)
