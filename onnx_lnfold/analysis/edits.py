@@ -5,6 +5,8 @@ objects it changes (`analysis.bound`). Mutates nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -73,13 +75,25 @@ def _gather_outputs(members: list[tuple[Leaf, str]]) -> list[tuple[ir.Value, int
     return sorted(outputs.items(), key=lambda item: item[0].name or "")
 
 
+@dataclass(frozen=True)
+class Naming:
+    """How the plan names things: each node by its display name, and the names already taken,
+    which fresh names (`W.centered`, `W.centered_2`) avoid and join."""
+
+    names: dict[ir.Node, str]
+    taken: set[str]
+
+    def uses(self, uses: list[tuple[ir.Node, int]]) -> tuple[str, ...]:
+        """Each use as "node_name:input_index"."""
+        return tuple(f"{self.names[n]}:{i}" for n, i in uses)
+
+
 def _aux_centering(
     value: ir.Value,
     axis: int,
     uses: list[tuple[ir.Node, int]],
     required_by: tuple[str, ...],
-    names: dict[ir.Node, str],
-    taken: set[str],
+    naming: Naming,
     instead_of_untie: str | None = None,
     saved_bytes: int = 0,
 ) -> BoundCentering:
@@ -87,8 +101,8 @@ def _aux_centering(
     centering = AuxCentering(
         tensor=value.name or "",
         axis=axis,
-        uses=tuple(f"{names[n]}:{i}" for n, i in uses),
-        new_name=fresh_name(f"{value.name}.centered", taken),
+        uses=naming.uses(uses),
+        new_name=fresh_name(f"{value.name}.centered", naming.taken),
         required_by=required_by,
         instead_of_untie=instead_of_untie,
         saved_bytes=saved_bytes,
@@ -155,13 +169,14 @@ def plan_edits(
             per_value[value] = per_value.get(value, 0) + 1
     edits: list[BoundEdit] = []
     centerings: list[BoundCentering] = []
+    naming = Naming(names, taken)
     for (value, axis, aux, weights, block), members in groups.items():
         uses = _sorted_uses(members, names)
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
             if all(weights is None for leaf, _ in members for _, _, weights, _ in leaf.seeds):
                 value, axis, uses = centering_site(value, axis, uses, names)  # type: ignore[arg-type]
-            centerings.append(_aux_centering(value, axis, uses, required_by, names, taken))  # type: ignore[arg-type]
+            centerings.append(_aux_centering(value, axis, uses, required_by, naming))  # type: ignore[arg-type]
             continue
         untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()
         tensor = constant_of(value)
@@ -180,7 +195,7 @@ def plan_edits(
             for out, out_axis in gathered:
                 readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
                 centerings.append(
-                    _aux_centering(out, out_axis, readers, required_by, names, taken, instead_of_untie=value.name, saved_bytes=nbytes)
+                    _aux_centering(out, out_axis, readers, required_by, naming, instead_of_untie=value.name, saved_bytes=nbytes)
                 )
             continue
         suffix = ".centered" if axis is not None else ".zeroed"
@@ -195,7 +210,7 @@ def plan_edits(
             tensor=value.name or "",
             axis=axis,
             role=_role(uses[0][0], uses[0][1]),
-            uses=tuple(f"{names[n]}:{i}" for n, i in uses),
+            uses=naming.uses(uses),
             untie=untie,
             new_name=fresh_name(f"{value.name}{suffix}", taken) if untie else None,
             copy_bytes=nbytes if untie else 0,
