@@ -57,9 +57,10 @@ def _rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str
     cand = rewrite.cand
     y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
     # Every folded LN normalizes its last axis (the forms keep the others: several-axes,
-    # not-last-axis), written -1 as exporters write it: OpenVINO 2026.4 cannot read a
+    # not-last-axis), written -1 as exporters write it: OpenVINO cannot read a
     # SimplifiedLayerNormalization whose axis is written non-negative (its translator builds
-    # Range(axis, rank) with the rank as a 1-D shape and refuses the model; docs/DESIGN.md section 4).
+    # Range(axis, rank) with the rank as a 1-D shape and refuses the model; the version measured:
+    # docs/DESIGN.md section 4).
     assert decision.axis is not None
     attributes = [
         ir.AttrInt64("axis", -1),
