@@ -179,10 +179,12 @@ def leave_out_beta(model: ir.Model, plan: CenteringPlan) -> str | None:
                 _set_tensor(value, np.array(tensor._bias.numpy()))
                 return f"the bias '{value.name}' without its share of beta"
     for decision in plan.folded:
-        rewrite = decision._rewrite
-        if rewrite is None or rewrite.beta.how != "add":
+        if decision.beta != "add":
             continue
-        add = next((n for n, _ in rewrite.cand.bias.uses() if n.op_type == "Add"), None)  # type: ignore[union-attr]
+        # The rewrite names beta's Add after the LN (`apply.rewrite.rewrite_layer_norm`).
+        beta = f"{decision.node}/beta"
+        adds = (n for g in model.graphs() for n in g if n.op_type == "Add" and (n.name or "").startswith(beta))
+        add = next(adds, None)
         if add is None:
             continue
         y, final = add.inputs[0], add.outputs[0]

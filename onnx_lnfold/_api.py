@@ -47,7 +47,7 @@ def analyze(
     if shapes is None and (inputs is not None or input_shapes):
         given = _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs).run_shapes
         shapes = ShapeTable(model, given=given)
-    return _pipeline.analyze_for_target(model, options, shapes)[1]
+    return _pipeline.analyze_for_target(model, options, shapes)[1].plan
 
 
 @takes_option_keywords

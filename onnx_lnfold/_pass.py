@@ -55,14 +55,15 @@ class LnFoldPass(ir.passes.InPlacePass):
         done, self._prepared = self._prepared, None
         prepared = done[1] if done is not None and done[0] is model else prepare(model, self.options)
         converted = prepared.model
-        plan = analyze(converted, self.options, prepared.shapes)
+        bound = analyze(converted, self.options, prepared.shapes)
+        plan = bound.plan
         if plan.folded and converted is not model:  # in place: the converted graph becomes the model's
             model.graph, model.ir_version = converted.graph, converted.ir_version
             model.functions.clear()
             model.functions.update(converted.functions)
             plan.converted_from, plan.converted_to = prepared.converted_from, default_opset(model)
         self.plan = plan
-        apply_plan(model, plan)
+        apply_plan(model, bound)
         for decision in self.plan.kept:
             logger.info("kept %s: %s", decision.node, decision.reason)
         return ir.passes.PassResult(model, modified=bool(self.plan.folded))

@@ -17,6 +17,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import candidates, plan_for, plan_for_clone
 from onnx_lnfold.apply.apply_plan import apply_plan
@@ -116,17 +117,17 @@ def prepare(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
     return Prepared(converted, default_opset(model), ShapeTable(converted, given=shapes.given))
 
 
-def analyze_for_target(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> tuple[ir.Model, CenteringPlan]:
+def analyze_for_target(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> tuple[ir.Model, BoundPlan]:
     """`prepare`, then `analyze` the model prepared: (that model, its plan). The plan is bound to
     the model returned, which is `model` unless it was converted."""
     prepared = prepare(model, options, shapes)
-    plan = analyze(prepared.model, options, prepared.shapes)
+    bound = analyze(prepared.model, options, prepared.shapes)
     if prepared.converted_from is not None:
-        plan.converted_from, plan.converted_to = prepared.converted_from, default_opset(prepared.model)
-    return prepared.model, plan
+        bound.plan.converted_from, bound.plan.converted_to = prepared.converted_from, default_opset(prepared.model)
+    return prepared.model, bound
 
 
-def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> CenteringPlan:
+def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> BoundPlan:
     """Recognize every LayerNorm of `model` and decide whether it folds and how; mutate nothing.
 
     LNs whose fold would cost an ONNX Runtime fusion stay LNs (`ort_fusions`, docs/DESIGN.md
@@ -140,17 +141,18 @@ def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
             check_preconditions(model, options)
         kept = fusions.embed_layer_norm_costs(lns)
         shapes.ort_layouts.update(fusions.layouts(lns))  # priced as ONNX Runtime runs them
-        plan = plan_for(model, options, shapes, lns, kept)
-        while plan.folded and fusions.active:
+        bound = plan_for(model, options, shapes, lns, kept)
+        while bound.plan.folded and fusions.active:
             lost = fusions.session_fusion_costs(lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept))
             lost = {name: blocked for name, blocked in lost.items() if name not in kept}
             if not lost:
                 break
             kept = {**kept, **lost}
-            plan = plan_for(model, options, shapes, lns, kept)
+            bound = plan_for(model, options, shapes, lns, kept)
+        plan = bound.plan
         folded = {cand.node for cand in lns if plan.decision_for(cand.name).folded}
         plan.advice = order_advice(fusions, folded, [c for c in lns if c.name in fusions.embed_kept], bool(plan.folded))
-    return plan
+    return bound
 
 
 def run_pipeline(
@@ -187,22 +189,23 @@ def run_pipeline(
     try:
         progress.phase("Analyzing" if (dry_run or proof) else "Folding")
         given = model
-        model, plan = analyze_for_target(model, options, ShapeTable(model, given=check.run_shapes))
+        model, bound = analyze_for_target(model, options, ShapeTable(model, given=check.run_shapes))
+        plan = bound.plan
         # From the model as it was: the rewrite removes IR objects the proof walks.
-        trace = explain(model, plan) if proof else []
+        trace = explain(model, bound) if proof else []
         if not plan.folded:
             model = given  # a model converted for its target, with nothing to fold, stays as given
         if dry_run:
             skipped = Verification("skipped", "dry run: nothing was changed")
-            apply_plan(model, plan)  # owned: its op counts are the fold's; nothing is written
+            apply_plan(model, bound)  # owned: its op counts are the fold's; nothing is written
             report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, dry_run=True, trace=trace)
             report.notes.extend(swept)
             return FoldRun(model, report)
         if proof:
             progress.phase("Folding")
         # What the plan changes, read before the rewrite removes the IR objects it names: the check reads the fold back against it.
-        planned = planned_changes(model, plan) if check.enabled and plan.folded else None
-        apply_plan(model, plan)
+        planned = planned_changes(model, bound) if check.enabled and plan.folded else None
+        apply_plan(model, bound)
         if after_apply is not None:
             after_apply(model, plan)
         release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)

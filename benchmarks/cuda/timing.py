@@ -35,9 +35,9 @@ import json
 import tempfile
 from pathlib import Path
 
+from onnx_lnfold.bench.process import rotated  # noqa: F401 - the sweep's round order is the bench's
 from onnx_lnfold.bench.profile import kernel_events as ort_kernel_events
 from onnx_lnfold.bench.profile import kernel_us_per_run, run_windows
-from onnx_lnfold.bench.runner import rotated  # noqa: F401 - the sweep's round order is the bench's
 from onnx_lnfold.bench.sampling import Timed, calibrate_calls, interleave  # noqa: F401 - the calibration's
 
 

@@ -1,13 +1,17 @@
 """From proven leaves to the plan's edits (docs/DESIGN.md section 2): which constants to center,
-in place or as an untied copy, and which explicit centerings to insert. Mutates nothing.
+in place or as an untied copy, and which explicit centerings to insert, each bound to the IR
+objects it changes (`analysis.bound`). Mutates nothing.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold import carry
+from onnx_lnfold.analysis.bound import BoundCentering, BoundEdit
 from onnx_lnfold.analysis.plan import AuxCentering, CenteringEdit
 from onnx_lnfold.analysis.zero_mean import Leaf, Weights
 from onnx_lnfold.core.ir import constant_of, is_standard
@@ -71,28 +75,39 @@ def _gather_outputs(members: list[tuple[Leaf, str]]) -> list[tuple[ir.Value, int
     return sorted(outputs.items(), key=lambda item: item[0].name or "")
 
 
+@dataclass(frozen=True)
+class Naming:
+    """How the plan names things: each node by its display name, and the names already taken,
+    which fresh names (`W.centered`, `W.centered_2`) avoid and join."""
+
+    names: dict[ir.Node, str]
+    taken: set[str]
+
+    def uses(self, uses: list[tuple[ir.Node, int]]) -> tuple[str, ...]:
+        """Each use as "node_name:input_index"."""
+        return tuple(f"{self.names[n]}:{i}" for n, i in uses)
+
+
 def _aux_centering(
     value: ir.Value,
     axis: int,
     uses: list[tuple[ir.Node, int]],
     required_by: tuple[str, ...],
-    names: dict[ir.Node, str],
-    taken: set[str],
+    naming: Naming,
     instead_of_untie: str | None = None,
     saved_bytes: int = 0,
-) -> AuxCentering:
+) -> BoundCentering:
     """`value - ReduceMean(value, axis)`, read by `uses` instead of `value`."""
-    return AuxCentering(
+    centering = AuxCentering(
         tensor=value.name or "",
         axis=axis,
-        uses=tuple(f"{names[n]}:{i}" for n, i in uses),
-        new_name=fresh_name(f"{value.name}.centered", taken),
+        uses=naming.uses(uses),
+        new_name=fresh_name(f"{value.name}.centered", naming.taken),
         required_by=required_by,
-        _value=value,
-        _uses=tuple(uses),
         instead_of_untie=instead_of_untie,
         saved_bytes=saved_bytes,
     )
+    return BoundCentering(centering, value, tuple(uses))
 
 
 def centering_site(
@@ -139,7 +154,7 @@ def plan_edits(
     taken: set[str],
     tied_weights: str = "auto",
     model_bytes: int = 0,
-) -> tuple[list[CenteringEdit], list[AuxCentering]]:
+) -> tuple[list[BoundEdit], list[BoundCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
     for a tied embedding table, center the Gather outputs instead, as `tied_weights` says: one of
     `core.options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights)."""
@@ -152,18 +167,16 @@ def plan_edits(
     for value, _, aux, _, _ in groups:
         if not aux:
             per_value[value] = per_value.get(value, 0) + 1
-    edits, centerings = [], []
+    edits: list[BoundEdit] = []
+    centerings: list[BoundCentering] = []
+    naming = Naming(names, taken)
     for (value, axis, aux, weights, block), members in groups.items():
         uses = _sorted_uses(members, names)
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
-            root = value
             if all(weights is None for leaf, _ in members for _, _, weights, _ in leaf.seeds):
                 value, axis, uses = centering_site(value, axis, uses, names)  # type: ignore[arg-type]
-            centering = _aux_centering(value, axis, uses, required_by, names, taken)  # type: ignore[arg-type]
-            if value is not root:
-                centering._root = root
-            centerings.append(centering)
+            centerings.append(_aux_centering(value, axis, uses, required_by, naming))  # type: ignore[arg-type]
             continue
         untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()
         tensor = constant_of(value)
@@ -182,7 +195,7 @@ def plan_edits(
             for out, out_axis in gathered:
                 readers = sorted(((u.node, u.idx) for u in out.uses()), key=lambda u: (names[u[0]], u[1]))
                 centerings.append(
-                    _aux_centering(out, out_axis, readers, required_by, names, taken, instead_of_untie=value.name, saved_bytes=nbytes)
+                    _aux_centering(out, out_axis, readers, required_by, naming, instead_of_untie=value.name, saved_bytes=nbytes)
                 )
             continue
         suffix = ".centered" if axis is not None else ".zeroed"
@@ -193,26 +206,23 @@ def plan_edits(
         count = tensor.shape.dims[axis] // block if block is not None and axis is not None else None
         if blocks is not None and len(blocks) == count:
             blocks = None  # every block (each head's LN asking for its own)
-        edits.append(
-            CenteringEdit(
-                tensor=value.name or "",
-                axis=axis,
-                role=_role(uses[0][0], uses[0][1]),
-                uses=tuple(f"{names[n]}:{i}" for n, i in uses),
-                untie=untie,
-                new_name=fresh_name(f"{value.name}{suffix}", taken) if untie else None,
-                copy_bytes=nbytes if untie else 0,
-                required_by=required_by,
-                weights=weights,
-                note=note,
-                means_name=fresh_name(f"{value.name}.row_means", taken) if derive else None,
-                block=block,
-                blocks=blocks,
-                block_count=count,
-                _value=value,
-                _uses=tuple(uses),
-            )
+        edit = CenteringEdit(
+            tensor=value.name or "",
+            axis=axis,
+            role=_role(uses[0][0], uses[0][1]),
+            uses=naming.uses(uses),
+            untie=untie,
+            new_name=fresh_name(f"{value.name}{suffix}", taken) if untie else None,
+            copy_bytes=nbytes if untie else 0,
+            required_by=required_by,
+            weights=weights,
+            note=note,
+            means_name=fresh_name(f"{value.name}.row_means", taken) if derive else None,
+            block=block,
+            blocks=blocks,
+            block_count=count,
         )
-    edits.sort(key=lambda e: (e.tensor, -1 if e.axis is None else e.axis, e.uses))
-    centerings.sort(key=lambda c: (c.tensor, c.axis))
+        edits.append(BoundEdit(edit, value, tuple(uses)))
+    edits.sort(key=lambda b: (b.edit.tensor, -1 if b.edit.axis is None else b.edit.axis, b.edit.uses))
+    centerings.sort(key=lambda b: (b.centering.tensor, b.centering.axis))
     return edits, centerings

@@ -1,10 +1,9 @@
 """The plan: what the analysis decided, as plain data. Each object's repr is one line; the detail
 is in its fields (`plan.decisions`, `plan.edits`, `decision.reason`) and `to_dict()`.
 
-`--dry-run` prints it, the report serializes it, tests assert on it. The private fields (an edit's
-`_value`/`_uses`, a folded decision's `apply.rewrite`) bind the plan to the IR objects of the model it
-was computed on; `apply_plan` uses them, and the check's `verify.readback.planned_changes` reads their
-names before it runs.
+`--dry-run` prints it, the report serializes it, tests assert on it. It holds names, axes, codes
+and figures only; the IR objects that carry it out on the model it was made on are in
+`analysis.bound.BoundPlan`, which the analysis hands to the steps that act on that model.
 """
 
 from __future__ import annotations
@@ -12,14 +11,9 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-import onnx_ir as ir
+from typing import Any, Literal
 
 from onnx_lnfold.core.blocked import Blocked
-
-if TYPE_CHECKING:
-    from onnx_lnfold.emit.targets import Rewrite
 
 FOLDED: Literal["folded"] = "folded"
 KEPT: Literal["kept"] = "kept"
@@ -59,8 +53,6 @@ class CenteringEdit:
     # holds the means, not a second table (docs/DESIGN.md section 3.1). `copy_bytes` is then the
     # means' bytes.
     means_name: str | None = None  # the row means' initializer
-    _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
-    _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
 
     @property
     def centered_along(self) -> str:
@@ -112,25 +104,10 @@ class AuxCentering:
     # (tied embeddings): the table's name and the bytes that copy would have added.
     instead_of_untie: str | None = None
     saved_bytes: int = 0
-    _value: ir.Value = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
-    _uses: tuple[tuple[ir.Node, int], ...] = field(repr=False, compare=False, default=())
-    # The stream root the LNs needed centered, when the centering was placed past scalar factors
-    # of it or a Transpose (`analysis.edits.centering_site`); None when it is `_value` itself.
-    _root: ir.Value | None = field(repr=False, compare=False, default=None)
 
     @property
     def cost(self) -> str:
         return "1 ReduceMean + 1 Sub"
-
-    @property
-    def root(self) -> ir.Value:
-        """The stream this centering removes the mean of (before any scalar factor it was moved past)."""
-        return self._root if self._root is not None else self._value
-
-    def centers(self, value: ir.Value | None) -> bool:
-        """Whether this centering removes the mean of `value`: the tensor it reads, or the stream
-        root it was moved from past scalar factors."""
-        return value is not None and (value is self._value or value is self._root)
 
     def __repr__(self) -> str:
         instead = f", instead of untying {self.instead_of_untie} (-{self.saved_bytes:,} B)" if self.instead_of_untie else ""
@@ -179,8 +156,6 @@ class LnDecision:
     # (nothing fixed the LN's shape: `--input-shape` / `--inputs` would).
     priced_tokens: int | None = None
     priced_by_default: bool | None = None
-    # Folded: how, bound to the IR of the model the plan was made on (`apply_plan` reads it).
-    _rewrite: Rewrite | None = field(repr=False, compare=False, default=None)
 
     def __repr__(self) -> str:
         if self.folded:
@@ -260,11 +235,6 @@ class CenteringPlan:
     @property
     def untied_bytes(self) -> int:
         return sum(e.copy_bytes for e in self.edits)
-
-    def beta_consumers(self) -> list[ir.Node]:
-        """The linear layers whose bias takes a folded LN's beta (`beta @ W` added to it): a
-        centered bias among them is written centered plus that share."""
-        return [site.node for d in self.folded if d._rewrite for site in d._rewrite.beta.sites if site.how == "bias"]
 
     def decision_for(self, node: str) -> LnDecision:
         """The decision on the LN node named `node` (KeyError if there is none)."""

@@ -13,16 +13,19 @@ Following docs/DESIGN.md sections 2, 3 and 10, in five steps, one module each:
    and of the plan applied to it, decide which LNs to keep because folding them would cost a
    fusion; the plan is made again without them until it loses none.
 
-The result is a `CenteringPlan`; `apply_plan` carries it out.
+The result is a `BoundPlan`: the `CenteringPlan` (plain data) with the IR objects that
+`apply_plan` changes to carry it out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 
 import onnx_ir as ir
 
+from onnx_lnfold.analysis.bound import BoundFold, BoundPlan
 from onnx_lnfold.analysis.edits import plan_edits
 from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, placed_centering_kind, with_auxiliary_centering
 from onnx_lnfold.analysis.plan import FOLDED, KEPT, CenteringPlan, LnDecision
@@ -31,8 +34,9 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
-from onnx_lnfold.emit.costs import table_for
+from onnx_lnfold.emit.costs import Saving, table_for
 from onnx_lnfold.emit.targets import (
+    Rewrite,
     beta_add_note,
     centering_refusal,
     choose_rewrite,
@@ -50,12 +54,27 @@ logger = logging.getLogger(__name__)
 __all__ = ["candidates", "plan_for", "plan_for_clone"]
 
 
+@dataclass(frozen=True)
+class AnalysisContext:
+    """What every step of one plan reads, fixed for that plan: the options, the shapes, the LNs as
+    sinks of the side-effect rule, the display names, what each LN's fold saves (`_priced`), and
+    the outputs of the LNs kept for an ONNX Runtime fusion, which no explicit centering may read
+    (the fusion would be lost all the same)."""
+
+    options: FoldOptions
+    shapes: ShapeTable
+    sinks: Sinks
+    names: dict[ir.Node, str]
+    savings: dict[LnCandidate, Saving]
+    fused: frozenset[ir.Value]
+
+
 def candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
     names = display_names(model.graph)
     return find_layer_norms(model.graph, shapes, names) + find_in_functions(model, names)
 
 
-def plan_for_clone(clone: ir.Model, options: FoldOptions, shapes: ShapeTable, kept: dict[str, Blocked]) -> CenteringPlan:
+def plan_for_clone(clone: ir.Model, options: FoldOptions, shapes: ShapeTable, kept: dict[str, Blocked]) -> BoundPlan:
     """The plan for a clone of the model (the same decisions, bound to the clone's IR objects)."""
     clone_shapes = shapes.for_clone(clone)
     return plan_for(clone, options, clone_shapes, candidates(clone, clone_shapes), kept)
@@ -67,10 +86,11 @@ def plan_for(
     shapes: ShapeTable,
     candidates: list[LnCandidate],
     kept: dict[str, Blocked],
-) -> CenteringPlan:
+) -> BoundPlan:
     """The plan with the LNs of `kept` (by name) kept for the reason given: what each fold would
     cost (`_priced`), which LNs fold together and through which explicit centerings
-    (`_folding`), the constants to center (`analysis.edits`), and every LN's decision (`_decisions`)."""
+    (`_folding`), the constants to center (`analysis.edits`), and every LN's decision (`_folded`,
+    `_kept`)."""
     names = display_names(model.graph)
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
     # The LNs the target cannot write (stage "form": whatever their upstream, and whatever it costs).
@@ -78,14 +98,18 @@ def plan_for(
     savings, dearer = _priced(candidates, {**kept, **unfit}, options, shapes)
     foldable = [cand for cand in candidates if cand.name not in kept and cand.name not in unfit and cand not in dearer]
     fused = frozenset(cand.out for cand in candidates if cand.name in kept)
-    active, blocked = _folding(foldable, options, shapes, sinks, names, savings, fused)
+    context = AnalysisContext(options, shapes, sinks, names, savings, fused)
+    active, blocked = _folding(context, foldable, options)
     edits, centerings = _edits(model, active, options, names)
-    blocked.update(_kept_for_cost(candidates, {**kept, **unfit}, dearer, active, blocked, options, shapes, sinks, names, savings, fused))
+    blocked.update(_kept_for_cost(context, candidates, {**kept, **unfit}, dearer, active, blocked))
     claimed: set[ir.Node] = set()  # residual Adds already taken in by a fold
     decisions = []
+    folds = []
+    plain_edits, plain_centerings = [b.edit for b in edits], [b.centering for b in centerings]
     for cand in candidates:
         if cand in active:
-            decision = _folded(cand, edits, centerings, options, shapes, names, claimed)
+            decision, rewrite = _folded(context, cand, plain_edits, plain_centerings, claimed)
+            folds.append(BoundFold(decision, rewrite))
         else:
             decision = _kept(cand, blocked.get(cand) or unfit.get(cand.name) or kept[cand.name].at_stage("cost"))
         if cand in savings:
@@ -96,12 +120,15 @@ def plan_for(
         decisions.append(decision)
     table = table_for(options)
     costs = f"{table.source} ({table.provider_words}, {table.unit_words})"
-    return CenteringPlan(decisions=decisions, edits=edits, centerings=centerings, target=options.target, costs=costs)
+    plan = CenteringPlan(
+        decisions=decisions, edits=plain_edits, centerings=plain_centerings, target=options.target, costs=costs
+    )
+    return BoundPlan(plan, edits, centerings, folds)
 
 
 def _priced(
     candidates: list[LnCandidate], kept: dict[str, Blocked], options: FoldOptions, shapes: ShapeTable
-) -> tuple[dict[LnCandidate, tuple[float, int]], dict[LnCandidate, Blocked]]:
+) -> tuple[dict[LnCandidate, Saving], dict[LnCandidate, Blocked]]:
     """What each LN's fold saves (and its width), and the LNs whose fold would cost ONNX Runtime
     more than the LN by the measured kernel costs (beta left as an Add over the stream, say),
     with the refusal, unless asked to fold them all the same. LNs kept for a fusion (`kept`) are
@@ -122,14 +149,15 @@ def _priced(
     return savings, dearer
 
 
-def _folding(foldable, options: FoldOptions, shapes: ShapeTable, sinks: Sinks, names, savings, fused):
-    """The LNs that fold together (each with its leaves) and why the others do not: by edits of
-    constants alone, or with the explicit centerings that pay (never of an LN output kept for a
-    fusion, `fused`: the fusion would be lost all the same)."""
+def _folding(context: AnalysisContext, foldable: list[LnCandidate], options: FoldOptions):
+    """The LNs of `foldable` that fold together (each with its leaves) and why the others do not:
+    by edits of constants alone, or with the explicit centerings that pay (never of an LN output
+    kept for a fusion). `options`: the context's, or those of the fold that folds whatever it costs."""
+    shapes, sinks, names = context.shapes, context.sinks, context.names
     active, blocked = fold_set(foldable, shapes, sinks, names, None)
     if options.auxiliary_centering and blocked:
-        paid = None if options.fold_costly else savings  # asked to fold whatever it costs
-        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, fused)
+        paid = None if options.fold_costly else context.savings  # asked to fold whatever it costs
+        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, context.fused)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
@@ -150,19 +178,20 @@ def _edits(model: ir.Model, active, options: FoldOptions, names):
     )
 
 
-def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, sinks, names, savings, fused):
+def _kept_for_cost(context: AnalysisContext, candidates, kept, dearer, active, blocked):
     """The reasons of the LNs kept for a cost: by the yardstick of the fold that folds whatever it
     costs (`fold_costly`), every LN that fold folds and this one keeps stays for a cost, and says
     which: its own (`emit.targets.cost_refusal`: beta left as an Add, say), or the explicit
     centering its fold needs, which costs more than the LNs it would unlock save together
     (`centering_refusal`, with the figures). The others are reported for what blocks them: an LN
     kept for its cost that no fold can take at all, for the first obstacle its proof meets."""
-    if options.fold_costly:
+    if context.options.fold_costly:
         return {}
-    costly = dataclasses.replace(options, fold_costly=True)
+    shapes, names, savings = context.shapes, context.names, context.savings
+    costly = dataclasses.replace(context.options, fold_costly=True)
     anyway = [cand for cand in candidates if cand.name not in kept]
-    possible, _ = _folding(anyway, costly, shapes, sinks, names, None, fused)
-    _, first = fold_set(list(dearer), shapes, sinks, names, None)  # without centerings: the first obstacle
+    possible, _ = _folding(context, anyway, costly)
+    _, first = fold_set(list(dearer), shapes, context.sinks, names, None)  # without centerings: the first obstacle
     why: dict[LnCandidate, Blocked] = {}
     for cand, refusal in dearer.items():
         why[cand] = refusal.at_stage("cost") if cand in possible else first[cand]
@@ -186,13 +215,14 @@ def _kept_for_cost(candidates, kept, dearer, active, blocked, options, shapes, s
     return why
 
 
-def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: ShapeTable, names, claimed) -> LnDecision:
+def _folded(context: AnalysisContext, cand: LnCandidate, edits, centerings, claimed) -> tuple[LnDecision, Rewrite]:
     n = sum(1 for e in edits if cand.name in e.required_by)
     aux = [c.tensor for c in centerings if cand.name in c.required_by]
     centered = f"{', '.join(repr(t) for t in aux)} {'is' if len(aux) == 1 else 'are'} centered explicitly" if aux else ""
     reason = f"input is zero-mean {once_centered(n, centered)}"
-    rewrite = choose_rewrite(cand, options, shapes, claimed)
-    return LnDecision(
+    shapes, names = context.shapes, context.names
+    rewrite = choose_rewrite(cand, context.options, shapes, claimed)
+    decision = LnDecision(
         node=cand.name,
         op_type=str(cand.kind),
         status=FOLDED,
@@ -204,8 +234,8 @@ def _folded(cand: LnCandidate, edits, centerings, options: FoldOptions, shapes: 
         beta_sites=tuple(site.describe(names) for site in rewrite.beta.sites),
         residual_add=names[rewrite.residual_add] if rewrite.residual_add else None,
         cost_note=beta_add_note(rewrite, shapes) if rewrite.beta.how == "add" else None,
-        _rewrite=rewrite,
     )
+    return decision, rewrite
 
 
 def _kept(cand: LnCandidate, blocked: Blocked) -> LnDecision:

@@ -1,6 +1,7 @@
-"""Apply (step 4): carry out a `CenteringPlan` on the model it was made on (`apply_plan`): center
+"""Apply (step 4): carry out a plan on the model it was made on (`apply_plan`): center
 the constants (`centering`, float64 arithmetic, lazy until written), untie or derive the shared
 ones, insert the explicit centerings, rewrite each folded LN into its RMSNorm op (`rewrite`).
 
-Takes the model and its plan; mutates the model in place; gives nothing back.
+Takes the model and its `BoundPlan` (the plan with the IR objects it changes, `analysis.bound`);
+mutates the model in place; gives nothing back.
 """

@@ -1,5 +1,6 @@
-"""Carry out a `CenteringPlan` on the model it was computed from: center and untie constants,
-insert explicit centerings, then rewrite each folded LN (`apply.rewrite`).
+"""Carry out a plan on the model it was computed from (its `BoundPlan`: the plan and the IR
+objects it names): center and untie constants, insert explicit centerings, then rewrite each
+folded LN (`apply.rewrite`).
 
 The arithmetic (float64, one rounding back) is in `apply.centering`; centered weights stay lazy until
 the model is written.
@@ -12,7 +13,7 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.analysis.plan import AuxCentering, CenteringEdit, CenteringPlan
+from onnx_lnfold.analysis.bound import BoundCentering, BoundEdit, BoundPlan
 from onnx_lnfold.apply.centering import CenteredTensor, RowMeans
 from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like
 from onnx_lnfold.core.ir import constant_of
@@ -23,11 +24,11 @@ from onnx_lnfold.emit.targets import SKIP_RMS_OP
 logger = logging.getLogger(__name__)
 
 
-def _derived_copy(graph: ir.Graph, edit: CenteringEdit, source: ir.TensorProtocol) -> ir.Value:
+def _derived_copy(graph: ir.Graph, bound: BoundEdit, source: ir.TensorProtocol) -> ir.Value:
     """`source - row means` as a Sub of two constants at the top of the graph that holds the
     source, which ONNX Runtime folds into the centered table at session start (docs/DESIGN.md
     section 3.1)."""
-    value = edit._value
+    edit, value = bound.edit, bound.value
     producer = value.producer()  # a Constant node, or none for an initializer
     owner = producer.graph if producer is not None else value.graph or graph
     means = new_constant(owner, RowMeans(source, edit.axis, edit.means_name or ""))  # type: ignore[arg-type]
@@ -40,18 +41,18 @@ def _derived_copy(graph: ir.Graph, edit: CenteringEdit, source: ir.TensorProtoco
     return centered
 
 
-def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
-    value = edit._value
+def _apply_edit(graph: ir.Graph, bound: BoundEdit) -> None:
+    edit, value = bound.edit, bound.value
     tensor = constant_of(value)
     assert tensor is not None, edit.tensor
     if edit.untie:
         if edit.means_name:
-            copy = _derived_copy(graph, edit, tensor)
+            copy = _derived_copy(graph, bound, tensor)
         else:
             copy = new_constant(
                 graph, CenteredTensor(tensor, edit.axis, edit.new_name or "", edit.weights, edit.block, edit.blocks)
             )
-        for node, index in edit._uses:
+        for node, index in bound.uses:
             node.replace_input_with(index, copy)
         return
     centered = CenteredTensor(tensor, edit.axis, value.name or "", edit.weights, edit.block, edit.blocks)
@@ -63,9 +64,9 @@ def _apply_edit(graph: ir.Graph, edit: CenteringEdit) -> None:
     value.const_value = centered
 
 
-def _apply_centering(graph: ir.Graph, centering: AuxCentering, opset: int, taken: set[str]) -> None:
+def _apply_centering(graph: ir.Graph, bound: BoundCentering, opset: int, taken: set[str]) -> None:
     """Insert `c = x - ReduceMean(x, axis)` right after x is produced; the planned uses read c."""
-    x = centering._value
+    centering, x = bound.centering, bound.value
     mean_shape = None
     if x.shape is not None:
         dims = list(x.shape)
@@ -87,27 +88,27 @@ def _apply_centering(graph: ir.Graph, centering: AuxCentering, opset: int, taken
         owner.insert_before(next(iter(owner)), [reduce, sub])
     else:
         producer.graph.insert_after(producer, [reduce, sub])
-    for node, index in centering._uses:
+    for node, index in bound.uses:
         node.replace_input_with(index, centered)
 
 
-def apply_plan(model: ir.Model, plan: CenteringPlan) -> None:
-    """Mutate `model` as `plan` says. The plan must have been computed on this very model."""
-    graph = model.graph
+def apply_plan(model: ir.Model, bound: BoundPlan) -> None:
+    """Mutate `model` as the plan says. The plan must have been computed on this very model."""
+    plan, graph = bound.plan, model.graph
     taken = taken_names(graph) | {e.new_name for e in plan.edits if e.new_name}
     taken |= {c.new_name for c in plan.centerings}
     # Centering first: a beta folded into a consumer's bias is computed with the edited weights.
-    for edit in plan.edits:
+    for edit in bound.edits:
         _apply_edit(graph, edit)
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
-    for centering in plan.centerings:
+    for centering in bound.centerings:
         _apply_centering(graph, centering, opset, taken)
-    for decision in plan.folded:
-        rewrite_layer_norm(graph, decision, taken)
+    for fold in bound.folds:
+        rewrite_layer_norm(graph, fold.decision, fold.rewrite, taken)
     if any(d.rewrite == SKIP_RMS_OP for d in plan.folded) and MS_DOMAIN not in model.opset_imports:
         model.opset_imports[MS_DOMAIN] = 1
     # Constant nodes whose every use now reads a centered copy are dead.
-    edited = {e._value for e in plan.edits}
+    edited = {e.value for e in bound.edits}
     for node in list(graph):
         if node.op_type == "Constant" and node.outputs[0] in edited:
             if not node.outputs[0].uses() and not node.outputs[0].is_graph_output():

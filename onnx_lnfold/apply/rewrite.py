@@ -57,9 +57,10 @@ def _rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str
     cand = rewrite.cand
     y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
     # Every folded LN normalizes its last axis (the forms keep the others: several-axes,
-    # not-last-axis), written -1 as exporters write it: OpenVINO 2026.4 cannot read a
+    # not-last-axis), written -1 as exporters write it: OpenVINO cannot read a
     # SimplifiedLayerNormalization whose axis is written non-negative (its translator builds
-    # Range(axis, rank) with the rank as a 1-D shape and refuses the model; docs/DESIGN.md section 4).
+    # Range(axis, rank) with the rank as a 1-D shape and refuses the model; the version measured:
+    # docs/DESIGN.md section 4).
     assert decision.axis is not None
     attributes = [
         ir.AttrInt64("axis", -1),
@@ -152,8 +153,7 @@ _EMIT = {RMS_OP: _rms, ONNX_RMS_OP: _rms, SKIP_RMS_OP: _skip_rms, PRIMITIVE_RMS_
 
 def _add_beta_to_bias(
     graph: ir.Graph,
-    node: ir.Node,
-    bias_index: int,
+    slot: tuple[ir.Node, int],
     beta: np.ndarray,
     weight: ir.TensorProtocol,
     taken: set[str],
@@ -161,9 +161,10 @@ def _add_beta_to_bias(
     trans: bool = False,
     scale: float = 1.0,
 ) -> None:
-    """node.inputs[bias_index] += scale * (beta @ weight), copying the bias first if anything
-    else reads it."""
+    """The bias at `slot` (node, input index) += scale * (beta @ weight), copying the bias first if
+    anything else reads it."""
     how = {"trans": trans, "scale": scale}
+    node, bias_index = slot
     old = node.inputs[bias_index]
     tensor = constant_of(old)
     assert tensor is not None
@@ -209,7 +210,7 @@ def _fold_beta_into_consumers(graph: ir.Graph, sites, beta: np.ndarray, taken: s
         if node.op_type == "Gemm":
             scale = attrs.get_float("alpha", 1.0) / attrs.get_float("beta", 1.0)  # Gemm computes alpha * (A @ B) + beta_g * C
             if len(node.inputs) > 2 and node.inputs[2] is not None:
-                _add_beta_to_bias(graph, node, 2, row, weight, taken, trans=trans_b, scale=scale)
+                _add_beta_to_bias(graph, (node, 2), row, weight, taken, trans=trans_b, scale=scale)
             else:
                 name = fresh_name(f"{node.name or 'gemm'}.bias_from_beta", taken)
                 tensor = bias_plus_beta(None, row, weight, trans=trans_b, scale=scale, dtype=weight.dtype, name=name)
@@ -222,13 +223,11 @@ def _fold_beta_into_consumers(graph: ir.Graph, sites, beta: np.ndarray, taken: s
             continue
         slot = bias_slot(node)
         assert slot is not None, node.name
-        _add_beta_to_bias(graph, slot[0], slot[1], row, weight, taken)
+        _add_beta_to_bias(graph, slot, row, weight, taken)
 
 
-def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, taken: set[str]) -> None:
+def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> None:
     """Replace one folded LN (its nodes, and the residual Add it takes in) by the op planned."""
-    rewrite = decision._rewrite
-    assert rewrite is not None, decision.node
     cand, site = rewrite.cand, rewrite.site
     out, out_name = cand.out, cand.out.name
     emitted = _EMIT[rewrite.op](graph, decision, rewrite, taken)

@@ -2,7 +2,8 @@
 this machine, and what do the kernels the cost rule prices cost on this execution provider.
 
 - `onnx-lnfold bench ORIGINAL FOLDED` (`compare`): the original, its re-saved copy and the fold
-  timed in fresh processes (`runner`: sessions created in rotated order, rounds interleaved),
+  timed in fresh processes (`process` starts them, `runner` runs in them: sessions created in
+  rotated order, rounds interleaved),
   ratios with bootstrap intervals (`stats`) and a verdict in words, the normalizations' kernel time
   from ONNX Runtime's profiler (`profile`), on the provider asked for and no other (`placement`);
 - `onnx-lnfold calibrate --provider NAME -o costs.json` (`calibrate`): the kernel costs the

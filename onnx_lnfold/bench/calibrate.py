@@ -31,7 +31,7 @@ import numpy as np
 
 from onnx_lnfold.bench.graphs import chain_model
 from onnx_lnfold.bench.placement import CPU, PlacementError, create_session, provider_name
-from onnx_lnfold.bench.runner import DEVICE_OF, rotated, run_child, session_options
+from onnx_lnfold.bench.process import DEVICE_OF, rotated, run_child, session_options
 from onnx_lnfold.bench.sampling import Timed, calibrate_calls, interleave
 from onnx_lnfold.bench.tables import fit_error, make_table, write_table
 from onnx_lnfold.core.errors import InvalidInput
@@ -52,10 +52,6 @@ WIDTHS = (64, 256, 384, 768, 1024)  # the built-in table's shapes
 TOKENS = (16, 128, 1024, 8192)
 QUICK_WIDTHS, QUICK_TOKENS, QUICK_ROUNDS = (64, 256), (16, 128), 3
 SAMPLE_MS = 2.0  # a wall-clock sample is at least this long (runs back to back)
-
-
-def _variants() -> list[str]:
-    return [f"{CHAIN_OF[k]}x{n}" for k in KINDS for n in (SHORT, LONG)]
 
 
 # --------------------------------------------------------------------------- #

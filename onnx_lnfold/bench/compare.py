@@ -27,8 +27,8 @@ import numpy as np
 
 from onnx_lnfold.bench import stats
 from onnx_lnfold.bench.placement import CPU, PlacementError, check_profile
+from onnx_lnfold.bench.process import run_child
 from onnx_lnfold.bench.profile import load, op_profile
-from onnx_lnfold.bench.runner import run_child
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ops import NORM_OPS
 

@@ -1,4 +1,5 @@
-"""One fresh process of a timing: `python -m onnx_lnfold.bench.runner PLAN.json`.
+"""One fresh process of a timing: `python -m onnx_lnfold.bench.runner PLAN.json`, as
+`process.run_child` starts it.
 
 A plan (JSON) names the model files by variant, the inputs (.npz), the order the sessions are
 created in, the rounds, warm-up runs, intra-op threads and the execution provider. Mode "time":
@@ -12,36 +13,15 @@ binding), so a run times the model, not copies to and from the host.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from onnx_lnfold.bench.calibrate import measure_child
 from onnx_lnfold.bench.placement import CPU, PlacementError, create_session
-
-# Where a provider keeps its tensors, for IO binding (onnxruntime's OrtValue device names).
-DEVICE_OF = {"CUDAExecutionProvider": "cuda"}
-
-
-def session_options(threads: int, profile: str | None = None, optimize: bool = True):
-    """Level ALL (`optimize`; else none), `threads` intra-op threads, one inter-op thread, spinning
-    off (several sessions share the cores in one process), onnxruntime's own log quiet."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.log_severity_level = 3
-    if profile:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile
-    return so
+from onnx_lnfold.bench.process import DEVICE_OF, rotated, session_options
 
 
 class Runner:
@@ -62,11 +42,6 @@ class Runner:
             for out in self.sess.get_outputs():
                 io.bind_output(out.name, device, 0)
             self.run = lambda: self.sess.run_with_iobinding(io)
-
-
-def rotated(names: list[str], r: int) -> list[str]:
-    i = r % len(names)
-    return names[i:] + names[:i]
 
 
 def child(plan_path: str) -> int:
@@ -93,8 +68,6 @@ def _child(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
     _preload(ort, plan.get("provider", CPU))
     if plan["mode"] == "calibrate":
-        from onnx_lnfold.bench.calibrate import measure_child
-
         return measure_child(plan)
     with np.load(plan["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
@@ -117,27 +90,6 @@ def _child(plan_path: str) -> int:
             times[v].append(time.perf_counter() - t0)
     print(json.dumps({"times": times}))
     return 0
-
-
-class ChildFailed(RuntimeError):
-    """A timing process ended with an error: its last lines say which."""
-
-
-def run_child(plan: dict, work: Path, tag: str) -> dict:
-    """Run one plan in a fresh Python process (this package's, whatever the caller's path is)."""
-    path = work / f"plan.{tag}.json"
-    path.write_text(json.dumps(plan))
-    package_parent = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "onnx_lnfold.bench.runner", str(path)], capture_output=True,
-                          text=True, env=env)
-    last = proc.stdout.strip().splitlines()[-1:]
-    if proc.returncode == 3 and last and last[0].startswith('{"placement_error"'):
-        raise PlacementError(json.loads(last[0])["placement_error"])
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        raise ChildFailed(f"{tag}: {lines[-1] if lines else f'exit {proc.returncode}'}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from onnx_lnfold.bench.runner import rotated
+from onnx_lnfold.bench.process import rotated
 
 CALIBRATION_RUNS = 5   # synchronized runs per variant that set `calls`
 MAX_CALLS = 200

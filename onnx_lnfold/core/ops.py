@@ -25,25 +25,27 @@ class Target:
     description: str  # what the ops are and which runtimes run them (measured), for `--help`
 
 
-# Which runtimes run each target's output is measured, not assumed (CPU: ONNX Runtime 1.32,
-# OpenVINO 2026.4, onnxruntime-openvino 1.24.1; benchmarks/results/runtimes/RUNTIMES.md,
-# tests/runtimes/, docs/DESIGN.md section 4). The default stays ONNX Runtime's op.
+# Which runtimes run each target's output is measured, not assumed; the runtimes and versions
+# measured are in docs/DESIGN.md section 4 (benchmarks/results/runtimes/RUNTIMES.md, tests/runtimes/),
+# which the descriptions point to rather than repeat. The default stays ONNX Runtime's op.
 TARGETS = (
     Target(
         "ort",
-        "ONNX Runtime's ops, run by its CPU and CUDA kernels and by OpenVINO 2026.4's CPU plugin as its RMS kernel; "
-        "OpenVINO 2025.4, inside ONNX Runtime's OpenVINO EP 1.24, decomposes them (measured on CPU); the default",
+        "ONNX Runtime's ops, run by its CPU and CUDA kernels and by OpenVINO's CPU plugin as its RMS kernel; the "
+        "OpenVINO inside ONNX Runtime's OpenVINO EP decomposes them (measured on CPU: docs/DESIGN.md section 4); "
+        "the default",
     ),
     Target(
         "onnx",
         "the standard op, at opset 23, to which an older model is converted by onnx.version_converter; ONNX Runtime and "
-        "OpenVINO 2026.4 run it, OpenVINO 2025.4 refuses it and ONNX Runtime's OpenVINO EP 1.24 leaves it to ORT's CPU "
-        "EP, slower than the original there",
+        "OpenVINO run it, the OpenVINO inside ONNX Runtime's OpenVINO EP refuses it and the EP leaves it to ORT's CPU "
+        "EP, slower than the original there (measured: docs/DESIGN.md section 4)",
     ),
     Target(
         "primitive",
         "standard ops at the model's opset, which ONNX Runtime, at optimization level EXTENDED and up, and OpenVINO "
-        "2025.4 and 2026.4 fuse into their RMSNorm kernels, for runtimes with neither op; float32 and float64 LNs",
+        "fuse into their RMSNorm kernels, for runtimes with neither op; float32 and float64 LNs (measured: "
+        "docs/DESIGN.md section 4)",
     ),
 )
 

@@ -41,10 +41,6 @@ def is_zero(value: ir.Value | None, exact: bool = True) -> bool:
     return fill is not None and fill == 0.0
 
 
-def is_one(value: ir.Value | None) -> bool:
-    return fill_of(value) == 1.0
-
-
 def _fill(value: ir.Value | None, exact: bool, depth: int) -> float | None:
     if value is None or value.is_graph_input() or depth > _MAX_DEPTH:
         return None

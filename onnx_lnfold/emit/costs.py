@@ -69,7 +69,6 @@ BUILTIN = "tables/cpu.json"  # in this package
 # The measured range of token counts (batch x sequence) of the built-in table is 1x16 .. 8x1024;
 # decisions are taken at its top where the LN's own token count is not known.
 DEFAULT_TOKENS = 8192
-DECIDING_TOKENS = DEFAULT_TOKENS  # the name the cost rule used before tables carried their range
 # The narrowest width the built-in table measured. Narrower tensors (test graphs; no model worth
 # folding) are priced at a table's narrowest: below it a fit of fixed, per-token and per-element parts
 # would be extrapolated where the per-token part takes over, which nothing measured says.
@@ -346,8 +345,8 @@ class Pricing:
     finds the token count from the LN's shape).
 
     The rule, within a table's spread: a change is made only where the table shows it cheaper than
-    what it replaces by more than the two sides' spreads (`pays`: a fold, an explicit centering);
-    where it cannot tell them apart the original stays, since never-slower is a promise and "as
+    what it replaces by more than the two sides' spreads (`compare(...).cheaper`: a fold, an explicit
+    centering); where it cannot tell them apart the original stays, since never-slower is a promise and "as
     fast, within what was measured" is not "faster". Between two forms of one fold (a residual Add
     fused or not, beta in a created bias or an Add) the cheaper by the central figures is emitted:
     both are the fold, and the LN was already judged against the original."""
@@ -393,10 +392,6 @@ class Pricing:
     def compare(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> Comparison:
         return Comparison(self.total(emitted), self.total(original), self.spread(emitted) + self.spread(original))
 
-    def pays(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> bool:
-        """Whether `emitted` costs less than `original` by more than the table's spread."""
-        return self.compare(emitted, original).cheaper
-
     def costs_more(self, emitted: list[tuple[str, int]], original: list[tuple[str, int]]) -> bool:
         """Whether `emitted` costs more than `original` by the central figures."""
         return self.total(emitted) > self.total(original)
@@ -435,39 +430,3 @@ class Pricing:
 
 def default_pricing(table: CostTable | None = None, tokens: int = DEFAULT_TOKENS) -> Pricing:
     return Pricing(table or builtin_table(), tokens)
-
-
-# The built-in table's figures, by kind (what the rule read before tables were data).
-CPU: dict[str, Cost] = builtin_table().costs
-SOURCE = builtin_table().source
-
-
-# The rule at the default token count, on the built-in table unless given another.
-def total(nodes: list[tuple[str, int]], tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> float:
-    return default_pricing(table, tokens).total(nodes)
-
-
-def costs_more(emitted, original, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
-    return default_pricing(table, tokens).costs_more(emitted, original)
-
-
-def saving(emitted, original, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> float:
-    return default_pricing(table, tokens).saving(emitted, original).amount
-
-
-def pays(emitted, original, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
-    return default_pricing(table, tokens).pays(emitted, original)
-
-
-def created_bias_pays(widths: list[int], d: int | None, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
-    return default_pricing(table, tokens).created_bias_pays(widths, d)
-
-
-def centering_pays(width: int | None, savings: list[float], tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
-    """With `savings` as central figures (no spread of their own)."""
-    pricing = default_pricing(table, tokens)
-    return pricing.centering_pays(width, [Saving(s, 0.0, width, pricing) for s in savings])
-
-
-def fused_residual_pays(d: int | None, tokens: int = DEFAULT_TOKENS, table: CostTable | None = None) -> bool:
-    return default_pricing(table, tokens).fused_residual_pays(d)

@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.blocked import Blocked
@@ -289,19 +290,18 @@ class Footprint:
     touched: frozenset[str]  # its own nodes, a residual Add it takes in, the consumers its beta goes into
 
 
-def footprints(plan: CenteringPlan, names: dict[ir.Node, str]) -> dict[str, Footprint]:
-    """The footprint of each folded LN of `plan`, on the model it was made for (`names`)."""
+def footprints(bound: BoundPlan, names: dict[ir.Node, str]) -> dict[str, Footprint]:
+    """The footprint of each folded LN of the plan, on the model it was made for (`names`)."""
     out = {}
-    for decision in plan.folded:
-        rewrite = decision._rewrite
-        if rewrite is not None:
-            cand = rewrite.cand
-            out[decision.node] = Footprint(
-                cand.out.name or "",
-                names.get(cand.node, ""),
-                frozenset(names[n] for n in cand.nodes if n in names),
-                frozenset(names[n] for n in (*rewrite.replaced, *(site.node for site in rewrite.beta.sites)) if n in names),
-            )
+    for fold in bound.folds:
+        rewrite = fold.rewrite
+        cand = rewrite.cand
+        out[fold.decision.node] = Footprint(
+            cand.out.name or "",
+            names.get(cand.node, ""),
+            frozenset(names[n] for n in cand.nodes if n in names),
+            frozenset(names[n] for n in (*rewrite.replaced, *(site.node for site in rewrite.beta.sites)) if n in names),
+        )
     return out
 
 
@@ -503,7 +503,7 @@ class FusionCheck:
 
     # ------------------------------------------------------------------ session fusions
 
-    def session_fusion_costs(self, plan_on: Callable[[ir.Model], CenteringPlan]) -> dict[str, Blocked]:
+    def session_fusion_costs(self, plan_on: Callable[[ir.Model], BoundPlan]) -> dict[str, Blocked]:
         """Apply the plan (as `plan_on` makes it for a clone of the model) to a weightless copy,
         run both copies through an ONNX Runtime session, and return the LNs whose fold loses a
         fusion the original had, with the reason."""
@@ -513,10 +513,10 @@ class FusionCheck:
             original = self._session(self._original_path())
             assert self._folder is not None
             clone = clone_model(self.model)
-            plan = plan_on(clone)  # reads the constants the analysis reads, as the analysis did
-            folds = footprints(plan, display_names(clone.graph))
+            bound = plan_on(clone)  # reads the constants the analysis reads, as the analysis did
+            folds = footprints(bound, display_names(clone.graph))
             self._folder.strip(clone)
-            apply_plan(clone, plan)
+            apply_plan(clone, bound)
             self._folder.strip(clone)  # the centered copies, never computed
             self._folded = self._folder.write(clone, "folded.onnx")
             folded = self._session(self._folded)
@@ -527,7 +527,7 @@ class FusionCheck:
         names = display_names(graph)
         costs: dict[str, Blocked] = {}
         for fusion in lost_fusions(original, folded, self._made_by, self._at):
-            why = attribute(fusion, graph, plan, names, folds)
+            why = attribute(fusion, graph, bound.plan, names, folds)
             if why is None:
                 continue  # the fold's own op does what the fused node did
             if not why:

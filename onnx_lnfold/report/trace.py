@@ -2,7 +2,8 @@
 constants are centered and the carry ops the zero mean passes through on the way to the LN; for
 a kept LN, what blocked it and the node that produced the blocking tensor.
 
-Read from the plan and the model it was computed on, before the plan is applied.
+Read from the plan bound to the model it was computed on (`analysis.bound`), before the plan is
+applied.
 """
 
 from __future__ import annotations
@@ -12,20 +13,19 @@ from collections import Counter
 import onnx_ir as ir
 
 from onnx_lnfold import carry
-from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
+from onnx_lnfold.analysis.bound import BoundPlan, Use
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.names import display_names
+from onnx_lnfold.emit.targets import Rewrite
 from onnx_lnfold.forms import is_residual_sum, sum_terms
 from onnx_lnfold.shapes.table import ShapeTable
 
-Use = tuple[ir.Node, int]
 
-
-def _carried(decision: LnDecision, leaves: set[Use], shapes: ShapeTable) -> list[ir.Node]:
+def _carried(rewrite: Rewrite, leaves: set[Use], shapes: ShapeTable) -> list[ir.Node]:
     """The nodes between the LN and its centered producers, walked as the analysis proved it:
     backwards from the LN's inputs, along the inputs each op needs zero-mean, up to the uses that
     read a centered constant (or an explicitly centered tensor)."""
-    cand = decision._rewrite.cand  # type: ignore[union-attr]
+    cand = rewrite.cand
     seen: set[ir.Node] = set()
     order: list[ir.Node] = []
     stack = [(cand.node, req) for req in cand.terms]
@@ -63,8 +63,9 @@ def _names(nodes: list[ir.Node], names: dict[ir.Node, str]) -> str:
     return f"{kinds}: " + ", ".join(names.get(n, n.name or n.op_type) for n in nodes)
 
 
-def explain(model: ir.Model, plan: CenteringPlan, shapes: ShapeTable | None = None) -> list[str]:
+def explain(model: ir.Model, bound: BoundPlan, shapes: ShapeTable | None = None) -> list[str]:
     """Lines (no indentation of their own) telling each LN's proof, in graph order."""
+    plan = bound.plan
     shapes = shapes or ShapeTable(model)
     names = display_names(model.graph)
     position = {node: i for i, node in enumerate(names)}  # display_names lists them in graph order
@@ -87,16 +88,18 @@ def explain(model: ir.Model, plan: CenteringPlan, shapes: ShapeTable | None = No
                 lines.append(f"  '{d.blocking_tensor}' is produced by {producer.op_type} '{names.get(producer, producer.name)}'")
             continue
         lines.append(f"{head} -> {d.rewrite}")
-        edits = [e for e in plan.edits if d.node in e.required_by]
-        centerings = [c for c in plan.centerings if d.node in c.required_by]
+        bound_edits = [b for b in bound.edits if d.node in b.edit.required_by]
+        edits = [b.edit for b in bound_edits]
+        centerings = [b for b in bound.centerings if d.node in b.centering.required_by]
         # Each producer and carry op is told once, for the first LN whose proof has it: a deep
         # stream's later LNs name those LNs instead of repeating their proofs.
         earlier = {said[("edit", e.tensor)] for e in edits if ("edit", e.tensor) in said}
-        for e in edits:
+        for b in bound_edits:
+            e = b.edit
             if ("edit", e.tensor) in said:
                 continue
             said[("edit", e.tensor)] = d.node
-            readers = ", ".join(sorted({names.get(n, n.name) for n, _ in e._uses}))
+            readers = ", ".join(sorted({names.get(n, n.name) for n, _ in b.uses}))
             where = "made exactly zero" if e.axis is None else f"centered along axis {e.axis}"
             if e.means_name:
                 where += ", read as table - row means (derived at load: no copy in the file)"
@@ -107,9 +110,9 @@ def explain(model: ir.Model, plan: CenteringPlan, shapes: ShapeTable | None = No
             shared = sum(1 for e in edits if said[("edit", e.tensor)] != d.node)
             lines.append(f"  and {shared} producer(s) told above, for {told_for(earlier)}")
         for c in centerings:
-            lines.append(f"  explicit centering: '{c.tensor}' - ReduceMean over axis {c.axis}")
-        leaves = {use for e in edits for use in e._uses} | {use for c in centerings for use in c._uses}
-        carried = sorted(_carried(d, leaves, shapes), key=position.__getitem__)
+            lines.append(f"  explicit centering: '{c.centering.tensor}' - ReduceMean over axis {c.centering.axis}")
+        leaves = {use for b in bound_edits for use in b.uses} | {use for c in centerings for use in c.uses}
+        carried = sorted(_carried(bound.rewrite_for(d.node), leaves, shapes), key=position.__getitem__)
         new = [n for n in carried if ("op", n) not in said]
         if new:
             lines.append(f"  carried through {len(new)} op(s): {_names(new, names)}")

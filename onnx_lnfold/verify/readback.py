@@ -1,7 +1,7 @@
 """The read-back: every tensor and node in which the folded model, as written, differs from the
 model it was folded from is accounted for by the plan, and checked (docs/DESIGN.md section 6).
 
-`planned_changes` is taken from the plan and the model just before `apply_plan` (the plan's IR
+`planned_changes` is taken from the bound plan and the model just before `apply_plan` (the plan's IR
 objects are then intact): each node as it was, and what the plan changes (`PlannedChanges`).
 `read_back` then reads the folded model from its file and walks it:
 
@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.core.ir import attr_or_input_ints, constant_of
 from onnx_lnfold.core.ops import PRIMITIVE_OPS
 from onnx_lnfold.emit.targets import PRIMITIVE_RMS_OP, SKIP_RMS_OP, bias_slot
@@ -226,31 +226,32 @@ def _rank(value: ir.Value | None) -> int | None:
     return len(value.shape) if value is not None and value.shape is not None else None
 
 
-def planned_changes(model: ir.Model, plan: CenteringPlan) -> PlannedChanges:
-    """What `apply_plan(model, plan)` is to change, read before it runs."""
+def planned_changes(model: ir.Model, bound: BoundPlan) -> PlannedChanges:
+    """What `apply_plan(model, bound)` is to change, read before it runs."""
     scopes = _Scopes(model)
     key = scopes.key
     nodes = {key(node): _as_was(node) for graph in scopes.graphs for node in graph}
     substitutions: dict[tuple[str, int], str] = {}
-    for edit in plan.edits:
-        if edit.untie and edit.new_name:
-            for node, index in edit._uses:
-                substitutions[(key(node), index)] = edit.new_name
-    for centering in plan.centerings:
-        for node, index in centering._uses:
-            substitutions[(key(node), index)] = centering.new_name
+    for b in bound.edits:
+        if b.edit.untie and b.edit.new_name:
+            for node, index in b.uses:
+                substitutions[(key(node), index)] = b.edit.new_name
+    for c in bound.centerings:
+        for node, index in c.uses:
+            substitutions[(key(node), index)] = c.centering.new_name
     changes = PlannedChanges(
         nodes, _constants(scopes), substitutions, set(), [v.name or "" for v in model.graph.outputs],
         [v.name or "" for v in model.graph.inputs], _opset(model),
     )
-    by_tensor = {(scopes.of(e._value), e.tensor): e for e in plan.edits}
-    for e in plan.edits:
+    by_tensor = {(scopes.of(b.value), b.edit.tensor): b.edit for b in bound.edits}
+    for b in bound.edits:
+        e = b.edit
         written = e.new_name if e.untie and e.new_name else e.tensor
         changes.edits.append(
-            PlannedEdit(scopes.of(e._value), e.tensor, written, e.axis, e.weights, e.block, e.blocks, e.means_name)
+            PlannedEdit(scopes.of(b.value), e.tensor, written, e.axis, e.weights, e.block, e.blocks, e.means_name)
         )
-    for c in plan.centerings:
-        x = c._value
+    for b in bound.centerings:
+        c, x = b.centering, b.value
         changes.centerings.append(PlannedCentering(scopes.of(x), x.name or c.tensor, c.axis, _rank(x), c.new_name))
 
     def read(node: ir.Node, index: int) -> str:
@@ -258,14 +259,13 @@ def planned_changes(model: ir.Model, plan: CenteringPlan) -> PlannedChanges:
 
     # (node key, index) of each Skip op's bias, by the LN that takes it in
     skip_slots = {
-        (key(d._rewrite.site.skip_bias[0]), d._rewrite.site.skip_bias[1]): d.node
-        for d in plan.folded
-        if d._rewrite is not None and d._rewrite.site.skip_bias is not None
+        (key(f.rewrite.site.skip_bias[0]), f.rewrite.site.skip_bias[1]): f.decision.node
+        for f in bound.folds
+        if f.rewrite.site.skip_bias is not None
     }
 
-    for d in plan.folded:
-        r = d._rewrite
-        assert r is not None, d.node
+    for fold in bound.folds:
+        d, r = fold.decision, fold.rewrite
         cand, site = r.cand, r.site
         changes.removed |= {key(n) for n in r.replaced}
         for param in (cand.scale, cand.bias):

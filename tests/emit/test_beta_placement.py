@@ -112,7 +112,7 @@ def test_key_projection_refusals_leave_beta_an_add_and_the_cost_rule_keeps_the_l
     assert (d.stage, d.code) == ("cost", "costs-more")
     assert why in d.reason
     assert "k/matmul' has no bias, and its share cannot be dropped" in d.reason
-    assert d.reason.endswith(f"({costs.SOURCE})")
+    assert d.reason.endswith(f"({costs.builtin_table().source})")
 
 
 def test_a_bias_free_mlp_projection_is_not_told_about_keys():
@@ -196,17 +196,18 @@ def test_an_ln_ort_fuses_with_its_residual_folds_even_with_beta_as_an_add():
 
 def test_cost_table_decisions():
     """The rules as the measured costs give them, at a few widths."""
+    pricing = costs.default_pricing()  # the built-in table at the default token count
     for d in (64, 384, 768, 1024):
         ln, sln, skip = [("LayerNormalization", d)], [("SimplifiedLayerNormalization", d)], [("SkipLayerNormalization", d)]
-        assert not costs.costs_more(sln, ln)
-        assert costs.costs_more(sln + [("BiasAdd", d)], ln)
-        assert not costs.costs_more([("Add", d)] + sln + [("BiasAdd", d)], skip)
-        assert not costs.fused_residual_pays(d)  # auto leaves the residual Add unfused on CPU
-        assert not costs.created_bias_pays([2 * d], d)
+        assert not pricing.costs_more(sln, ln)
+        assert pricing.costs_more(sln + [("BiasAdd", d)], ln)
+        assert not pricing.costs_more([("Add", d)] + sln + [("BiasAdd", d)], skip)
+        assert not pricing.fused_residual_pays(d)  # auto leaves the residual Add unfused on CPU
+        assert not pricing.created_bias_pays([2 * d], d)
         if d >= 4 * costs.NARROWEST:  # narrower than that, an Add is priced at the narrowest width
-            assert costs.created_bias_pays([d // 4], d)
-        one = costs.saving(sln, ln)
-        assert not costs.centering_pays(d, [one])
+            assert pricing.created_bias_pays([d // 4], d)
+        one = costs.Saving(pricing.saving(sln, ln).amount, 0.0, d, pricing)  # its central figure alone
+        assert not pricing.centering_pays(d, [one])
 
 
 def test_cost_table_is_the_committed_measurement():
@@ -225,13 +226,15 @@ def test_cost_table_is_the_committed_measurement():
         (d, t) for d in (64, 256, 384, 768, 1024) for t in (16, 128, 1024, 8192)
     }
     fitted = fit(results)
-    assert set(fitted) == set(costs.CPU) == {*costs.KINDS, *costs.LAYOUT_KINDS}
-    for kind, coefficients in fitted.items():
-        cost = costs.CPU[kind]
-        assert (cost.fixed, cost.per_token, cost.per_element, cost.per_width) == pytest.approx(coefficients, rel=1e-3), kind
     builtin = costs.builtin_table()
+    assert set(fitted) == set(builtin.costs) == {*costs.KINDS, *costs.LAYOUT_KINDS}
+    for kind, coefficients in fitted.items():
+        cost = builtin.costs[kind]
+        assert (cost.fixed, cost.per_token, cost.per_element, cost.per_width) == pytest.approx(coefficients, rel=1e-3), kind
     expected = table(results, committed["command"], committed["machine"])
-    assert (builtin.provider, builtin.unit, builtin.source) == ("CPUExecutionProvider", "instructions", costs.SOURCE)
+    assert (builtin.provider, builtin.unit, builtin.source) == (
+        "CPUExecutionProvider", "instructions", "benchmarks/results/EMISSION_COSTS.md"
+    )
     for kind in fitted:
         assert [(p.tokens, p.width) for p in builtin.points[kind]] == [(p.tokens, p.width) for p in expected.points[kind]]
         for got, want in zip(builtin.points[kind], expected.points[kind]):

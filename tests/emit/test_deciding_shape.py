@@ -83,7 +83,7 @@ def test_the_command_line_prices_at_the_input_shape_it_is_given(tmp_path, capsys
     assert main([str(src), "--dry-run", "--input-shape", "x:2,50,64", "--json", str(tmp_path / "r.json"), "-q"]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["decisions"][0]["priced_at"] == f"at 100 tokens ({GIVEN})"
-    assert report["costs"].startswith(costs.SOURCE)
+    assert report["costs"].startswith(costs.builtin_table().source)
 
 
 def _wide_table(tmp_path) -> str:

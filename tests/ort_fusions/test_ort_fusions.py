@@ -251,7 +251,8 @@ def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
 
 def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatch):
     model = ir.from_proto(bert_attention_block())
-    onnx_lnfold.analyze(model, keep_ort_fusions=False)  # the analysis names an unnamed Constant tensor (as before)
+    # A first analysis names the unnamed Constant tensor; from then on an analysis changes nothing.
+    onnx_lnfold.analyze(model, keep_ort_fusions=False)
     before = ir.to_proto(model).SerializeToString()
     fusion_check.clear_cache()
     calls = []

@@ -8,8 +8,10 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
+from onnx_lnfold import _pipeline
 from onnx_lnfold.analysis.plan import LnDecision
 from onnx_lnfold.core.blocked import CODES, Blocked
+from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.report.fold_report import FoldReport, count_ops
 from onnx_lnfold.report.kept import explain_kept
@@ -189,9 +191,8 @@ def test_json_carries_versions_absolute_paths_and_elapsed(monkeypatch):
 
 def test_verbose_trace_names_producers_carry_ops_and_blocks():
     model = load_path(MODELS / "bert.onnx")
-    # as before the cost rule: the embeddings LN folded, no explicit centering
-    plan = onnx_lnfold.analyze(model, fold_costly=True, auxiliary_centering=False)
-    lines = explain(model, plan)
+    # folded whatever it costs, the embeddings LN folds; no explicit centering
+    lines = explain(model, _pipeline.analyze(model, FoldOptions(fold_costly=True, auxiliary_centering=False)))
     assert lines[0] == "node_layer_norm (LayerNormalization, axis 2): folded -> SimplifiedLayerNormalization"
     assert "  producer: embedding table 'model.embeddings.word_embeddings.weight' read by node_embedding: centered along axis 1" in lines
     assert "  carried through 2 op(s): Add x2: node_add_14, node_add_22" in lines
@@ -201,7 +202,7 @@ def test_verbose_trace_names_producers_carry_ops_and_blocks():
     # new ones for each LN after the first; each op and producer is told once, for the first LN
     # whose proof has it, so the proof grows with the depth, not with its square.
     gpt2 = load_path(MODELS / "gpt2.onnx")
-    proof = explain(gpt2, onnx_lnfold.analyze(gpt2))
+    proof = explain(gpt2, _pipeline.analyze(gpt2, FoldOptions()))
     carried = [line.split(":")[0] for line in proof if "carried through" in line]
     assert carried == ["  carried through 1 op(s)"] + ["  carried through 2 op(s)"] * 4
     told = [line for line in proof if "told above" in line and "op(s)" in line]

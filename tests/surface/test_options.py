@@ -167,7 +167,7 @@ def test_the_proof_is_the_same_as_from_a_separate_analysis(tmp_path, capsys):
     model = tmp_path / "gpt2.onnx"
     shutil.copy(MODELS / "gpt2.onnx", model)
     loaded = ir.load(str(model))
-    expected = explain(loaded, onnx_lnfold.analyze(loaded))
+    expected = explain(loaded, _pipeline.analyze(loaded, FoldOptions()))
     run = _pipeline.run_pipeline(ir.load(str(model)), model, FoldOptions(), _pipeline.VerifyRequest(enabled=False), proof=True)
     assert run.report.trace == expected and expected
     assert run.report.verification.reason == "disabled by the caller" and not run.refused and run.staged is None
