@@ -120,7 +120,7 @@ def test_the_entry_points_convert_and_the_analysis_refuses_an_unconverted_model(
         "(onnx_lnfold.fold and the command line do)"
     )
     with pytest.raises(onnx_lnfold.InvalidInput, match=f"^{re.escape(message)}$"):
-        _pipeline.analyze(model, FoldOptions(target="onnx"))
+        _pipeline._plan(model, FoldOptions(target="onnx"))
     assert model.opset_imports[""] == 18 and [n.op_type for n in model.graph].count("LayerNormalization") == 1
     # The pass converts in place; the default target folds at the model's own opset.
     assert onnx_lnfold.LnFoldPass(target="onnx", fold_costly=True)(model).modified
@@ -131,13 +131,13 @@ def test_the_entry_points_convert_and_the_analysis_refuses_an_unconverted_model(
 @pytest.fixture
 def count_analyses(monkeypatch):
     calls = []
-    analyze = _pipeline.analyze
+    plan = _pipeline._plan
 
     def counted(model, options, shapes=None):
         calls.append(options)
-        return analyze(model, options, shapes)
+        return plan(model, options, shapes)
 
-    monkeypatch.setattr(_pipeline, "analyze", counted)
+    monkeypatch.setattr(_pipeline, "_plan", counted)
     return calls
 
 
@@ -158,6 +158,13 @@ def test_fold_analyzes_once(count_analyses):
     result = onnx_lnfold.fold(MODELS / "gpt2.onnx", tied_weights="untie")
     assert count_analyses == [FoldOptions(tied_weights="untie")]
     assert result.report.verification.status == "passed"
+
+
+def test_analyze_and_the_pass_analyze_once(count_analyses):
+    """analyze() and LnFoldPass run the analysis fold() runs, once each."""
+    onnx_lnfold.analyze(MODELS / "gpt2.onnx", fuse_residual="never")
+    onnx_lnfold.LnFoldPass(tied_weights="center")(ir.load(str(MODELS / "gpt2.onnx")))
+    assert count_analyses == [FoldOptions(fuse_residual="never"), FoldOptions(tied_weights="center")]
 
 
 def test_the_proof_is_the_same_as_from_a_separate_analysis(tmp_path, capsys):
