@@ -1,9 +1,9 @@
 """The public entry points: `fold()` and `analyze()` take the same inputs (a path, an
 `onnx.ModelProto` or an `onnx_ir.Model`) and never change the caller's model.
 
-Both take the fields of `FoldOptions` as keywords (`target=`, `auxiliary_centering=`,
-`fuse_residual=`, `tied_weights=`, `keep_ort_fusions=`, `fold_costly=`), or a whole `options=FoldOptions(...)`; keywords given beside
-`options` replace its fields.
+Both take the fields of `FoldOptions` as keywords (`target=`, ...: the table `core.options.OPTIONS`
+says what each does), or a whole `options=FoldOptions(...)`; keywords given beside `options`
+replace its fields.
 """
 
 from __future__ import annotations
@@ -69,8 +69,7 @@ def fold(
     The result's repr is one line (`<FoldResult gpt2.onnx: 5/5 LNs folded, verified (rel 4.9e-07),
     0.86 MB>`); the detail is `.plan.decisions`, `.report.format_text()`, `.model`.
 
-    The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`, `keep_ort_fusions`,
-    `fold_costly`) are those of `FoldOptions`, whose docstring says what each does.
+    The options are `FoldOptions`' fields; `core.options.OPTIONS` says what each does.
     """
     options = keywords_to_options(options, option_keywords, "fold")
     check = _pipeline.VerifyRequest(

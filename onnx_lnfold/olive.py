@@ -17,7 +17,7 @@ with `OnnxLnFold` added, so a workflow names it like any built-in pass::
     }, package_config=package_config())
 
 Put it after `OrtTransformersOptimization` and before `OnnxFloatToFloat16` or quantization: the
-order README "Deployment pipelines" measured. Each run verifies the folded model in ONNX
+order docs/PIPELINES.md measured. Each run verifies the folded model in ONNX
 Runtime (unless `verify` is false) and fails the pass, writing nothing, when it differs. Its
 config holds the fold's options (`core.options.OPTIONS`: the command line's, with the same defaults
 and help), `verify` and `input_shapes`.

@@ -13,7 +13,7 @@ from onnx_lnfold import _pipeline
 from onnx_lnfold._cli import EXIT_OK, main
 from onnx_lnfold.core.options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 
-from conftest import MODELS
+from conftest import MODELS, ROOT
 from graphs import Graph
 
 OPTION_SETS = [
@@ -211,3 +211,66 @@ def test_help_and_report_say_which_runtimes_run_each_target():
     primitive = next(t for t in DESCRIBED if t.name == "primitive")
     assert f"Target primitive: {primitive.description}" in text
     assert result.report.to_dict()["target_description"] == primitive.description
+
+
+# --------------------------------------------------------------------------- one table of options
+def test_the_options_table_covers_every_field_once():
+    from onnx_lnfold.core.options import OPTION_NAMES, OPTIONS
+
+    assert sorted(option.name for option in OPTIONS) == sorted(OPTION_NAMES)
+    assert len({option.flag for option in OPTIONS}) == len(OPTIONS)
+    defaults = FoldOptions()
+    assert all(option.default == getattr(defaults, option.name) for option in OPTIONS)
+
+
+def test_the_command_line_reads_the_options_table():
+    """Each fold option's flag, choices, default and help are the table's; each flag sets its field."""
+    from onnx_lnfold._cli import build_parser
+    from onnx_lnfold.core.options import OPTIONS, options_from
+
+    parser = build_parser("onnx-lnfold")
+    actions = {action.dest: action for action in parser._actions}
+    for option in OPTIONS:
+        action = actions[option.name]
+        assert action.option_strings == [option.flag]
+        assert action.help.replace("%%", "%") == option.help
+        assert action.default == option.default and action.choices == option.choices
+    assert options_from(parser.parse_args(["m.onnx"])) == FoldOptions()
+    other = {"target": "onnx", "fuse_residual": "always", "tied_weights": "center", "costs": "c.json"}
+    for option in OPTIONS:
+        value = not option.default if option.kind is bool else other[option.name]
+        args = parser.parse_args(["m.onnx", *option.cli_args(value)])
+        assert getattr(options_from(args), option.name) == value, option.name
+
+
+def test_the_olive_pass_reads_the_options_table():
+    """Its config is the table's options (name, type, default, help) and `verify`, `input_shapes`;
+    without Olive installed, its source is read for the same (tests/surface/test_olive.py runs it)."""
+    import ast
+    import importlib.util
+
+    from onnx_lnfold.core.options import OPTIONS
+
+    if importlib.util.find_spec("olive") is not None:
+        from onnx_lnfold.olive import OnnxLnFold
+
+        config = OnnxLnFold._default_config(None)
+        assert set(config) == {option.name for option in OPTIONS} | {"verify", "input_shapes"}
+        for option in OPTIONS:
+            param = config[option.name]
+            assert (param.type_, param.default_value, param.description) == (option.kind, option.default, option.help)
+        return
+    source = (ROOT / "onnx_lnfold" / "olive.py").read_text()
+    strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not strings & {option.name for option in OPTIONS}  # no option spelled out: all from the table
+    assert "for option in OPTIONS" in source and "fold_keywords(config)" in source
+
+
+def test_the_docs_options_table_is_the_options_table():
+    """docs/COMMAND_LINE.md's table of the fold's options is `options_markdown()` (regenerate it with
+    `python -c 'from onnx_lnfold.core.options import options_markdown; print(options_markdown())'`)."""
+    from onnx_lnfold.core.options import options_markdown
+
+    doc = (ROOT / "docs" / "COMMAND_LINE.md").read_text()
+    begin, end = "<!-- begin options: core.options.OPTIONS -->\n", "\n<!-- end options -->"
+    assert doc[doc.index(begin) + len(begin) : doc.index(end)] == options_markdown()
