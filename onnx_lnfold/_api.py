@@ -1,9 +1,9 @@
 """The public entry points: `fold()` and `analyze()` take the same inputs (a path, an
 `onnx.ModelProto` or an `onnx_ir.Model`) and never change the caller's model.
 
-Both take the fields of `FoldOptions` as keywords (`target=`, `auxiliary_centering=`,
-`fuse_residual=`, `tied_weights=`, `keep_ort_fusions=`, `fold_costly=`), or a whole `options=FoldOptions(...)`; keywords given beside
-`options` replace its fields.
+Both take the fields of `FoldOptions` as keywords (`target=`, ...: the table `core.options.OPTIONS`
+says what each does), or a whole `options=FoldOptions(...)`; keywords given beside `options`
+replace its fields.
 """
 
 from __future__ import annotations
@@ -15,18 +15,13 @@ import onnx_ir as ir
 
 from onnx_lnfold import _pipeline
 from onnx_lnfold.analysis.plan import CenteringPlan
-from onnx_lnfold.core.errors import VerificationFailed
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, keywords_to_options, takes_option_keywords
-from onnx_lnfold.io.external_data import external_data_files
 from onnx_lnfold.load.model import ModelSource, load_model
-from onnx_lnfold.report.fold_report import model_bytes
-from onnx_lnfold.shapes.table import ShapeTable
 
 
 @takes_option_keywords
 def analyze(
     model: ModelSource,
-    shapes: ShapeTable | None = None,
     *,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
@@ -39,15 +34,14 @@ def analyze(
     for `target="onnx"` below opset 23 the plan is made on a converted copy, as `fold()` makes it);
     a path or a ModelProto is loaded first, with the same one-line errors as `fold()`. `inputs` or
     `input_shapes`, as `fold()` takes them, say what shapes the model runs at: the cost rule prices
-    each LN at the tokens they give it where the graph does not fix them (docs/DESIGN.md 4.1).
+    each LN at the tokens they give it where the graph does not fix them (docs/DESIGN.md 4.1); they
+    are checked against the graph inputs as `fold()` checks them. The analysis is the one every
+    entry point runs (`_pipeline.analyze_model`).
     """
     options = keywords_to_options(options, option_keywords, "analyze")
     if not isinstance(model, ir.Model):
         model, _ = load_model(model)
-    if shapes is None and (inputs is not None or input_shapes):
-        given = _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs).run_shapes
-        shapes = ShapeTable(model, given=given)
-    return _pipeline.analyze_for_target(model, options, shapes)[1].plan
+    return _pipeline.analyze_model(model, options, _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs))[1].plan
 
 
 @takes_option_keywords
@@ -75,24 +69,12 @@ def fold(
     The result's repr is one line (`<FoldResult gpt2.onnx: 5/5 LNs folded, verified (rel 4.9e-07),
     0.86 MB>`); the detail is `.plan.decisions`, `.report.format_text()`, `.model`.
 
-    The options (`target`, `auxiliary_centering`, `fuse_residual`, `tied_weights`, `keep_ort_fusions`,
-    `fold_costly`) are those of `FoldOptions`, whose docstring says what each does.
+    The options are `FoldOptions`' fields; `core.options.OPTIONS` says what each does.
     """
     options = keywords_to_options(options, option_keywords, "fold")
     check = _pipeline.VerifyRequest(
         enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs, float64_budget=float64_budget
     )
-    # The report carries the wall time, as the command line's does.
-    started = time.monotonic()
-    size_before = None  # bytes on disk, external data included, as the command line reports them
-    try:
-        ir_model, path = load_model(model)
-        size_before = model_bytes(path, external_data_files(ir_model, path.parent)) if path else None
-        result = _pipeline.fold_loaded(ir_model, path, options, check)
-    except VerificationFailed as e:
-        report = getattr(e, "report", None)
-        if report is not None:
-            report.elapsed_s, report.size_before = time.monotonic() - started, size_before
-        raise
-    result.report.elapsed_s, result.report.size_before = time.monotonic() - started, size_before
-    return result
+    started = time.monotonic()  # the report's elapsed time counts the load, as the command line's does
+    ir_model, path = load_model(model)
+    return _pipeline.fold_loaded(ir_model, path, options, check, started)

@@ -4,7 +4,7 @@ Exit codes: 0 done (also when nothing folds), 1 a fold that did not pass verific
 `VerificationFailed`), 2 bad input or usage, or an output that cannot be written (one line on stderr,
 nothing written; every other `LnFoldError`), 3 internal error, 130 interrupted.
 
-The parser is built from `core.options`' choices alone: `-V`, `--help` and a usage error answer
+The parser is built from `core.options`' table alone: `-V`, `--help` and a usage error answer
 before numpy, onnx and onnx_ir are imported (they take about a second); `_run` imports them.
 """
 
@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
 from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, VerificationFailed
-from onnx_lnfold.core.ops import target_help
-from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
+from onnx_lnfold.core.options import FLOAT64_BUDGET_S, OPTIONS, options_from
 from onnx_lnfold.core.progress import Progress
 
 if TYPE_CHECKING:
@@ -80,55 +79,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--json", metavar="REPORT.json", help="also write the report as JSON ('-': to stdout, the text report to stderr)"
     )
     p.add_argument("--dry-run", action="store_true", help="analyze and print the plan; write nothing")
-    p.add_argument(
-        "--target",
-        choices=TARGETS,
-        default="ort",
-        help=target_help(),
-    )
-    p.add_argument(
-        "--fuse-residual",
-        choices=FUSE_RESIDUAL,
-        default="auto",
-        help="which residual Adds become SkipSimplifiedLayerNormalization: auto (where ONNX Runtime "
-        "fuses the original's Add + LayerNormalization and the fused op costs less, by measured CPU "
-        "costs: nowhere on CPU today; default), always (for providers whose fused kernel pays), never",
-    )
-    p.add_argument(
-        "--tied-weights",
-        choices=TIED_WEIGHTS,
-        default="auto",
-        help="an embedding table the LM head shares: untie (center a copy; the file grows by the table), "
-        "center (x - ReduceMean(x) after the Gather: no copy, two nodes per run), derive (the Gathers read "
-        "table - row means, which ONNX Runtime folds at load: the file grows by the means only), or auto "
-        "(default: untie where the copy adds at most 1%% of the weights and the head reads the table through "
-        "a Transpose, derive where the copy would be larger, center otherwise)",
-    )
-    p.add_argument(
-        "--no-aux-centering",
-        action="store_true",
-        help="never insert an explicit x - ReduceMean(x) (to unlock LNs whose stream no weight edit can "
-        "center, or for tied weights: they are untied)",
-    )
-    p.add_argument(
-        "--ignore-ort-fusions",
-        action="store_true",
-        help="do not run ONNX Runtime's optimizers on weightless copies of the graph, so fold also the LNs "
-        "whose fold would cost an ONNX Runtime fusion (EmbedLayerNormalization, a session's Gelu or Attention)",
-    )
-    p.add_argument(
-        "--fold-costly",
-        action="store_true",
-        help="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta left as an Add "
-        "over the stream, say; measured kernel costs): by default they are kept",
-    )
-    p.add_argument(
-        "--costs",
-        metavar="COSTS.json",
-        help="decide what pays by the kernel costs in this table (`onnx-lnfold calibrate --provider NAME -o "
-        "COSTS.json`: another execution provider, this machine) instead of the built-in one (ONNX Runtime's CPU "
-        "EP, callgrind instructions)",
-    )
+    for option in OPTIONS:  # the fold's options, from their one table
+        option.add_to(p)
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
     p.add_argument(
         "--rtol",
@@ -228,8 +180,7 @@ def _print(text: str, stream) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
-def _emit(report: FoldReport, args: argparse.Namespace, started: float) -> None:
-    report.elapsed_s = time.monotonic() - started
+def _emit(report: FoldReport, args: argparse.Namespace) -> None:
     if args.json == STDOUT:
         _print(report.to_json(), sys.stdout)
     elif args.json:
@@ -275,7 +226,6 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     from onnx_lnfold.feeds.given import load_inputs, parse_input_shape
     from onnx_lnfold.io.external_data import external_data_files
     from onnx_lnfold.load.model import load_path
-    from onnx_lnfold.report.fold_report import model_bytes
     from onnx_lnfold.save.staged import check_destination
 
     source = _check_source(args.model)
@@ -309,17 +259,8 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     if destination is not None:
         check_destination(source, destination, args.in_place, input_data)
     _check_json_path(args, source, destination, input_data)
-    size_before = model_bytes(source, input_data)
 
-    options = FoldOptions(
-        target=args.target,
-        auxiliary_centering=not args.no_aux_centering,
-        fuse_residual=args.fuse_residual,
-        tied_weights=args.tied_weights,
-        keep_ort_fusions=not args.ignore_ort_fusions,
-        fold_costly=args.fold_costly,
-        costs=args.costs,
-    )
+    options = options_from(args)
     check = VerifyRequest(
         enabled=not args.no_verify,
         disabled_because="disabled by --no-verify",
@@ -329,39 +270,43 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
         float64_budget=args.float64_budget,
     )
     run = run_pipeline(
-        model, source, options, check, dry_run=args.dry_run, proof=args.verbose, destination=destination, progress=progress
+        model,
+        source,
+        options,
+        check,
+        dry_run=args.dry_run,
+        proof=args.verbose,
+        destination=destination,
+        progress=progress,
+        started=started,
     )
     report = run.report
-    report.size_before = size_before
     if rehearsal:
         report.notes.append(f"Warning: {rehearsal}.")
     if args.dry_run:
         progress.close()
-        _emit(report, args, started)
+        _emit(report, args)
         return EXIT_OK
 
-    staged = run.staged  # staged at the destination: this is no dry run
     try:
         progress.close()
         if run.refused:  # only a passed (or skipped) check writes a fold
-            staged.discard()  # type: ignore[union-attr]
+            run.discard()
             why = "not equivalent" if report.verification.status == "failed" else "not verified"
             report.notes.append(f"Refused to write {destination}: the folded model is {why}.")
-            _emit(report, args, started)
+            _emit(report, args)
             print(f"onnx_lnfold: {report.verification.refusal('cli')}", file=sys.stderr)
             return EXIT_VERIFY
-        report.output = str(staged.commit())  # type: ignore[union-attr]
-        report.output_identical = staged.identical  # type: ignore[union-attr]
-        written = [destination.parent / staged.data_name] if staged.data_name else []  # type: ignore[union-attr]
-        report.size_after = model_bytes(destination, written)  # type: ignore[arg-type]
+        run.commit()
     except BaseException:
-        staged.discard()  # type: ignore[union-attr]
+        run.discard()
         raise
-    if args.in_place and staged.data_name is not None:  # type: ignore[union-attr]
-        new_data = (source.parent / staged.data_name).resolve()
+    data_name = run.staged.data_name  # type: ignore[union-attr]
+    if args.in_place and data_name is not None:
+        new_data = (source.parent / data_name).resolve()
         for old in sorted(input_data - {new_data}):
             report.notes.append(f"The input's old external data file {old.name} is no longer used by {source.name}.")
-    _emit(report, args, started)
+    _emit(report, args)
     return EXIT_OK
 
 

@@ -1,10 +1,15 @@
-"""The one pipeline behind `fold()`, `fold_loaded()` and the command line, on a loaded model:
+"""The one orchestration behind every entry point (`fold()`, `analyze()`, `LnFoldPass`, the
+command line, the Olive pass), on a loaded model:
 analyze -> [proof, for `-v`] -> apply -> [stage the output] -> verify.
 
-Loading and the final write stay with the callers: the command line checks its output paths
-between loading and folding, and writes (commits the staged model) only a fold that was not
-refused; `fold()` hands the model back to be saved by the caller. What is verified, what is
-skipped and why, and what is refused is decided here once."""
+`analyze_model` is the analysis each of them runs (the inputs checked against the graph, the
+shapes they give, the model at its target's opset, the plan); `run_pipeline` runs it and the rest,
+and sets every fact of the report (sizes, elapsed time) but those of the write, which
+`record_output` sets where the output is committed. Loading and the final write stay with the
+callers: the command line checks its output paths between loading and folding, and writes (commits
+the staged model) only a fold that was not refused; `fold()` hands the model back to be saved by the
+caller; the pass changes the model it is given. What is verified, what is skipped and why, and what
+is refused is decided here once."""
 
 from __future__ import annotations
 
@@ -69,10 +74,8 @@ class FoldResult:
         """Write the model (re-serialized, also when nothing was folded) and its external data
         file, if any, beside it; the report records where and the size written."""
         staged = StagedModel(self.model, Path(path), rebind=True)
-        written = staged.commit()
-        data = [written.parent / staged.data_name] if staged.data_name else []
-        self.report.output, self.report.output_identical = str(path), False
-        self.report.size_after = model_bytes(written, data)
+        staged.commit()
+        record_output(self.report, staged)
 
 
 @dataclass
@@ -83,12 +86,35 @@ class FoldRun:
     model: ir.Model
     report: FoldReport
     staged: StagedModel | None = None
+    started: float | None = None  # when the caller's wait began, for the report's elapsed time
 
     @property
     def refused(self) -> bool:
         """A fold that was to be verified and was not shown equivalent is neither written nor
         returned."""
         return self.report.verification.status not in ("passed", "skipped")
+
+    def commit(self) -> Path:
+        """Write the staged output in place of its destination; the report records it."""
+        assert self.staged is not None, "a dry run stages nothing"
+        written = self.staged.commit()
+        record_output(self.report, self.staged, self.started)
+        return written
+
+    def discard(self) -> None:
+        if self.staged is not None:
+            self.staged.discard()
+
+
+def record_output(report: FoldReport, staged: StagedModel, started: float | None = None) -> None:
+    """The facts of a write, once `staged` is committed: where, whether the input's own bytes were
+    copied, the size written (external data included) and, given when the wait began, the elapsed
+    time with the write in it."""
+    report.output, report.output_identical = str(staged.destination), staged.identical
+    data = [staged.destination.parent / staged.data_name] if staged.data_name else []
+    report.size_after = model_bytes(staged.destination, data)
+    if started is not None:
+        report.elapsed_s = time.monotonic() - started
 
 
 @dataclass(frozen=True)
@@ -117,17 +143,27 @@ def prepare(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
     return Prepared(converted, default_opset(model), ShapeTable(converted, given=shapes.given))
 
 
+def analyze_model(model: ir.Model, options: FoldOptions, check: VerifyRequest) -> tuple[ir.Model, BoundPlan]:
+    """The analysis every entry point runs: the inputs or input shapes `check` holds checked
+    against the graph (what a real run refuses, a dry run and `analyze()` refuse too), then
+    `analyze_for_target` at the shapes they give (the cost rule prices each LN there)."""
+    if check.inputs is not None:
+        check_inputs(model, check.inputs)
+    check_input_shapes(model, dict(check.input_shapes or {}))
+    return analyze_for_target(model, options, ShapeTable(model, given=check.run_shapes))
+
+
 def analyze_for_target(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> tuple[ir.Model, BoundPlan]:
-    """`prepare`, then `analyze` the model prepared: (that model, its plan). The plan is bound to
-    the model returned, which is `model` unless it was converted."""
+    """`prepare`, then plan the model prepared: (that model, its plan). The plan is bound to the
+    model returned, which is `model` unless it was converted."""
     prepared = prepare(model, options, shapes)
-    bound = analyze(prepared.model, options, prepared.shapes)
+    bound = _plan(prepared.model, options, prepared.shapes)
     if prepared.converted_from is not None:
         bound.plan.converted_from, bound.plan.converted_to = prepared.converted_from, default_opset(prepared.model)
     return prepared.model, bound
 
 
-def analyze(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> BoundPlan:
+def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> BoundPlan:
     """Recognize every LayerNorm of `model` and decide whether it folds and how; mutate nothing.
 
     LNs whose fold would cost an ONNX Runtime fusion stay LNs (`ort_fusions`, docs/DESIGN.md
@@ -166,21 +202,22 @@ def run_pipeline(
     destination: Path | None = None,
     progress: Progress | None = None,
     after_apply: Callable[[ir.Model, CenteringPlan], None] | None = None,
+    started: float | None = None,
 ) -> FoldRun:
     """Fold `model` (owned: changed in place) once. `path` is the file it was read from, if any
     (onnxruntime then reads the original from there). `proof` adds the per-LN proof to the report;
     `dry_run` stops after the rewrite, for the node counts (nothing is verified or staged);
     `destination` stages the folded model there before the check, which then reads the staged file
     (a model with external data is written once). `after_apply` changes the folded model before it is
-    staged and verified (the faults of the check's mutation campaign, `benchmarks.mutation`)."""
+    staged and verified (the faults of the check's mutation campaign, `benchmarks.mutation`).
+    `started` is when the caller's wait began (`time.monotonic()`; default: now): the report's
+    elapsed time counts from there. The report's sizes are the input's on disk, external data
+    included."""
     progress = progress or Progress(enabled=False)
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     # What a killed run left (its staged output, its check's copies) goes before this run adds its own.
     swept = scratch.sweep() + (scratch.sweep(destination.parent) if destination is not None else [])
-    # What a real run refuses, a dry run refuses too (a dry run runs nothing, but prices at these shapes).
-    if check.inputs is not None:
-        check_inputs(model, check.inputs)
-    check_input_shapes(model, dict(check.input_shapes or {}))
+    size_before = model_bytes(path, external_data_files(model, path.parent)) if path else None
     ops_before = count_ops(model)
     source = str(path) if path else None
     verifying = check.enabled and not dry_run
@@ -189,7 +226,7 @@ def run_pipeline(
     try:
         progress.phase("Analyzing" if (dry_run or proof) else "Folding")
         given = model
-        model, bound = analyze_for_target(model, options, ShapeTable(model, given=check.run_shapes))
+        model, bound = analyze_model(model, options, check)
         plan = bound.plan
         # From the model as it was: the rewrite removes IR objects the proof walks.
         trace = explain(model, bound) if proof else []
@@ -200,7 +237,8 @@ def run_pipeline(
             apply_plan(model, bound)  # owned: its op counts are the fold's; nothing is written
             report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, dry_run=True, trace=trace)
             report.notes.extend(swept)
-            return FoldRun(model, report)
+            report.size_before, report.elapsed_s = size_before, time.monotonic() - started
+            return FoldRun(model, report, started=started)
         if proof:
             progress.phase("Folding")
         # What the plan changes, read before the rewrite removes the IR objects it names: the check reads the fold back against it.
@@ -212,6 +250,7 @@ def run_pipeline(
         skipped = Verification("skipped", check.disabled_because)
         report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
         report.notes.extend(swept)
+        report.size_before = size_before
         # The check's exact twin needs the computed constants as computed: staging rebinds them.
         computed = exact_tensors(model) if check.enabled else {}
         staged = _stage(model, path, destination, plan, progress) if destination else None
@@ -229,7 +268,8 @@ def run_pipeline(
             if staged is not None:
                 staged.discard()
             raise
-        return FoldRun(model, report, staged)
+        report.elapsed_s = time.monotonic() - started
+        return FoldRun(model, report, staged, started)
     finally:
         if original_src:
             original_src.close()
@@ -274,10 +314,12 @@ def raise_unless_passed(run: FoldRun) -> None:
     raise error
 
 
-def fold_loaded(model: ir.Model, path: Path | None, options: FoldOptions, check: VerifyRequest) -> FoldResult:
+def fold_loaded(
+    model: ir.Model, path: Path | None, options: FoldOptions, check: VerifyRequest, started: float | None = None
+) -> FoldResult:
     """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
     it was read from, if any."""
-    run = run_pipeline(model, path, options, check)
+    run = run_pipeline(model, path, options, check, started=started)
     raise_unless_passed(run)
     return FoldResult(run.model, run.report)
 
@@ -286,9 +328,11 @@ __all__ = [
     "FoldResult",
     "FoldRun",
     "VerifyRequest",
-    "analyze",
+    "analyze_for_target",
+    "analyze_model",
     "check_equivalence",
     "fold_loaded",
     "raise_unless_passed",
+    "record_output",
     "run_pipeline",
 ]

@@ -17,8 +17,10 @@ with `OnnxLnFold` added, so a workflow names it like any built-in pass::
     }, package_config=package_config())
 
 Put it after `OrtTransformersOptimization` and before `OnnxFloatToFloat16` or quantization: the
-order README "Deployment pipelines" measured. Each run verifies the folded model in ONNX
-Runtime (unless `verify` is false) and fails the pass, writing nothing, when it differs.
+order docs/PIPELINES.md measured. Each run verifies the folded model in ONNX
+Runtime (unless `verify` is false) and fails the pass, writing nothing, when it differs. Its
+config holds the fold's options (`core.options.OPTIONS`: the command line's, with the same defaults
+and help), `verify` and `input_shapes`.
 """
 
 from __future__ import annotations
@@ -36,13 +38,11 @@ from olive.passes import Pass
 from olive.passes.pass_config import BasePassConfig, PassConfigParam
 
 from onnx_lnfold._api import fold
-from onnx_lnfold.core.ops import target_help
-from onnx_lnfold.core.options import OPTION_NAMES, FoldOptions
+from onnx_lnfold.core.options import OPTIONS, fold_keywords
 
 logger = logging.getLogger(__name__)
 
 PASS_TYPE = "OnnxLnFold"
-_DEFAULTS = FoldOptions()
 
 
 class OnnxLnFold(Pass):
@@ -50,41 +50,26 @@ class OnnxLnFold(Pass):
 
     @classmethod
     def _default_config(cls, accelerator_spec: AcceleratorSpec) -> dict[str, PassConfigParam]:
-        return {
-            "target": PassConfigParam(
-                type_=str, default_value=_DEFAULTS.target, description=target_help()
-            ),
-            "fuse_residual": PassConfigParam(
-                type_=str, default_value=_DEFAULTS.fuse_residual, description="which residual Adds become SkipSimplifiedLayerNormalization: auto, always, never"
-            ),
-            "tied_weights": PassConfigParam(
-                type_=str, default_value=_DEFAULTS.tied_weights, description="a tied embedding table: auto, center (x - ReduceMean(x)), untie (a centered copy), derive (table - row means, folded by ONNX Runtime at load)"
-            ),
-            "auxiliary_centering": PassConfigParam(
-                type_=bool, default_value=_DEFAULTS.auxiliary_centering, description="allow an explicit x - ReduceMean(x) where no weight edit centers a stream"
-            ),
-            "keep_ort_fusions": PassConfigParam(
-                type_=bool,
-                default_value=_DEFAULTS.keep_ort_fusions,
-                description="keep the LNs whose fold would cost an ONNX Runtime fusion (checked with ONNX Runtime on weightless copies)",
-            ),
-            "fold_costly": PassConfigParam(
-                type_=bool, default_value=_DEFAULTS.fold_costly, description="also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN"
-            ),
-            "costs": PassConfigParam(
-                type_=str, default_value=_DEFAULTS.costs, description="a cost table (onnx-lnfold calibrate -o costs.json) to decide what pays by; default: the built-in CPU one"
-            ),
-            "verify": PassConfigParam(
-                type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
-            ),
+        config = {
+            option.name: PassConfigParam(type_=option.kind, default_value=option.default, description=option.help)
+            for option in OPTIONS
         }
+        config["verify"] = PassConfigParam(
+            type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
+        )
+        config["input_shapes"] = PassConfigParam(
+            type_=dict,
+            default_value=None,
+            description="shapes of graph inputs ({name: [d1, d2, ...]}) to verify at; the cost rule prices each LN "
+            "at the tokens they give",
+        )
+        return config
 
     def _run_for_config(
         self, model: ONNXModelHandler, config: type[BasePassConfig], output_model_path: str
     ) -> ONNXModelHandler:
         output_model_path = resolve_onnx_path(output_model_path, Path(model.model_path).name)
-        options = FoldOptions(**{name: getattr(config, name) for name in OPTION_NAMES})
-        result = fold(model.model_path, verify=config.verify, options=options)
+        result = fold(model.model_path, **fold_keywords(config))
         for line in result.report.format_text().splitlines():
             logger.info(line)
         result.save(output_model_path)

@@ -1,12 +1,15 @@
 """`FoldOptions`: the choices that shape a fold, validated once, and the model's precondition.
 
+`OPTIONS` is the one table of them: each option's name, default, choices, command-line flag and
+help, which the command line's parser, the Olive pass's config and docs/OPTIONS.md are made from.
 Every internal step takes one `FoldOptions`; the public entry points (`fold()`, `analyze()`,
 `LnFoldPass`) also take its fields as keywords (`keywords_to_options`). Imports nothing heavy:
-the command line builds its parser from the choices below.
+the command line builds its parser from this module.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import os
@@ -69,22 +72,7 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 class FoldOptions:
     """How to fold; raises `InvalidInput` (one line; a `ValueError`) for a value outside the choices.
 
-    `target="onnx"` emits the standard RMSNormalization (an older model is converted to opset 23 by
-    `onnx.version_converter` first);
-    `auxiliary_centering=False` never inserts an explicit centering node; `fuse_residual`
-    ("auto", "always", "never") says which residual Adds become SkipSimplifiedLayerNormalization;
-    `tied_weights` ("auto", "center", "untie", "derive") says how an embedding table the LM head shares is
-    centered: as a copy ("untie": the file grows by the table; also what `auxiliary_centering=False`
-    does), by `x - ReduceMean(x)` after the Gather ("center"), by the Gathers reading `table - row
-    means`, which ONNX Runtime folds at session start ("derive"), or ("auto") the copy where it adds
-    at most 1% to the weights and the head reads the table through a Transpose, the derived table
-    where the copy would be larger, the centering elsewhere.
-    `keep_ort_fusions=False` skips running ONNX Runtime's optimizers on weightless copies of the
-    graph, so no LN is kept because folding it would cost an ONNX Runtime fusion.
-    `fold_costly=True` folds the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta
-    left as an Add over the stream, say), which are kept by default (stage "cost", code "costs-more").
-    `costs` is the path of a cost table (`onnx-lnfold calibrate -o costs.json`) the cost rule
-    decides by instead of the built-in one (ONNX Runtime's CPU EP, callgrind instructions).
+    What each field does: `OPTIONS` below (`help(onnx_lnfold.core.options)`, docs/OPTIONS.md).
     """
 
     target: str = "ort"
@@ -107,6 +95,128 @@ class FoldOptions:
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(FoldOptions))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option as every surface shows it: `name` is the `FoldOptions` field and the Olive config
+    key, `flag` the command line's. A bool whose default is True is turned off on the command line
+    (`--no-aux-centering`); any other bool is turned on by its flag."""
+
+    name: str
+    flag: str
+    help: str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def default(self) -> Any:
+        return _DEFAULTS[self.name]
+
+    @property
+    def kind(self) -> type:
+        return bool if isinstance(self.default, bool) else str
+
+    @property
+    def flag_turns_off(self) -> bool:
+        return self.default is True
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """This option's argument, its value landing at `args.<name>`."""
+        text = self.help.replace("%", "%%")  # argparse formats help with %
+        if self.kind is bool:
+            action = "store_false" if self.flag_turns_off else "store_true"
+            parser.add_argument(self.flag, dest=self.name, action=action, help=text)
+        else:
+            parser.add_argument(self.flag, dest=self.name, choices=self.choices, default=self.default, metavar=self.metavar, help=text)
+
+    def cli_args(self, value: Any) -> list[str]:
+        """The command-line arguments that set this option to `value` (none for the default)."""
+        if value == self.default:
+            return []
+        return [self.flag] if self.kind is bool else [self.flag, str(value)]
+
+    def markdown_row(self) -> str:
+        """`| --flag | name | default | help |`, the row of docs/OPTIONS.md's table."""
+        flag = f"`{self.flag} {'|'.join(self.choices)}`".replace("|", "\\|") if self.choices else f"`{self.flag}`"
+        if self.metavar:
+            flag = f"`{self.flag} {self.metavar}`"
+        return f"| {flag} | `{self.name}` | `{self.default}` | {self.help} |"
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FoldOptions)}
+
+OPTIONS = (
+    Option("target", "--target", ops.target_help(), choices=TARGETS),
+    Option(
+        "fuse_residual",
+        "--fuse-residual",
+        "which residual Adds become SkipSimplifiedLayerNormalization: auto (where ONNX Runtime fuses the "
+        "original's Add + LayerNormalization and the fused op costs less, by measured CPU costs: nowhere on "
+        "CPU; default), always (for providers whose fused kernel pays), never",
+        choices=FUSE_RESIDUAL,
+    ),
+    Option(
+        "tied_weights",
+        "--tied-weights",
+        "an embedding table the LM head shares: untie (center a copy; the file grows by the table), center "
+        "(x - ReduceMean(x) after the Gather: no copy, two nodes per run), derive (the Gathers read table - row "
+        "means, which ONNX Runtime folds at load: the file grows by the means only), or auto (default: untie "
+        "where the copy adds at most 1% of the weights and the head reads the table through a Transpose, "
+        "derive where the copy would be larger, center otherwise)",
+        choices=TIED_WEIGHTS,
+    ),
+    Option(
+        "auxiliary_centering",
+        "--no-aux-centering",
+        "insert an explicit x - ReduceMean(x) where no weight edit can center a stream (default); turned off "
+        "(--no-aux-centering, auxiliary_centering=False), never, and tied weights are untied",
+    ),
+    Option(
+        "keep_ort_fusions",
+        "--ignore-ort-fusions",
+        "keep the LNs whose fold would cost an ONNX Runtime fusion (EmbedLayerNormalization, a session's Gelu "
+        "or Attention), found by running ONNX Runtime's optimizers on weightless copies of the graph (default); "
+        "turned off (--ignore-ort-fusions, keep_ort_fusions=False), that check is skipped and those LNs fold too",
+    ),
+    Option(
+        "fold_costly",
+        "--fold-costly",
+        "also fold the LNs whose fold costs ONNX Runtime's CPU EP more than the LN (beta left as an Add over "
+        "the stream, say; measured kernel costs): by default they are kept",
+    ),
+    Option(
+        "costs",
+        "--costs",
+        "decide what pays by the kernel costs in this table (`onnx-lnfold calibrate --provider NAME -o "
+        "COSTS.json`: another execution provider, this machine) instead of the built-in one (ONNX Runtime's "
+        "CPU EP, callgrind instructions)",
+        metavar="COSTS.json",
+    ),
+)
+
+
+def options_from(config: object) -> FoldOptions:
+    """The options an object holds as attributes of their names: the command line's parsed
+    arguments, the Olive pass's config."""
+    return FoldOptions(**{name: getattr(config, name) for name in OPTION_NAMES})
+
+
+def fold_keywords(config: object) -> dict[str, Any]:
+    """The keywords of `fold()` the Olive pass's config holds: `verify`, `input_shapes` and the
+    options."""
+    shapes = getattr(config, "input_shapes", None) or {}
+    return {
+        "verify": config.verify,  # type: ignore[attr-defined]
+        "input_shapes": {name: tuple(dims) for name, dims in shapes.items()},
+        "options": options_from(config),
+    }
+
+
+def options_markdown() -> str:
+    """The table of docs/OPTIONS.md: flag, keyword, default, help for each option."""
+    header = "| command line | keyword / Olive config | default | what it does |\n| --- | --- | --- | --- |"
+    return "\n".join([header, *(option.markdown_row() for option in OPTIONS)])
 
 
 def target_opset(target: str) -> int | None:
@@ -163,10 +273,15 @@ __all__ = [
     "TARGETS",
     "TIED_WEIGHTS",
     "UNTIE_BUDGET",
+    "OPTIONS",
     "FoldOptions",
+    "Option",
     "check_preconditions",
     "target_op_names",
     "target_opset",
     "keywords_to_options",
+    "fold_keywords",
+    "options_from",
+    "options_markdown",
     "takes_option_keywords",
 ]

@@ -40,7 +40,7 @@ def test_the_plan_holds_plain_data_only(name):
 
 def test_the_bound_plan_follows_the_plan_order():
     model = load_path(MODELS / "bert.onnx")
-    bound = _pipeline.analyze(model, FoldOptions(fold_costly=True))
+    bound = _pipeline.analyze_for_target(model, FoldOptions(fold_costly=True))[1]
     plan = bound.plan
     assert [b.edit for b in bound.edits] == plan.edits and bound.edits
     assert [b.centering for b in bound.centerings] == plan.centerings

@@ -192,7 +192,7 @@ def test_json_carries_versions_absolute_paths_and_elapsed(monkeypatch):
 def test_verbose_trace_names_producers_carry_ops_and_blocks():
     model = load_path(MODELS / "bert.onnx")
     # folded whatever it costs, the embeddings LN folds; no explicit centering
-    lines = explain(model, _pipeline.analyze(model, FoldOptions(fold_costly=True, auxiliary_centering=False)))
+    lines = explain(model, _pipeline.analyze_for_target(model, FoldOptions(fold_costly=True, auxiliary_centering=False))[1])
     assert lines[0] == "node_layer_norm (LayerNormalization, axis 2): folded -> SimplifiedLayerNormalization"
     assert "  producer: embedding table 'model.embeddings.word_embeddings.weight' read by node_embedding: centered along axis 1" in lines
     assert "  carried through 2 op(s): Add x2: node_add_14, node_add_22" in lines
@@ -202,7 +202,7 @@ def test_verbose_trace_names_producers_carry_ops_and_blocks():
     # new ones for each LN after the first; each op and producer is told once, for the first LN
     # whose proof has it, so the proof grows with the depth, not with its square.
     gpt2 = load_path(MODELS / "gpt2.onnx")
-    proof = explain(gpt2, _pipeline.analyze(gpt2, FoldOptions()))
+    proof = explain(gpt2, _pipeline.analyze_for_target(gpt2, FoldOptions())[1])
     carried = [line.split(":")[0] for line in proof if "carried through" in line]
     assert carried == ["  carried through 1 op(s)"] + ["  carried through 2 op(s)"] * 4
     told = [line for line in proof if "told above" in line and "op(s)" in line]

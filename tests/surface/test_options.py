@@ -13,7 +13,7 @@ from onnx_lnfold import _pipeline
 from onnx_lnfold._cli import EXIT_OK, main
 from onnx_lnfold.core.options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
 
-from conftest import MODELS
+from conftest import MODELS, ROOT
 from graphs import Graph
 
 OPTION_SETS = [
@@ -120,7 +120,7 @@ def test_the_entry_points_convert_and_the_analysis_refuses_an_unconverted_model(
         "(onnx_lnfold.fold and the command line do)"
     )
     with pytest.raises(onnx_lnfold.InvalidInput, match=f"^{re.escape(message)}$"):
-        _pipeline.analyze(model, FoldOptions(target="onnx"))
+        _pipeline._plan(model, FoldOptions(target="onnx"))
     assert model.opset_imports[""] == 18 and [n.op_type for n in model.graph].count("LayerNormalization") == 1
     # The pass converts in place; the default target folds at the model's own opset.
     assert onnx_lnfold.LnFoldPass(target="onnx", fold_costly=True)(model).modified
@@ -131,13 +131,13 @@ def test_the_entry_points_convert_and_the_analysis_refuses_an_unconverted_model(
 @pytest.fixture
 def count_analyses(monkeypatch):
     calls = []
-    analyze = _pipeline.analyze
+    plan = _pipeline._plan
 
     def counted(model, options, shapes=None):
         calls.append(options)
-        return analyze(model, options, shapes)
+        return plan(model, options, shapes)
 
-    monkeypatch.setattr(_pipeline, "analyze", counted)
+    monkeypatch.setattr(_pipeline, "_plan", counted)
     return calls
 
 
@@ -160,6 +160,13 @@ def test_fold_analyzes_once(count_analyses):
     assert result.report.verification.status == "passed"
 
 
+def test_analyze_and_the_pass_analyze_once(count_analyses):
+    """analyze() and LnFoldPass run the analysis fold() runs, once each."""
+    onnx_lnfold.analyze(MODELS / "gpt2.onnx", fuse_residual="never")
+    onnx_lnfold.LnFoldPass(tied_weights="center")(ir.load(str(MODELS / "gpt2.onnx")))
+    assert count_analyses == [FoldOptions(fuse_residual="never"), FoldOptions(tied_weights="center")]
+
+
 def test_the_proof_is_the_same_as_from_a_separate_analysis(tmp_path, capsys):
     """The -v proof comes from the plan the fold applies, on the model before the rewrite."""
     from onnx_lnfold.report.trace import explain
@@ -167,7 +174,7 @@ def test_the_proof_is_the_same_as_from_a_separate_analysis(tmp_path, capsys):
     model = tmp_path / "gpt2.onnx"
     shutil.copy(MODELS / "gpt2.onnx", model)
     loaded = ir.load(str(model))
-    expected = explain(loaded, _pipeline.analyze(loaded, FoldOptions()))
+    expected = explain(loaded, _pipeline.analyze_for_target(loaded, FoldOptions())[1])
     run = _pipeline.run_pipeline(ir.load(str(model)), model, FoldOptions(), _pipeline.VerifyRequest(enabled=False), proof=True)
     assert run.report.trace == expected and expected
     assert run.report.verification.reason == "disabled by the caller" and not run.refused and run.staged is None
@@ -204,3 +211,66 @@ def test_help_and_report_say_which_runtimes_run_each_target():
     primitive = next(t for t in DESCRIBED if t.name == "primitive")
     assert f"Target primitive: {primitive.description}" in text
     assert result.report.to_dict()["target_description"] == primitive.description
+
+
+# --------------------------------------------------------------------------- one table of options
+def test_the_options_table_covers_every_field_once():
+    from onnx_lnfold.core.options import OPTION_NAMES, OPTIONS
+
+    assert sorted(option.name for option in OPTIONS) == sorted(OPTION_NAMES)
+    assert len({option.flag for option in OPTIONS}) == len(OPTIONS)
+    defaults = FoldOptions()
+    assert all(option.default == getattr(defaults, option.name) for option in OPTIONS)
+
+
+def test_the_command_line_reads_the_options_table():
+    """Each fold option's flag, choices, default and help are the table's; each flag sets its field."""
+    from onnx_lnfold._cli import build_parser
+    from onnx_lnfold.core.options import OPTIONS, options_from
+
+    parser = build_parser("onnx-lnfold")
+    actions = {action.dest: action for action in parser._actions}
+    for option in OPTIONS:
+        action = actions[option.name]
+        assert action.option_strings == [option.flag]
+        assert action.help.replace("%%", "%") == option.help
+        assert action.default == option.default and action.choices == option.choices
+    assert options_from(parser.parse_args(["m.onnx"])) == FoldOptions()
+    other = {"target": "onnx", "fuse_residual": "always", "tied_weights": "center", "costs": "c.json"}
+    for option in OPTIONS:
+        value = not option.default if option.kind is bool else other[option.name]
+        args = parser.parse_args(["m.onnx", *option.cli_args(value)])
+        assert getattr(options_from(args), option.name) == value, option.name
+
+
+def test_the_olive_pass_reads_the_options_table():
+    """Its config is the table's options (name, type, default, help) and `verify`, `input_shapes`;
+    without Olive installed, its source is read for the same (tests/surface/test_olive.py runs it)."""
+    import ast
+    import importlib.util
+
+    from onnx_lnfold.core.options import OPTIONS
+
+    if importlib.util.find_spec("olive") is not None:
+        from onnx_lnfold.olive import OnnxLnFold
+
+        config = OnnxLnFold._default_config(None)
+        assert set(config) == {option.name for option in OPTIONS} | {"verify", "input_shapes"}
+        for option in OPTIONS:
+            param = config[option.name]
+            assert (param.type_, param.default_value, param.description) == (option.kind, option.default, option.help)
+        return
+    source = (ROOT / "onnx_lnfold" / "olive.py").read_text()
+    strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not strings & {option.name for option in OPTIONS}  # no option spelled out: all from the table
+    assert "for option in OPTIONS" in source and "fold_keywords(config)" in source
+
+
+def test_the_docs_options_table_is_the_options_table():
+    """docs/COMMAND_LINE.md's table of the fold's options is `options_markdown()` (regenerate it with
+    `python -c 'from onnx_lnfold.core.options import options_markdown; print(options_markdown())'`)."""
+    from onnx_lnfold.core.options import options_markdown
+
+    doc = (ROOT / "docs" / "COMMAND_LINE.md").read_text()
+    begin, end = "<!-- begin options: core.options.OPTIONS -->\n", "\n<!-- end options -->"
+    assert doc[doc.index(begin) + len(begin) : doc.index(end)] == options_markdown()

@@ -91,12 +91,20 @@ def test_readme_mentions_the_command_the_version_and_a_venv():
     assert venv < next(i for i, line in enumerate(lines) if "pip install" in line)
 
 
-def test_readme_lists_every_command_line_option():
+def test_readme_is_a_newcomers_page():
+    """At most 300 lines: the detail lives in docs/, linked from it."""
+    assert len(README.splitlines()) <= 300
+    for doc in re.findall(r"\]\((docs/[\w.]+\.md)", README):
+        assert (ROOT / doc).is_file(), doc
+
+
+def test_the_command_line_doc_lists_every_option():
     from onnx_lnfold._cli import build_parser
 
+    doc = (ROOT / "docs" / "COMMAND_LINE.md").read_text()
     for action in build_parser("onnx-lnfold")._actions:
         if action.option_strings and action.dest != "help":
-            assert f"`{action.option_strings[-1]}" in README or f", {action.option_strings[-1]}" in README, action.option_strings
+            assert f"`{action.option_strings[-1]}" in doc or f", {action.option_strings[-1]}" in doc, action.option_strings
 
 
 def _fold_summary():
