@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import CACHE, log
+from benchmarks.common import CACHE
 from benchmarks.emission_costs import build
 from benchmarks.instructions import measure
 
