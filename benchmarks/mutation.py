@@ -38,7 +38,7 @@ import onnx_ir as ir
 from onnx_lnfold import _pipeline
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.apply.centering import BiasPlusBeta
-from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ir import constant_of, set_constant_value
 from onnx_lnfold.core.ops import RMS_OPS
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions
 from onnx_lnfold.feeds.sets import verification_input_sets
@@ -75,12 +75,7 @@ def _value(model: ir.Model, name: str) -> ir.Value | None:
 
 def _set_tensor(value: ir.Value, array: np.ndarray) -> None:
     tensor = ir.Tensor(array, dtype=constant_of(value).dtype, name=value.name)  # type: ignore[union-attr]
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant":
-        for key in list(producer.attributes):
-            del producer.attributes[key]
-        producer.attributes["value"] = ir.AttrTensor("value", tensor)
-    value.const_value = tensor
+    set_constant_value(value, tensor)
 
 
 def _change(model: ir.Model, name: str, how: Callable[[np.ndarray], np.ndarray]) -> bool:

@@ -1,4 +1,4 @@
-"""Shared by the tests that run the CLI or build external-data models."""
+"""Shared by the tests that run the CLI, build external-data models or need a wrong fold to refuse."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import subprocess
 import sys
 
 import onnx
+import onnx_ir as ir
+
+from onnx_lnfold import _pipeline
 
 from conftest import ROOT
 
@@ -30,3 +33,16 @@ def relocate_external_data(model_path, location: str, tensor: str | None = None)
                 if entry.key == "location":
                     entry.value = location
     onnx.save(proto, model_path)
+
+
+def fold_with_a_wrong_epsilon(monkeypatch) -> None:
+    """Make every fold write its RMSNorms with epsilon 1.0: a wrong fold the checks must refuse."""
+    original = _pipeline.apply_plan
+
+    def broken(model, plan):
+        original(model, plan)
+        for node in model.graph:
+            if node.op_type == "SimplifiedLayerNormalization":
+                node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 1.0)
+
+    monkeypatch.setattr(_pipeline, "apply_plan", broken)

@@ -530,6 +530,27 @@ def exporter_args(doc: str, names, argv=None) -> tuple[argparse.Namespace, Path]
     return args, out_dir
 
 
+def export_with_manifest(doc: str, names, manifest_name: str, generator: str, export: Callable[[str, Path], dict],
+                         argv=None) -> None:
+    """The main of an exporter into models/: `export(name, out_dir)` of each model asked for (all of
+    `names` by default) gives its manifest entry; the entries of the models not asked for are kept."""
+    args, out_dir = exporter_args(doc, names, argv)
+    manifest_path = out_dir / manifest_name
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    models = manifest.get("models", {})
+    for name in args.only or list(names):
+        print(f"== {name}", flush=True)
+        models[name] = export(name, out_dir)
+        print(f"   {models[name]['file_size_bytes']} bytes, ORT vs torch {models[name]['ort_vs_torch_max_rel_diff']}", flush=True)
+    manifest = {
+        "generator": generator,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "onnx": onnx.__version__, "onnxruntime": ort.__version__},
+        "models": {k: models[k] for k in names if k in models},
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", choices=sorted(SPECS), help="export only these models")

@@ -35,7 +35,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import warnings
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_coverage_models import no_packed_sequence_check  # noqa: E402
-from export_models import exporter_args, finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
+from export_models import export_with_manifest, finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, INTER = 32, 4, 4, 128
 VOCAB, MAX_POS = 320, 64
@@ -355,23 +354,9 @@ def export_artifact(art: Artifact, out_dir: Path, cache: dict) -> dict:
 
 
 def main(argv=None) -> None:
-    args, out_dir = exporter_args(__doc__, ARTIFACTS, argv)
-    manifest_path = out_dir / "pipeline_manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    models = manifest.get("models", {})
     cache: dict = {}
-    for name in args.only or list(ARTIFACTS):
-        print(f"== {name}", flush=True)
-        models[name] = export_artifact(ARTIFACTS[name], out_dir, cache)
-        print(f"   {models[name]['file_size_bytes']} bytes, ORT vs torch {models[name]['ort_vs_torch_max_rel_diff']}", flush=True)
-    import onnxruntime
-    manifest = {
-        "generator": "models/make/export_pipeline_models.py",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
-        "models": {k: models[k] for k in ARTIFACTS if k in models},
-    }
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    export_with_manifest(__doc__, ARTIFACTS, "pipeline_manifest.json", "models/make/export_pipeline_models.py",
+                         lambda name, out_dir: export_artifact(ARTIFACTS[name], out_dir, cache), argv)
 
 
 if __name__ == "__main__":

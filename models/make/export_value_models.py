@@ -25,7 +25,6 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_coverage_models import no_packed_sequence_check  # noqa: E402
-from export_models import exporter_args, finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
+from export_models import export_with_manifest, finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, VOCAB, POSITIONS = 32, 2, 4, 128, 64
 TOL = 1e-3  # relative to the largest output value
@@ -287,23 +286,8 @@ def export_one(spec: Export, out_dir: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    args, out_dir = exporter_args(__doc__, EXPORTS, argv)
-    manifest_path = out_dir / "value_manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    models = manifest.get("models", {})
-    for name in args.only or list(EXPORTS):
-        print(f"== {name}", flush=True)
-        models[name] = export_one(EXPORTS[name], out_dir)
-        print(f"   {models[name]['file_size_bytes']} bytes, ORT vs torch {models[name]['ort_vs_torch_max_rel_diff']}", flush=True)
-    import onnxruntime
-
-    manifest = {
-        "generator": "models/make/export_value_models.py",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
-        "models": {k: models[k] for k in EXPORTS if k in models},
-    }
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    export_with_manifest(__doc__, EXPORTS, "value_manifest.json", "models/make/export_value_models.py",
+                         lambda name, out_dir: export_one(EXPORTS[name], out_dir), argv)
 
 
 if __name__ == "__main__":

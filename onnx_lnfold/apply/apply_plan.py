@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.bound import BoundCentering, BoundEdit, BoundPlan
 from onnx_lnfold.apply.centering import CenteredTensor, RowMeans
 from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like
-from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ir import constant_of, set_constant_value
 from onnx_lnfold.core.names import fresh_name, taken_names
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.emit.targets import SKIP_RMS_OP
@@ -56,12 +56,7 @@ def _apply_edit(graph: ir.Graph, bound: BoundEdit) -> None:
             node.replace_input_with(index, copy)
         return
     centered = CenteredTensor(tensor, edit.axis, value.name or "", edit.weights, edit.block, edit.blocks)
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant":
-        for key in list(producer.attributes):
-            del producer.attributes[key]
-        producer.attributes["value"] = ir.AttrTensor("value", centered)
-    value.const_value = centered
+    set_constant_value(value, centered)
 
 
 def _apply_centering(graph: ir.Graph, bound: BoundCentering, opset: int, taken: set[str]) -> None:

@@ -35,16 +35,25 @@ def is_subcommand(argv: list[str]) -> bool:
     return bool(argv) and argv[0] in SUBCOMMANDS and not Path(argv[0]).is_file()
 
 
+def _subcommand_parser(prog: str, subcommand: str, description: str, examples: str) -> argparse.ArgumentParser:
+    """A subcommand's parser: its help keeps the examples' line breaks."""
+    return _Parser(
+        prog=f"{prog} {subcommand}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"example:\n  {examples}",
+    )
+
+
 def bench_parser(prog: str) -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=f"{prog} bench",
-        description="Does the fold pay on this model, on this machine? Times ORIGINAL, its re-saved copy and "
+    p = _subcommand_parser(
+        prog,
+        "bench",
+        "Does the fold pay on this model, on this machine? Times ORIGINAL, its re-saved copy and "
         "FOLDED in fresh processes (sessions created in rotated order, rounds interleaved), prints original/folded "
         "and re-saved/folded with bootstrap 95% intervals, a verdict in words (faster / no change it can resolve / "
         "slower), and the normalizations' kernel time from ONNX Runtime's profiler.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"example:\n  {prog} model.onnx -o model.lnfold.onnx --inputs feeds.npz\n"
-        f"  {prog} bench model.onnx model.lnfold.onnx --inputs feeds.npz",
+        f"{prog} model.onnx -o model.lnfold.onnx --inputs feeds.npz\n  {prog} bench model.onnx model.lnfold.onnx --inputs feeds.npz",
     )
     p.add_argument("original", help="the model as it was")
     p.add_argument("folded", help="its fold (onnx-lnfold ORIGINAL -o FOLDED)")
@@ -65,15 +74,14 @@ def bench_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def calibrate_parser(prog: str) -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=f"{prog} calibrate",
-        description="Measure the kernel costs the never-slower rule decides by (LayerNormalization, "
+    p = _subcommand_parser(
+        prog,
+        "calibrate",
+        "Measure the kernel costs the never-slower rule decides by (LayerNormalization, "
         "SimplifiedLayerNormalization, their Skip forms, the residual Add, beta's Add, an explicit centering) on "
         "one execution provider, over the shapes the rule decides on, each with its spread, and write them as a "
         "cost table: `onnx-lnfold MODEL --costs COSTS.json` then folds by it.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"example:\n  {prog} calibrate --provider CUDA -o cuda_costs.json\n"
-        f"  {prog} model.onnx --costs cuda_costs.json",
+        f"{prog} calibrate --provider CUDA -o cuda_costs.json\n  {prog} model.onnx --costs cuda_costs.json",
     )
     p.add_argument("--provider", default="CPUExecutionProvider", help="the execution provider (default CPU)")
     p.add_argument("-o", "--output", required=True, metavar="COSTS.json", help="where to write the cost table")

@@ -43,6 +43,17 @@ def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
     return None
 
 
+def set_constant_value(value: ir.Value, tensor: ir.TensorProtocol) -> None:
+    """Give a constant (an initializer or a Constant node's output) a new tensor: the Constant node
+    then holds it as its only attribute, so a value_float or value_ints it had cannot disagree."""
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant":
+        for key in list(producer.attributes):
+            del producer.attributes[key]
+        producer.attributes["value"] = ir.AttrTensor("value", tensor)
+    value.const_value = tensor
+
+
 def const_scalar(value: ir.Value | None) -> float | None:
     """A one-element constant (any shape) as a float; None if `value` is not one."""
     if value is None or value.is_graph_input():

@@ -12,7 +12,7 @@ import onnx_ir as ir
 from onnx_lnfold.carry.engine import Requirement
 from onnx_lnfold.core import ops
 from onnx_lnfold.core.blocked import Blocked
-from onnx_lnfold.core.ir import FLOAT_TYPES, attr_or_input_ints, node_label, normalize_axis
+from onnx_lnfold.core.ir import FLOAT_TYPES, attr_or_input_ints, const_scalar, node_label, normalize_axis
 from onnx_lnfold.shapes.table import ShapeTable
 
 
@@ -138,6 +138,33 @@ def first_use(value: ir.Value, match) -> tuple[ir.Node, int] | None:
         if match(node, index):
             return node, index
     return None
+
+
+def centered_square(x: ir.Value, mean: ir.Value) -> tuple[ir.Node, ir.Node] | None:
+    """The Sub(x, mean) that reads `mean` and the first square of its output, Mul(d, d) or
+    Pow(d, 2): the deviations a written-out variance averages; None where either is missing."""
+    sub = first_use(mean, lambda n, i: n.op_type == "Sub" and i == 1 and n.inputs[0] is x)
+    if sub is None:
+        return None
+    d = sub[0].outputs[0]
+    square = first_use(
+        d,
+        lambda n, i: (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0)
+        or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d),
+    )
+    if square is None:
+        return None
+    return sub[0], square[0]
+
+
+def epsilon_added(value: ir.Value) -> tuple[ir.Node, float] | None:
+    """The first Add of a constant scalar to `value`, with that scalar; None if there is none."""
+    plus = first_use(value, lambda n, i: n.op_type == "Add" and const_scalar(other_input(n, n.inputs[i])) is not None)
+    if plus is None:
+        return None
+    epsilon = const_scalar(other_input(plus[0], plus[0].inputs[plus[1]]))
+    assert epsilon is not None
+    return plus[0], epsilon
 
 
 def reduce_axis(node: ir.Node, rank: int | None, keepdims: bool | None = True) -> int | None:

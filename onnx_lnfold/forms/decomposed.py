@@ -9,14 +9,16 @@ import onnx_ir as ir
 
 from onnx_lnfold.carry.engine import Requirement
 from onnx_lnfold.core.blocked import Blocked
-from onnx_lnfold.core.ir import const_scalar, is_standard
+from onnx_lnfold.core.ir import is_standard
 from onnx_lnfold.forms.base import (
     LnCandidate,
     LnForm,
     LnKind,
     absorbs_own_reads,
     along_axis_constant,
+    centered_square,
     check_unrolled,
+    epsilon_added,
     first_use,
     only_use,
     other_input,
@@ -42,19 +44,11 @@ class DecomposedForm(LnForm):
         axis = reduce_axis(mean, rank)
         if x is None or axis is None:
             return None
-        use = first_use(mean.outputs[0], lambda n, i: n.op_type == "Sub" and i == 1 and n.inputs[0] is x)
-        if use is None:
+        found = centered_square(x, mean.outputs[0])
+        if found is None:
             return None
-        sub = use[0]
+        sub, square = found
         d = sub.outputs[0]
-        square = first_use(
-            d,
-            lambda n, i: (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0)
-            or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d),
-        )
-        if square is None:
-            return None
-        square = square[0]
         chain = [mean, sub, square]
         step = first_use(
             square.outputs[0], lambda n, i: n.op_type == "ReduceMean" and i == 0 and reduce_axis(n, rank) == axis
@@ -62,15 +56,12 @@ class DecomposedForm(LnForm):
         if step is None:
             return None
         chain.append(step[0])
-        step = first_use(
-            step[0].outputs[0], lambda n, i: n.op_type == "Add" and const_scalar(other_input(n, n.inputs[i])) is not None
-        )
-        if step is None:
+        plus = epsilon_added(step[0].outputs[0])
+        if plus is None:
             return None
-        epsilon = const_scalar(other_input(step[0], step[0].inputs[step[1]]))
-        assert epsilon is not None
-        chain.append(step[0])
-        step = first_use(step[0].outputs[0], lambda n, i: n.op_type == "Sqrt")
+        plus_node, epsilon = plus
+        chain.append(plus_node)
+        step = first_use(plus_node.outputs[0], lambda n, i: n.op_type == "Sqrt")
         if step is None:
             return None
         chain.append(step[0])

@@ -18,13 +18,15 @@ import onnx_ir as ir
 
 from onnx_lnfold.carry.engine import Requirement
 from onnx_lnfold.core.blocked import Blocked
-from onnx_lnfold.core.ir import const_scalar, is_standard
+from onnx_lnfold.core.ir import is_standard
 from onnx_lnfold.forms.base import (
     LnCandidate,
     LnForm,
     absorbs_own_reads,
     along_axis_constant,
+    centered_square,
     check_unrolled,
+    epsilon_added,
     first_use,
     only_use,
     other_input,
@@ -77,33 +79,22 @@ class KerasLayerNormForm(LnForm):
         if x is None or axis is None:
             return None
         m = mean.outputs[0]
-        sub = first_use(m, lambda n, i: n.op_type == "Sub" and i == 1 and n.inputs[0] is x)
-        if sub is None:
+        found = centered_square(x, m)
+        if found is None:
             return None
-        d = sub[0].outputs[0]
-        square = first_use(
-            d,
-            lambda n, i: (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d)
-            or (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0),
-        )
-        if square is None:
-            return None
-        variance = first_use(
-            square[0].outputs[0], lambda n, i: n.op_type == mean.op_type and _mean_axis(n, rank) == axis
-        )
+        sub, square = found
+        variance = first_use(square.outputs[0], lambda n, i: n.op_type == mean.op_type and _mean_axis(n, rank) == axis)
         if variance is None:
             return None
-        plus = first_use(
-            variance[0].outputs[0], lambda n, i: n.op_type == "Add" and const_scalar(other_input(n, n.inputs[i])) is not None
-        )
+        plus = epsilon_added(variance[0].outputs[0])
         if plus is None:
             return None
-        epsilon = const_scalar(other_input(plus[0], plus[0].inputs[plus[1]]))
-        sqrt = first_use(plus[0].outputs[0], lambda n, i: n.op_type == "Sqrt")
+        plus_node, epsilon = plus
+        sqrt = first_use(plus_node.outputs[0], lambda n, i: n.op_type == "Sqrt")
         recip = first_use(sqrt[0].outputs[0], lambda n, i: n.op_type == "Reciprocal") if sqrt else None
-        if recip is None or epsilon is None:
+        if recip is None:
             return None
-        chain = [mean, sub[0], square[0], variance[0], plus[0], sqrt[0], recip[0]]
+        chain = [mean, sub, square, variance[0], plus_node, sqrt[0], recip[0]]
         g, scale = recip[0].outputs[0], None
         if rank is not None:  # r * gamma, where the scale is not folded away
             with_scale = first_use(
@@ -136,7 +127,7 @@ class KerasLayerNormForm(LnForm):
             cand.form_problem = Blocked(
                 "intermediate-read", f"its intermediate '{node.outputs[0].name}' ({what}) {how}; RMSNorm does not compute it"
             )
-        cand.sink_uses = ((mean, 0), (sub[0], 0), xg)
+        cand.sink_uses = ((mean, 0), (sub, 0), xg)
         check_unrolled(cand, shapes, x, axis, rank, scale, f"axis {axis}")
         return cand
 

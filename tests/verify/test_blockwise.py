@@ -8,7 +8,6 @@ on the committed models, whose weights are a few hundred kB."""
 from __future__ import annotations
 
 import onnx
-import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
@@ -20,6 +19,7 @@ from onnx_lnfold.verify.oracle.cut import cut, node_reads
 from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
 
 from conftest import MODELS
+from helpers import fold_with_a_wrong_epsilon
 
 BLOCK_BYTES = 50_000
 
@@ -98,21 +98,9 @@ def test_a_check_run_block_by_block_takes_the_same_verdict_on_the_same_figures(n
     assert _figures(blocks) == _figures(whole)
 
 
-def _wrong_epsilon(monkeypatch):
-    original = onnx_lnfold._pipeline.apply_plan
-
-    def broken(model, plan):
-        original(model, plan)
-        for node in model.graph:
-            if node.op_type == "SimplifiedLayerNormalization":
-                node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 1.0)
-
-    monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
-
-
 @pytest.mark.parametrize("budget", [None, 0])
 def test_a_wrong_fold_is_refused_block_by_block(monkeypatch, forced, budget):
-    _wrong_epsilon(monkeypatch)
+    fold_with_a_wrong_epsilon(monkeypatch)
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
         onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=budget)
     assert "the folded model is not what the plan wrote" in str(info.value)  # the read-back, first

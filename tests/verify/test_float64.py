@@ -27,7 +27,7 @@ from onnx_lnfold.verify.verdict import EXACT_RTOL, FLOAT64, SENSITIVITY
 
 from conftest import MODELS
 from graphs import Graph
-from helpers import run_cli
+from helpers import fold_with_a_wrong_epsilon, run_cli
 
 F, D = TensorProto.FLOAT, TensorProto.DOUBLE
 MS = "com.microsoft"
@@ -296,15 +296,7 @@ def test_without_a_float64_reference_the_originals_sensitivity_decides_and_the_r
 
 
 def test_a_wrong_fold_is_still_refused_without_a_float64_reference(monkeypatch):
-    original = onnx_lnfold._pipeline.apply_plan
-
-    def broken(model, plan):
-        original(model, plan)
-        for node in model.graph:
-            if node.op_type == "SimplifiedLayerNormalization":
-                node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 1.0)
-
-    monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
+    fold_with_a_wrong_epsilon(monkeypatch)
     # The sensitivity judgment on its own: the read-back refuses this fold first (test_readback.py).
     monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
