@@ -148,7 +148,8 @@ def _primitive(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: s
     return nodes
 
 
-_EMIT = {RMS_OP: _rms, ONNX_RMS_OP: _rms, SKIP_RMS_OP: _skip_rms, PRIMITIVE_RMS_OP: _primitive}
+# The op a target writes -> the function that builds its nodes (a new target op adds its builder here).
+EMITTERS = {RMS_OP: _rms, ONNX_RMS_OP: _rms, SKIP_RMS_OP: _skip_rms, PRIMITIVE_RMS_OP: _primitive}
 
 
 def _add_beta_to_bias(
@@ -230,7 +231,7 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, 
     """Replace one folded LN (its nodes, and the residual Add it takes in) by the op planned."""
     cand, site = rewrite.cand, rewrite.site
     out, out_name = cand.out, cand.out.name
-    emitted = _EMIT[rewrite.op](graph, decision, rewrite, taken)
+    emitted = EMITTERS[rewrite.op](graph, decision, rewrite, taken)
     new_nodes = emitted if isinstance(emitted, list) else [emitted]
     rms = new_nodes[-1]  # the node whose output 0 is the normalized tensor (and 3 the sum, for a Skip op)
     y = rms.outputs[0]
