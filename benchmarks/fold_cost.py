@@ -264,9 +264,6 @@ VARIANTS = ("baseline", "default", "no_verify")
 VARIANT_TITLES = {"baseline": "onnx.load + onnx.save", "default": "fold (default, verified)",
                   "no_verify": "fold --no-verify", "copy": "copy the model's files"}
 
-
-def _title(entry: dict, variant: str) -> str:
-    return VARIANT_TITLES["copy" if variant == "baseline" and entry.get("baseline") == "copy" else variant]
 # the hidden size by the weights asked for (GB): GPT-2-like widths that grow with the model
 HIDDEN_BY_SIZE = ((1.0, 768), (4.0, 1536), (8.0, 2048), (float("inf"), 2560))
 MEMORY_WAIT_FROM = 5 * GB  # models with at least this many bytes of weights wait for --min-available
@@ -328,18 +325,24 @@ def weight_bytes_of(path: Path) -> int:
     return total
 
 
-def mem_total() -> int:
+def _title(entry: dict, variant: str) -> str:
+    return VARIANT_TITLES["copy" if variant == "baseline" and entry.get("baseline") == "copy" else variant]
+
+
+def _meminfo(field: str) -> int:
+    """Bytes of one /proc/meminfo field (0 where there is none)."""
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def mem_total() -> int:
+    return _meminfo("MemTotal")
 
 
 def mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return _meminfo("MemAvailable")
 
 
 def wait_for_memory(needed: int, max_wait_s: float) -> tuple[int, float]:

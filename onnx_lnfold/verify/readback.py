@@ -330,13 +330,10 @@ def planned_changes(model: ir.Model, bound: BoundPlan) -> PlannedChanges:
                     scale,
                     rows,
                     created,
+                    skip_slots.get((key(slot[0]), slot[1])) if slot is not None else None,
                 )
             )
-    taking = {}
-    for i, b in enumerate(changes.betas):
-        if (b.node, b.index) in skip_slots:
-            taking[skip_slots[(b.node, b.index)]] = True
-            changes.betas[i] = replace(b, skip_of=skip_slots[(b.node, b.index)])
+    taking = {b.skip_of for b in changes.betas if b.skip_of is not None}
     changes.norms = [replace(n, skip_bias_takes_beta=True) if n.ln in taking else n for n in changes.norms]
     return changes
 
