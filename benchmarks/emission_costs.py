@@ -59,6 +59,7 @@ from onnx import TensorProto, helper
 
 from benchmarks.common import CACHE, ROOT, log, machine_info, results_header
 from benchmarks.instructions import measure, spread
+from onnx_lnfold.bench.graphs import decomposed_ln
 from onnx_lnfold.bench.tables import fit_points, make_table, write_table
 from onnx_lnfold.emit.costs import CostTable, Point
 
@@ -69,14 +70,6 @@ VARIANTS = ["ln", "sln", "sln+beta", "beta_add", "center", "add+ln", "add+sln", 
             "skip_sln+beta", "add+ln|sum", "add+sln|sum", "skip_sln|sum", "mm", "mm+bias", "mm+bias|static",
             *LAYOUT_VARIANTS]
 FIXED_VARIANTS = ["beta_add", "sln", "sln+beta"]  # what the run's fixed cost is computed from
-
-
-def _decomposed_ln(axis: int) -> list:
-    """LayerNorm as exporters write it over `axis` (gamma and beta shaped to broadcast there)."""
-    return [_node("ReduceMean", ["x"], ["m"], axes=[axis]), _node("Sub", ["x", "m"], ["c"]),
-            _node("Pow", ["c", "two"], ["p"]), _node("ReduceMean", ["p"], ["v"], axes=[axis]),
-            _node("Add", ["v", "eps"], ["ve"]), _node("Sqrt", ["ve"], ["s"]), _node("Div", ["c", "s"], ["n"]),
-            _node("Mul", ["n", "gamma_col"], ["g"]), _node("Add", ["g", "beta_col"], ["y"])]
 
 
 def _node(op, inputs, outputs, domain="", **attrs):
@@ -109,7 +102,7 @@ def _nodes(kind: str) -> tuple[list, list[str], list[str]]:
         "mm+bias": ([_node("MatMul", ["x", "W"], ["m"]), _node("Add", ["m", "bias"], ["y"])], [], ["y"]),
         "mm+bias|static": ([_node("MatMul", ["x", "W"], ["m"]), _node("Add", ["m", "bias"], ["y"])], [], ["y"]),
         "center|axis1": ([_node("ReduceMean", ["x"], ["m"], axes=[1]), _node("Sub", ["x", "m"], ["y"])], [], ["y"]),
-        "ln|axis1": (_decomposed_ln(1), [], ["y"]),
+        "ln|axis1": (decomposed_ln("x", "y", 1), [], ["y"]),
         "transpose": ([_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], [], ["y"]),
         "burn_in": ([_node("Neg", ["x"], ["y"])], [], ["y"]),
     }

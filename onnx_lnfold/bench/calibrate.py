@@ -3,8 +3,9 @@ reads, measured on one execution provider, as a cost table (`emit.costs.CostTabl
 folds by.
 
 What is measured: per node kind the rule prices (`emit.costs.KINDS`: LayerNormalization,
-SimplifiedLayerNormalization, their Skip forms, the residual Add, beta's Add, an explicit centering),
-what one more such node costs a run, at every (tokens, width) of the shapes the rule decides on
+SimplifiedLayerNormalization, their Skip forms, the residual Add, beta's Add, an explicit centering;
+and `emit.costs.LAYOUT_KINDS`: a centering and a decomposed LN over a non-last axis, a Transpose, on a
+[1, width, tokens] stream), what one more such node costs a run, at every (tokens, width) of the shapes the rule decides on
 (widths 64-1024, 16-8192 tokens). A node's cost is the marginal cost of a chain (`graphs`): the wall
 time of a chain of `LONG` nodes less that of `SHORT` nodes, divided by the difference, so the run's
 own fixed cost (session.run, feeds, fetches) cancels, as callgrind's (I(2N) - I(N)) / N does for the
@@ -29,14 +30,14 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from onnx_lnfold.bench.graphs import chain_model
+from onnx_lnfold.bench.graphs import CHANNELS_FIRST, chain_model
 from onnx_lnfold.bench.placement import CPU, PlacementError, create_session, provider_name
 from onnx_lnfold.bench.process import DEVICE_OF, rotated, run_child, session_options
 from onnx_lnfold.bench.sampling import Timed, calibrate_calls, interleave
 from onnx_lnfold.bench.tables import fit_error, make_table, write_table
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ops import LAYER_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
-from onnx_lnfold.emit.costs import KINDS, CostTable, Point, builtin_table
+from onnx_lnfold.emit.costs import KINDS, LAYOUT_KINDS, CostTable, Point, builtin_table
 
 CHAIN_OF = {  # the chain each cost kind is measured with (graphs.chain_model)
     LAYER_NORM.op_type: "ln",
@@ -46,7 +47,11 @@ CHAIN_OF = {  # the chain each cost kind is measured with (graphs.chain_model)
     "Add": "add",
     "BiasAdd": "bias_add",
     "Centering": "center",
+    "StridedCentering": "strided_center",
+    "StridedDecomposedLayerNorm": "strided_ln",
+    "Transpose": "transpose",
 }
+MEASURED = (*KINDS, *LAYOUT_KINDS)  # every kind a table prices
 SHORT, LONG = 4, 8  # chain lengths: a node's cost is (t(LONG) - t(SHORT)) / (LONG - SHORT)
 WIDTHS = (64, 256, 384, 768, 1024)  # the built-in table's shapes
 TOKENS = (16, 128, 1024, 8192)
@@ -80,8 +85,16 @@ def measure_child(plan: dict) -> int:
             x = rng.standard_normal((1, tokens, width), dtype=np.float32).astype(plan["dtype"])
             skip = rng.standard_normal((1, tokens, width), dtype=np.float32).astype(plan["dtype"])
             values = {"x": ort.OrtValue.ortvalue_from_numpy(x, device.ort_device, 0),
-                      "skip": ort.OrtValue.ortvalue_from_numpy(skip, device.ort_device, 0)}
-            timed = {n: Timed(device, s, {i.name: values[i.name] for i in s.get_inputs()}) for n, s in sessions.items()}
+                      "skip": ort.OrtValue.ortvalue_from_numpy(skip, device.ort_device, 0),
+                      "x channels first": ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1)),
+                                                                          device.ort_device, 0)}
+
+            def feeds(name, session):
+                first = name.rsplit("x", 1)[0] in CHANNELS_FIRST  # the chain's name: f"{chain}x{length}"
+                return {i.name: values["x channels first" if first and i.name == "x" else i.name]
+                        for i in session.get_inputs()}
+
+            timed = {n: Timed(device, s, feeds(n, s)) for n, s in sessions.items()}
             timed = {n: timed[n] for n in rotated(names, plan["rotation"] + tokens)}
             cal = calibrate_calls(timed, plan["sample_ms"], plan["warmup"])
             wall = interleave(timed, cal["calls"], plan["rounds"], plan["rounds"], 0.0)
@@ -108,9 +121,11 @@ def node_cost_us(samples: dict[str, list[float]], kind: str) -> float:
 def points_from(processes: list[dict]) -> dict[str, list[Point]]:
     """Per kind, every shape all processes measured: the mean of their costs and its spread (max - min)."""
     shapes = set.intersection(*({(int(w), int(t)) for w, ts in p.items() for t in ts} for p in processes))
-    out: dict[str, list[Point]] = {kind: [] for kind in KINDS}
+    out: dict[str, list[Point]] = {kind: [] for kind in MEASURED}
     for width, tokens in sorted(shapes):
-        for kind in KINDS:
+        for kind in MEASURED:
+            if f"{CHAIN_OF[kind]}x{LONG}" not in processes[0][str(width)][str(tokens)]["samples_s"]:
+                continue  # samples kept before the layout kinds were measured
             costs = [node_cost_us(p[str(width)][str(tokens)]["samples_s"], kind) for p in processes]
             out[kind].append(Point(tokens, width, float(np.mean(costs)), float(max(costs) - min(costs))))
     return out
@@ -141,7 +156,7 @@ def calibrate(provider: str = CPU, *, widths=WIDTHS, tokens=TOKENS, processes: i
         groups = []
         for width in widths:
             files = {}
-            for kind in KINDS:
+            for kind in MEASURED:
                 for n in (SHORT, LONG):
                     path = work / f"{CHAIN_OF[kind]}x{n}.d{width}.onnx"
                     path.write_bytes(chain_model(CHAIN_OF[kind], width, dtype, n, residual_chain=False))
@@ -150,7 +165,7 @@ def calibrate(provider: str = CPU, *, widths=WIDTHS, tokens=TOKENS, processes: i
         for k in range(processes):
             if log:
                 log(f"calibrate: process {k + 1}/{processes}, {len(widths)} widths x {len(tokens)} token counts, "
-                    f"{len(KINDS)} kinds x 2 chains, {rounds} rounds")
+                    f"{len(MEASURED)} kinds x 2 chains, {rounds} rounds")
             out = run_child({"mode": "calibrate", "groups": groups, "rotation": k, "rounds": rounds, "warmup": warmup,
                              "threads": threads, "provider": provider, "provider_options": provider_options,
                              "dtype": dtype, "sample_ms": SAMPLE_MS,
@@ -165,7 +180,7 @@ def from_samples(raw: list[dict], provider: str, *, processes: int, rounds: int,
     """The table from every process's samples (what `--samples` keeps: a table can be made again
     from them, `--from-samples`)."""
     points = points_from(raw)
-    if any(len({p.tokens for p in ps}) < 2 or len({p.width for p in ps}) < 2 for ps in points.values()):
+    if any(len({p.tokens for p in points[k]}) < 2 or len({p.width for p in points[k]}) < 2 for k in KINDS):
         raise InvalidInput("calibrate ran out of time before two token counts and two widths were measured: "
                            "raise --max-seconds or measure fewer shapes")
     measured_by = (f"{command or 'onnx-lnfold calibrate'} ({dtype}, {threads} intra-op thread(s), "
@@ -188,6 +203,9 @@ def comparisons(d: int) -> list[tuple[str, list[tuple[str, int]], list[tuple[str
         ("SkipLN -> Add + SLN + beta Add", [("Add", d), (sln, d), ("BiasAdd", d)], [(SKIP_LAYER_NORM.op_type, d)]),
         ("Add + SLN -> SkipSLN (--fuse-residual auto)", [(SKIP_RMS_NORM.op_type, d)], [("Add", d), (sln, d)]),
         ("a centering vs one LN -> SLN saving", [("Centering", d), (sln, d)], [(ln, d)]),
+        ("a centering over axis 1 vs one over the last", [("StridedCentering", d)], [("Centering", d)]),
+        ("decomposed LN on axis 1 -> Transposes + SLN", [("Transpose", d), (sln, d), ("Transpose", d)],
+         [("StridedDecomposedLayerNorm", d)]),
         *([("a bias created over d/4 vs beta's Add over d", [("BiasAdd", d // 4)], [("BiasAdd", d)])] if d >= 256 else []),
     ]
 
@@ -239,13 +257,14 @@ def _short(table: CostTable) -> str:
 def costs_text(table: CostTable) -> str:
     """Every measured point with its spread, and the fit."""
     lines = [f"{'kind':<34} {'d':>5} {'tokens':>6} {'cost':>12} {'spread':>10} {'fit':>12}"]
-    for kind in KINDS:
+    for kind in (k for k in MEASURED if k in table.costs):
         cost = table.costs[kind]
         for p in table.points[kind]:
             lines.append(f"{kind:<34} {p.width:>5} {p.tokens:>6} {table.figure(p.value):>12} "
                          f"{table.figure(p.spread):>10} {table.figure(cost.at(p.tokens, p.width)):>12}")
-        lines.append(f"  fit: {cost.fixed:.4g} + {cost.per_token:.4g} x tokens + {cost.per_element:.4g} x tokens x d "
-                     f"({table.unit}; worst fit error {100 * fit_error(table, kind):.1f}%)")
+        per_width = f" + {cost.per_width:.4g} x d" if kind in LAYOUT_KINDS else ""
+        lines.append(f"  fit: {cost.fixed:.4g} + {cost.per_token:.4g} x tokens + {cost.per_element:.4g} x tokens x d"
+                     f"{per_width} ({table.unit}; worst fit error {100 * fit_error(table, kind):.1f}%)")
     return "\n".join(lines)
 
 

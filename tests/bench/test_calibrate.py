@@ -11,7 +11,9 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnxruntime as ort
 import pytest
 
@@ -44,8 +46,8 @@ def table_path(tmp_path_factory):
 def test_the_table_prices_every_kind_at_every_measured_shape_with_its_spread(table_path):
     table = costs.load_table(table_path)
     assert (table.provider, table.unit, table.onnxruntime) == ("CPUExecutionProvider", "us", ort.__version__)
-    assert set(table.costs) == set(costs.KINDS)
-    for kind in costs.KINDS:
+    assert set(table.costs) == {*costs.KINDS, *costs.LAYOUT_KINDS}  # the layout kinds too: a table of its own
+    for kind in table.costs:
         shapes = {(p.width, p.tokens) for p in table.points[kind]}
         assert shapes == {(w, t) for w in calibrate.QUICK_WIDTHS for t in calibrate.QUICK_TOKENS}, kind
         assert all(p.spread >= 0 for p in table.points[kind])
@@ -90,11 +92,34 @@ def test_folding_by_the_calibrated_table_is_deterministic(table_path):
 
 
 def test_each_chain_is_its_kind_repeated(tmp_path):
-    for chain, per in (("ln", 1), ("sln", 1), ("skip_ln", 1), ("skip_sln", 1), ("add", 1), ("bias_add", 1), ("center", 2)):
+    per_node = {"ln": 1, "sln": 1, "skip_ln": 1, "skip_sln": 1, "add": 1, "bias_add": 1, "center": 2, "strided_center": 2,
+                "strided_ln": 9, "transpose": 1}
+    assert set(per_node) == set(calibrate.CHAIN_OF.values())
+    for chain, per in per_node.items():
         model = onnx.load_from_string(chain_model(chain, 64, "float32", 4, residual_chain=False))
         assert len(model.graph.node) == 4 * per, chain
         assert len(model.graph.output) == 1, chain  # no running sum: a Skip form as ORT fuses an Add read once
         ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_a_layout_chain_reduces_the_stream_over_its_non_last_axis():
+    """The layout kinds run on [1, d, rows], as ORT runs a norm its transpose optimizer moved off the
+    last axis: the decomposed LN normalizes each column over d, the centering leaves every column's
+    mean zero, and an even Transpose chain gives x back."""
+    x = np.random.default_rng(0).standard_normal((1, 64, 10)).astype(np.float32)
+    outputs = {}
+    for chain in ("strided_center", "strided_ln", "transpose"):
+        session = ort.InferenceSession(chain_model(chain, 64, "float32", 1 if chain != "transpose" else 2,
+                                                   residual_chain=False), providers=["CPUExecutionProvider"])
+        assert session.get_inputs()[0].shape == [1, 64, "rows"], chain
+        outputs[chain] = session.run(None, {"x": x})[0]
+    assert np.abs(outputs["strided_center"].mean(axis=1)).max() < 1e-6
+    model = onnx.load_from_string(chain_model("strided_ln", 64, "float32", 1, residual_chain=False))
+    gamma, beta = (onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name in ("gamma_col", "beta_col"))
+    centered = x - x.mean(axis=1, keepdims=True)
+    expected = centered / np.sqrt((centered**2).mean(axis=1, keepdims=True) + 1e-5) * gamma + beta
+    np.testing.assert_allclose(outputs["strided_ln"], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(outputs["transpose"], x)
 
 
 def test_the_rule_s_comparisons_say_when_a_table_cannot_tell():
