@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -34,7 +34,7 @@ from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.load.opset import convert_opset, default_opset
 from onnx_lnfold.ort_fusions.check import FusionCheck
-from onnx_lnfold.ort_fusions.order import order_advice
+from onnx_lnfold.ort_fusions.order import optimizer_first_facts, order_advice
 from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.save.staged import StagedModel
@@ -187,8 +187,24 @@ def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = Non
             bound = plan_for(model, options, shapes, lns, kept)
         plan = bound.plan
         folded = {cand.node for cand in lns if plan.decision_for(cand.name).folded}
-        plan.advice = order_advice(fusions, folded, [c for c in lns if c.name in fusions.embed_kept], bool(plan.folded))
+        first = fusions.optimizer_first(plan, lns, _plan_optimized(options, shapes.given))
+        plan.optimizer_first = optimizer_first_facts(first)
+        embed_kept = [c for c in lns if c.name in fusions.embed_kept]
+        plan.advice = order_advice(fusions, folded, embed_kept, bool(plan.folded), first)
     return bound
+
+
+def _plan_optimized(options: FoldOptions, given: dict[str, tuple[int, ...]]) -> Callable[[ir.Model], CenteringPlan]:
+    """How the fusion check plans the transformers optimizer's output (`FusionCheck.optimizer_first`):
+    as this analysis, with the same options and input shapes, but without the fusion check."""
+    plain = replace(options, keep_ort_fusions=False)
+
+    def plan_on(optimized: ir.Model) -> CenteringPlan:
+        names = {value.name for value in optimized.graph.inputs}
+        shapes = ShapeTable(optimized, given={name: shape for name, shape in given.items() if name in names})
+        return analyze_for_target(optimized, plain, shapes)[1].plan
+
+    return plan_on
 
 
 def run_pipeline(

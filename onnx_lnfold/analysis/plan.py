@@ -218,6 +218,10 @@ class CenteringPlan:
     centerings: list[AuxCentering] = field(default_factory=list)
     target: str = "ort"
     advice: list[str] = field(default_factory=list)  # pipeline advice (which order to run the ORT optimizer in)
+    # Where the fold folds more LNs of ONNX Runtime's transformers optimizer's output than of this
+    # graph: both counts, the optimizer's settings and the advice, as the JSON gives them
+    # (`ort_fusions.order.optimizer_first_facts`); else None.
+    optimizer_first: dict[str, Any] | None = None
     costs: str | None = None  # the cost table the rule decided by: its file, provider and unit
     # The default opset the model had when the target's op needed a newer one and the plan was made
     # on the model converted (onnx.version_converter; docs/DESIGN.md section 4); None: not converted.
@@ -282,6 +286,7 @@ class CenteringPlan:
             "untied_bytes": self.untied_bytes,
             "centerings": [c.to_dict() for c in self.centerings],
             "advice": list(self.advice),
+            "optimizer_first": None if self.optimizer_first is None else dict(self.optimizer_first),
             "costs": self.costs,
             "opset_converted": None
             if self.converted_from is None

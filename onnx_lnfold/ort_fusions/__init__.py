@@ -2,8 +2,9 @@
 would cost a fusion ONNX Runtime makes on the original, decided by ONNX Runtime's own optimizers
 run on weightless copies of the graph (`weightless`, `probe`), before and after the plan is
 applied to a clone (`check.FusionCheck`), and the advice on the order of the fold and the
-transformers optimizer (`order`).
+transformers optimizer (`order`), with the count of the fold of the optimizer's output where it
+folds more (`optimizer_first`, on that output read back whole: `light`).
 
 Takes the model and a way to plan a clone; gives the LNs to keep, each with its `Blocked`, and
-the advice lines. Never reads a weight's values: the copies hold zeros.
+the advice lines. ONNX Runtime never reads a weight's values: the copies hold zeros.
 """

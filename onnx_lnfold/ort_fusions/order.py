@@ -4,21 +4,77 @@ The optimizer (`onnxruntime.transformers.optimizer.optimize_model`) matches `Lay
 by op type, so on a graph it has not seen yet, folding first can cost its fusions. What it does
 on this graph is decided by running it on weightless copies (`ort_fusions.check.FusionCheck`); this module
 only words the advice. Folding an optimized graph costs nothing more: the SkipLayerNormalizations
-it wrote fold into SkipSimplifiedLayerNormalization.
+it wrote fold into SkipSimplifiedLayerNormalization. Where the fold folds more LNs of the
+optimizer's output than of this graph (`FusionCheck.optimizer_first`), the advice says so with both
+counts, and the JSON report gives the same facts (`optimizer_first_facts`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx_ir as ir
 
 from onnx_lnfold.forms import LnCandidate
-from onnx_lnfold.ort_fusions.check import GEMM_RUN, OPTIMIZER, FusionCheck
+from onnx_lnfold.ort_fusions.check import GEMM_RUN, OPTIMIZER, FusionCheck, OptimizerFirst
+
+# What to do where the optimizer's output folds more LNs: the Order line's words and the JSON's.
+_THEN = "then fold its output"
+FIRST_ADVICE = f"run it first, {_THEN}"
+
+
+def _optimizer_call(first: OptimizerFirst) -> str:
+    """`model_type bert, opt_level 0, num_heads 4, hidden_size 64, onnxruntime 1.32.0`."""
+    call = f"model_type {first.model_type}, opt_level {first.opt_level}"
+    if first.num_heads:
+        call += f", num_heads {first.num_heads}, hidden_size {first.hidden_size}"
+    return f"{call}, onnxruntime {first.onnxruntime}"
+
+
+def _first_words(first: OptimizerFirst) -> str:
+    """The counts, as the Order line gives them."""
+    bound = "at least " if first.at_least else ""
+    unknown = (
+        f" (taking the {len(first.unknown)} large tensors it computed from the copy's zeros for unknown inputs)"
+        if first.at_least
+        else ""
+    )
+    return (
+        f"on a weightless copy ({_optimizer_call(first)}) {bound}{first.folded} of the {first.layer_norms} LayerNorms "
+        f"of its output fold{unknown}, against {first.folded_here} of {first.layer_norms_here} here"
+    )
+
+
+def optimizer_first_facts(first: OptimizerFirst | None) -> dict[str, Any] | None:
+    """The JSON report's `optimizer_first`: both counts, the optimizer's call and the advice."""
+    if first is None:
+        return None
+    return {
+        "folded": first.folded,
+        "layer_norms": first.layer_norms,
+        "folded_here": first.folded_here,
+        "layer_norms_here": first.layer_norms_here,
+        "at_least": first.at_least,
+        "unknown_tensors": list(first.unknown),
+        "optimizer": OPTIMIZER,
+        "model_type": first.model_type,
+        "opt_level": first.opt_level,
+        "num_heads": first.num_heads,
+        "hidden_size": first.hidden_size,
+        "onnxruntime": first.onnxruntime,
+        "advice": FIRST_ADVICE,
+    }
 
 
 def order_advice(
-    fusions: FusionCheck, folded: set[ir.Node], kept_for_fusion: list[LnCandidate], anything_folded: bool
+    fusions: FusionCheck,
+    folded: set[ir.Node],
+    kept_for_fusion: list[LnCandidate],
+    anything_folded: bool,
+    first: OptimizerFirst | None = None,
 ) -> list[str]:
-    """One line saying which order to use, when the order matters for this graph; or that ONNX
+    """One line saying which order to use, when the order matters for this graph (a fusion that
+    folding first costs, or more LNs folded on the optimizer's output: `first`); or that ONNX
     Runtime's fusions were not checked; else nothing."""
     if fusions.enabled and not fusions.active and fusions.unchecked and (anything_folded or kept_for_fusion):
         return [
@@ -39,6 +95,12 @@ def order_advice(
     if kept_for_fusion:
         names = ", ".join(f"'{cand.name}'" for cand in kept_for_fusion)
         lost.append(f"its EmbedLayerNormalization fusion is why {names} stayed a LayerNorm")
+    if first is not None and not lost:
+        return [
+            f"Order: run ONNX Runtime's transformers optimizer ({OPTIMIZER}) first, {_THEN}: {_first_words(first)}."
+        ]
+    if first is not None:
+        lost.append(_first_words(first))
     if not lost:
         return []
     return [

@@ -2,7 +2,9 @@
 the transformers optimizer (`onnxruntime.transformers.optimizer`: `optimize_by_onnxruntime`, then
 `optimize_by_fusion`, as `optimize_model` composes them) and the graph optimizations of an
 inference session (ORT_ENABLE_ALL, CPU). What ONNX Runtime made of the graph comes back as
-`onnx.GraphProto`s; what that means for the fold is `ort_fusions.check`' business.
+`onnx.GraphProto`s (a session's) and `onnx.ModelProto`s (the transformers optimizer's, whole, its
+large tensors references into the zero file: `ort_fusions.light`); what that means for the fold
+is `ort_fusions.check`' business.
 
 Nothing here reads a real weight: the models are `ort_fusions.weightless` copies, their large constants
 references into one sparse file of zeros. The session writes its optimized model's initializers
@@ -27,7 +29,14 @@ from pathlib import Path
 
 import onnx
 
-from onnx_lnfold.ort_fusions.weightless import ZEROS_FILE, WeightlessFolder
+from onnx_lnfold.ort_fusions import light
+from onnx_lnfold.ort_fusions.weightless import (
+    INTEGER_TYPES,
+    KEEP_BYTES,
+    KEEP_INTEGER_BYTES,
+    ZEROS_FILE,
+    WeightlessFolder,
+)
 
 
 def ort_version() -> str | None:
@@ -108,20 +117,31 @@ def _pointed_at_zeros(path: Path, folder: WeightlessFolder) -> Path:
     return out
 
 
-def _nodes_only(graph: onnx.GraphProto) -> onnx.GraphProto:
-    """The nodes of `graph` in a message of their own: what is read back, without the tensors."""
-    return onnx.GraphProto(node=graph.node, name=graph.name)
+# What `ort_fusions.light` is told a large tensor is: the weightless copy's own limits.
+_LIGHT_ARGS = (ZEROS_FILE, KEEP_BYTES, KEEP_INTEGER_BYTES, sorted(int(t) for t in INTEGER_TYPES))
+
+
+def _light(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The optimizer's output as it is read back: whole, its large tensors references into the
+    zero file (`ort_fusions.light`)."""
+    return light.light_model(model, *_LIGHT_ARGS)
 
 
 # The child process: its working directory is the weightless copy's folder, and onnx reads an
 # external tensor relative to the working directory when no folder is given, which is how the
 # optimizer reads one (`numpy_helper.to_array`): so it reads only the constants the optimizer asks
-# for. One job per line on stdin (JSON: file, model_type, num_heads, hidden_size); per job, on
-# stdout, 8 bytes of length and b"OK" + the optimized graph's nodes (a GraphProto) or b"ER" + why.
+# for. It loads `ort_fusions.light` by its path (argv[1]; the limits in argv[2], JSON). One job per
+# line on stdin (JSON: file, model_type, num_heads, hidden_size); per job, on stdout, 8 bytes of
+# length and b"OK" + the optimized model (`ort_fusions.light`: its large tensors references) or
+# b"ER" + why.
 _CHILD = """
-import contextlib, io, json, logging, struct, sys, traceback
+import contextlib, importlib.util, io, json, logging, struct, sys, traceback
 import onnx
 from onnxruntime.transformers.optimizer import optimize_by_fusion
+spec = importlib.util.spec_from_file_location("lnfold_light", sys.argv[1])
+light = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(light)
+light_args = json.loads(sys.argv[2])
 logging.disable(logging.WARNING)
 out = sys.stdout.buffer
 sys.stdout = io.StringIO()
@@ -130,8 +150,8 @@ for line in sys.stdin:
     model = None
     try:
         model = onnx.load(source, load_external_data=False)
-        graph = optimize_by_fusion(model, model_type, heads, hidden).model.graph
-        reply = b"OK" + onnx.GraphProto(node=graph.node, name=graph.name).SerializeToString()
+        optimized = optimize_by_fusion(model, model_type, heads, hidden).model
+        reply = b"OK" + light.light_model(optimized, *light_args).SerializeToString()
     except Exception as error:
         reply = b"ER" + f"{type(error).__name__}: {error}".encode()
     del model
@@ -148,10 +168,10 @@ class OptimizerProcess:
         self.folder = folder
         self._process: subprocess.Popen | None = None
 
-    def run(self, source: Path, model_type: str, num_heads: int, hidden_size: int) -> onnx.GraphProto:
+    def run(self, source: Path, model_type: str, num_heads: int, hidden_size: int) -> onnx.ModelProto:
         if self._process is None:
             self._process = subprocess.Popen(
-                [sys.executable, "-c", _CHILD],
+                [sys.executable, "-c", _CHILD, light.__file__, json.dumps(_LIGHT_ARGS)],
                 cwd=self.folder,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -168,7 +188,7 @@ class OptimizerProcess:
         reply = process.stdout.read(struct.unpack(">Q", head)[0])
         if reply[:2] != b"OK":
             raise RuntimeError(reply[2:].decode(errors="replace"))
-        return onnx.GraphProto.FromString(reply[2:])
+        return onnx.ModelProto.FromString(reply[2:])
 
     def close(self) -> None:
         if self._process is not None:
@@ -215,8 +235,8 @@ class TransformersOptimizer:
             self._level1 = _pointed_at_zeros(written, self.folder)
         return self._level1
 
-    def run(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> onnx.GraphProto:
-        """The optimized graph's nodes."""
+    def run(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> onnx.ModelProto:
+        """The optimized model, its large tensors references into the zero file (`ort_fusions.light`)."""
         source = self.path if opt_level == 0 else self._level1_path()
         if self._child is not None:
             return self._child.run(source, model_type, num_heads, hidden_size)
@@ -225,7 +245,7 @@ class TransformersOptimizer:
         model = onnx.load(str(source))  # the zeros, loaded from the folder the file is in
         with _quiet():
             optimized = optimize_by_fusion(model, model_type, num_heads, hidden_size)
-        return _nodes_only(optimized.model.graph)
+        return _light(optimized.model)
 
 
 __all__ = ["CHILD_ABOVE_BYTES", "OptimizerProcess", "TransformersOptimizer", "ort_version", "session_graph"]

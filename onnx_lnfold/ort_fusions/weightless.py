@@ -29,7 +29,7 @@ from onnx_lnfold.io import scratch
 KEEP_BYTES = 1024
 # Shapes, axes, indices, position ids, masks: values fusions compare; never weights.
 KEEP_INTEGER_BYTES = 1 << 20
-_INTEGER_TYPES = frozenset(
+INTEGER_TYPES = frozenset(
     {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.UINT64, ir.DataType.UINT32, ir.DataType.BOOL}
 )
 ZEROS_FILE = "zeros.bin"
@@ -38,7 +38,7 @@ ZEROS_FILE = "zeros.bin"
 def _keeps(tensor: ir.TensorProtocol) -> bool:
     if tensor.dtype == ir.DataType.STRING:
         return True  # strings cannot be external data
-    limit = KEEP_INTEGER_BYTES if tensor.dtype in _INTEGER_TYPES else KEEP_BYTES
+    limit = KEEP_INTEGER_BYTES if tensor.dtype in INTEGER_TYPES else KEEP_BYTES
     return tensor.nbytes <= limit
 
 
@@ -199,4 +199,4 @@ def weightless_clone(model: ir.Model, folder: WeightlessFolder) -> ir.Model:
     return clone
 
 
-__all__ = ["KEEP_BYTES", "KEEP_INTEGER_BYTES", "ZEROS_FILE", "WeightlessFolder", "clone_model", "weightless_clone"]
+__all__ = ["INTEGER_TYPES", "KEEP_BYTES", "KEEP_INTEGER_BYTES", "ZEROS_FILE", "WeightlessFolder", "clone_model", "weightless_clone"]

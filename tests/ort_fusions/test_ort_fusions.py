@@ -370,3 +370,6 @@ def test_a_large_model_is_optimized_in_a_child_that_reads_only_what_it_asks_for(
     assert onnx_lnfold.analyze(MODELS / "distilbert_torchscript.onnx").to_dict() == expected
     assert len(started) == 1  # one child for every run of the analysis
     assert expected["decisions"][0]["code"] == "fusion-cost"
+    # the child sends the optimizer's output back whole (its large tensors as references), which
+    # the optimizer-first count analyzes
+    assert (expected["optimizer_first"]["folded"], expected["optimizer_first"]["at_least"]) == (4, True)
