@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.io.external_data import release_tensor
+from onnx_lnfold.core.ir import release_tensor
 from onnx_lnfold.io.tensor_io import row_blocks
 
 _BLOCK = 1 << 20  # float64 elements per block read
