@@ -23,7 +23,10 @@ reports its own `ru_maxrss` from `os.wait4` (so a figure includes interpreter st
 imports, for the fold and for the baseline alike) and the peak of its whole process tree
 (the fold runs ONNX Runtime's transformers optimizer in a child process on large models):
 the sum of VmRSS over the tree, sampled every 20 ms, with an upper bound (the command's
-ru_maxrss plus every other process's VmHWM, as if all peaked at once).
+ru_maxrss plus every other process's VmHWM, as if all peaked at once). Each sample also sums
+the tree's RssAnon (memory the processes allocated) and RssFile (pages of mapped files: the
+libraries, and weights memory-mapped to be read, which the kernel may drop but VmRSS counts);
+their peaks are reported too, each its own (they need not fall on the same sample).
 
 Also writes the folded model (NAME.lnfold.onnx, used by the latency benchmark) and the
 re-saved control NAME.resaved.onnx (`onnx_ir.save(onnx_ir.load(IN))`) into the cache.
@@ -59,7 +62,8 @@ RSS_TARGET = 1.2
 # inherits only the launcher's ~10 MB, below any command's real peak. While the command runs, the
 # launcher samples its process tree: VmRSS summed over the command and its descendants every 20 ms
 # (the tree found anew from /proc every 0.2 s), and each descendant's VmHWM (its own peak, which
-# an exec starts afresh).
+# an exec starts afresh). Each sample also sums RssAnon and RssFile over the tree, whose peaks are
+# reported beside VmRSS's.
 _LAUNCHER = r"""
 import json, os, sys, time
 out, stdout_path, stderr_path, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
@@ -86,18 +90,23 @@ def descendants(root):
     return found
 
 def memory(pid):
-    rss = hwm = 0
+    rss = hwm = anon = mapped = 0
     with open("/proc/%d/status" % pid) as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) * 1024
             elif line.startswith("VmHWM:"):
                 hwm = int(line.split()[1]) * 1024
-    return rss, hwm
+            elif line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+            elif line.startswith("RssFile:"):
+                mapped = int(line.split()[1]) * 1024
+    return rss, hwm, anon, mapped
 
 t0 = time.perf_counter()
 pid = os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=fa)
 members, seen, hwm, tree_peak, scanned = {pid}, {pid}, {}, 0, 0.0
+anon_peak = file_peak = 0
 while True:
     done, status, ru = os.wait4(pid, os.WNOHANG)
     if done:
@@ -107,16 +116,20 @@ while True:
         members = {pid} | descendants(pid)
         seen |= members
         scanned = now
-    total = 0
+    total = anon_total = file_total = 0
     for p in list(members):
         try:
-            rss, high = memory(p)
+            rss, high, anon, mapped = memory(p)
         except OSError:
             members.discard(p)
             continue
         total += rss
+        anon_total += anon
+        file_total += mapped
         hwm[p] = max(hwm.get(p, 0), high)
     tree_peak = max(tree_peak, total)
+    anon_peak = max(anon_peak, anon_total)
+    file_peak = max(file_peak, file_total)
     time.sleep(0.02)
 wall = time.perf_counter() - t0
 own = ru.ru_maxrss * 1024
@@ -125,14 +138,16 @@ with open(out, "w") as f:
     json.dump({"wall_s": wall, "peak_rss_bytes": own, "rc": os.waitstatus_to_exitcode(status),
                "cpu_s": ru.ru_utime + ru.ru_stime,
                "tree_peak_rss_bytes": max([tree_peak, own] + others),
-               "tree_peak_bound_bytes": max(tree_peak, own + sum(others)), "processes": len(seen)}, f)
+               "tree_peak_bound_bytes": max(tree_peak, own + sum(others)), "processes": len(seen),
+               "tree_peak_rss_anon_bytes": anon_peak, "tree_peak_rss_file_bytes": file_peak}, f)
 """
 
 
 def measure(cmd: list[str], stdout: Path | None = None, stderr: Path | None = None) -> dict:
     """Run `cmd` (argv[0] an absolute path); wall seconds around the command, its peak RSS (bytes,
     its own and its process tree's: `tree_peak_rss_bytes` sampled, `tree_peak_bound_bytes` an
-    upper bound), how many processes the tree had, its CPU seconds and exit code. Its stdout goes to
+    upper bound; the tree's sampled RssAnon and RssFile peaks, `tree_peak_rss_anon_bytes` and
+    `tree_peak_rss_file_bytes`), how many processes the tree had, its CPU seconds and exit code. Its stdout goes to
     `stdout` (default: nowhere), its stderr to `stderr` (default: kept, and returned on failure)."""
     with tempfile.TemporaryDirectory(prefix="lnfold-cost-") as tmp:
         res_path = os.path.join(tmp, "r.json")
@@ -439,7 +454,8 @@ def scale_run(cfg: dict, folder: Path, reps: int, quiet_wait_s: float, min_avail
             entry["runs"].append(r)
             entry["summary"] = summarize(entry)
             log(f"  {cfg['label']} rep {rep + 1}/{reps} {variant:9s} rc {r['rc']} {r['wall_s']:7.1f} s "
-                f"{r['tree_peak_rss_bytes'] / GB:6.2f} GB ({r['processes']} proc), other CPU "
+                f"{r['tree_peak_rss_bytes'] / GB:6.2f} GB (anon {r['tree_peak_rss_anon_bytes'] / GB:.2f}, file "
+                f"{r['tree_peak_rss_file_bytes'] / GB:.2f}; {r['processes']} proc), other CPU "
                 f"{100 * (r['foreign_cpu'] or 0):.0f}%" + (f"  {r['verdict'].get('summary', '')}" if "verdict" in r else ""))
             for f in (*_model_files(out), report, stdout, stderr):
                 f.unlink(missing_ok=True)
@@ -469,6 +485,8 @@ def summarize(entry: dict) -> dict:
             "peak_rss_bytes": _spread([r["tree_peak_rss_bytes"] for r in ok]),
             "peak_rss_bound_bytes": _spread([r["tree_peak_bound_bytes"] for r in ok]),
             "peak_rss_all_bytes": [r["tree_peak_rss_bytes"] for r in runs],
+            "peak_rss_anon_bytes": _spread([r["tree_peak_rss_anon_bytes"] for r in ok if "tree_peak_rss_anon_bytes" in r]),
+            "peak_rss_file_bytes": _spread([r["tree_peak_rss_file_bytes"] for r in ok if "tree_peak_rss_file_bytes" in r]),
             "processes": sorted({r["processes"] for r in runs}),
             "foreign_cpu": _spread([r["foreign_cpu"] for r in runs if r.get("foreign_cpu") is not None]),
         }
@@ -525,13 +543,15 @@ def format_md(results: dict) -> list[str]:
           f"(`save_as_external_data=True`); where the weights exceed {ROUNDTRIP_MEMORY_SHARE:g}x the machine's memory, "
           f"which `onnx.load` cannot hold, <= {SCALE_WALL_TARGET:g}x copying the model's files (issue 31).", ""]
     L += ["Median [min-max] over the runs that exited 0; `peak RSS` is the process tree's (VmRSS of the command and "
-          "its children summed, sampled every 20 ms).", ""]
+          "its children summed, sampled every 20 ms); `RssAnon` (memory allocated) and `RssFile` (pages of mapped "
+          "files: libraries, memory-mapped weights) are the peaks of the same sums, each its own.", ""]
     L += ["| size | model | weights GB | variant | runs | exit codes | wall s | x baseline | peak RSS GB | "
-          "peak / weights | processes | other CPU |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "peak / weights | peak RssAnon GB | peak RssFile GB | processes | other CPU |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in results["sizes"]:
         if "summary" not in e:
             L.append(f"| {e['config']['label']} | {e.get('model', '-')} | {_gb(e.get('weight_bytes'))} | "
-                     f"{e.get('error', 'not run')} |  |  |  |  |  |  |  |  |")
+                     f"{e.get('error', 'not run')} |  |  |  |  |  |  |  |  |  |  |")
             continue
         s, w = e["summary"], e["weight_bytes"]
         cfg = e["config"]
@@ -543,6 +563,8 @@ def format_md(results: dict) -> list[str]:
             L.append(f"| {cfg['label']} | h{cfg['hidden']} x {cfg['layers']} | {w / GB:.2f} | {_title(e, variant)} | "
                      f"{v['runs']} | {', '.join(map(str, v['rc']))} | {_fmt_spread(v['wall_s'], lambda x: f'{x:.1f}')} | "
                      f"{ratio} | {_fmt_spread(rss, lambda x: f'{x / GB:.2f}')} | {per_w} | "
+                     f"{_fmt_spread(v.get('peak_rss_anon_bytes'), lambda x: f'{x / GB:.2f}')} | "
+                     f"{_fmt_spread(v.get('peak_rss_file_bytes'), lambda x: f'{x / GB:.2f}')} | "
                      f"{', '.join(map(str, v['processes']))} | {_fmt_spread(v['foreign_cpu'], lambda x: f'{100 * x:.0f}%')} |")
     L += ["", "## Against the targets (default run)", "",
           "| size | weights GB | wall / baseline | <= 3x | peak RSS GB (max) | limit GB | peak limit | --no-verify / baseline |",

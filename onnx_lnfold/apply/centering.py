@@ -215,7 +215,12 @@ def exact_float64(tensor: ir.TensorProtocol) -> np.ndarray:
     own = getattr(tensor, "exact_float64", None)
     if own is not None:
         return own()
-    return np.asarray(tensor.numpy()).astype(np.float64)
+    # Read by blocks of rows from its file, not mapped: a map's pages would stay in the process's
+    # memory for as long as the tensor lives.
+    out = np.empty(tuple(tensor.shape), dtype=np.float64)
+    for rows, block in row_blocks(tensor):
+        out[rows] = block
+    return out
 
 
 def _times_weight(beta: np.ndarray, weight: ir.TensorProtocol, trans: bool) -> np.ndarray:

@@ -43,6 +43,16 @@ def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
     return None
 
 
+def release_tensor(tensor: ir.TensorProtocol | None) -> None:
+    """Close the memory map of an external tensor already read (its pages count in RSS); a later
+    read maps the file again. Any other tensor is left as it is."""
+    if isinstance(tensor, ir.ExternalTensor):
+        try:
+            tensor.release()
+        except BufferError:  # someone still holds an array on the map: it stays open
+            pass
+
+
 def set_constant_value(value: ir.Value, tensor: ir.TensorProtocol) -> None:
     """Give a constant (an initializer or a Constant node's output) a new tensor: the Constant node
     then holds it as its only attribute, so a value_float or value_ints it had cannot disagree."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import FLOAT_TYPES, constant_of, is_standard
+from onnx_lnfold.core.ir import FLOAT_TYPES, constant_of, is_standard, release_tensor
 
 # Ops whose output holds only values of their first input (moved, repeated, reshaped, selected).
 _PASS_FIRST = frozenset(
@@ -27,6 +27,8 @@ _PASS_FIRST = frozenset(
 _INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.BOOL})
 # Deep enough for every chain of these ops an exporter writes around one constant.
 _MAX_DEPTH = 16
+# Elements of a tensor compared with its first at a time (`_tensor_fill`).
+_COMPARED = 1 << 18
 
 
 def fill_of(value: ir.Value | None, exact: bool = True) -> float | None:
@@ -97,14 +99,22 @@ def _constant_node_fill(node: ir.Node) -> float | None:
 
 
 def _tensor_fill(tensor: ir.TensorProtocol) -> float | None:
+    """The one value every element of `tensor` holds, or None. Compared a stretch at a time: a
+    weight that holds several values shows it in its first stretch (the rest of a mapped weight is
+    never touched), and an external weight's map is closed once read, or its pages would stay in
+    the process's memory for as long as the tensor lives (every weight the proofs asked about)."""
     if tensor.size == 0 or tensor.dtype not in FLOAT_TYPES | _INT_TYPES:
         return None
-    array = np.asarray(tensor.numpy())
-    first = array.reshape(-1)[0]
-    if not np.all(array == first):
-        return None
-    return float(first)
-
+    try:
+        flat = np.asarray(tensor.numpy()).reshape(-1)
+        first = flat[0]
+        for start in range(0, flat.size, _COMPARED):
+            if not np.all(flat[start : start + _COMPARED] == first):
+                return None
+        return float(first)
+    finally:
+        flat = None
+        release_tensor(tensor)
 
 
 def _cast(fill: float | None, to: int) -> float | None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from onnx_lnfold.core.ir import release_tensor
+
 # Writers of external data: one thread copies untouched tensors in the kernel while another
 # computes and writes a centered one. The bytes are the same as a serial write's.
 _WRITERS = min(2, os.cpu_count() or 1)
@@ -24,16 +26,6 @@ def uses_external_data(model: ir.Model) -> bool:
     its weights in external data too (a body's external tensor would otherwise point at a file
     the output's folder does not have)."""
     return any(isinstance(v.const_value, ir.ExternalTensor) for v in _initializers(model))
-
-
-def release_tensor(tensor: ir.TensorProtocol | None) -> None:
-    """Close the memory map of an external tensor already read (its pages count in RSS); a later
-    read maps the file again. Any other tensor is left as it is."""
-    if isinstance(tensor, ir.ExternalTensor):
-        try:
-            tensor.release()
-        except BufferError:  # someone still holds an array on the map: it stays open
-            pass
 
 
 def release_mapped(model: ir.Model) -> None:

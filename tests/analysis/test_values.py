@@ -183,3 +183,23 @@ def test_a_zero_beta_constant_node_is_removed_with_its_ln():
     result = onnx_lnfold.fold(_post_norm_block("constant node"), verify=False)
     assert "Constant" not in ops(result.model_proto)
     assert ops(_post_norm_block("constant node"))["Constant"] == 2
+
+
+@pytest.mark.parametrize("content", ["zeros", "last differs", "random"])
+def test_the_fill_of_an_external_weight_is_read_and_its_map_closed(tmp_path, content):
+    """A weight in external data is memory-mapped to be read: the map is closed once its fill is
+    known, or its pages would stay in the process's memory as long as the model lives (every
+    weight the proofs asked about, in a multi-GB model)."""
+    array = np.zeros((300, 2000), dtype=np.float32)  # several stretches compared in turn
+    if content == "last differs":
+        array[-1, -1] = 1.0
+    elif content == "random":
+        array = np.random.default_rng(0).standard_normal(array.shape).astype(np.float32)
+    (tmp_path / "w.data").write_bytes(array.tobytes())
+    tensor = ir.ExternalTensor(
+        "w.data", 0, array.nbytes, ir.DataType.FLOAT, shape=ir.Shape(array.shape), name="w", base_dir=str(tmp_path)
+    )
+    value = ir.Value(name="w", shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.FLOAT), const_value=tensor)
+    ir.Graph([], [value], nodes=[], initializers=[value])
+    assert fill_of(value) == (0.0 if content == "zeros" else None)
+    assert tensor.raw is None

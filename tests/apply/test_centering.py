@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from onnx_lnfold.apply.centering import CenteredTensor, bias_plus_beta
+from onnx_lnfold.apply.centering import CenteredTensor, bias_plus_beta, exact_float64
 from onnx_lnfold.core.errors import LnFoldError
 from onnx_lnfold.io.tensor_io import row_blocks
 
@@ -138,3 +138,12 @@ def test_data_file_shorter_than_the_tensor_is_a_clear_error(tmp_path):
     (tmp_path / "w.data").write_bytes((tmp_path / "w.data").read_bytes()[:1000])
     with pytest.raises(LnFoldError, match="the file ends before the tensor does"):
         CenteredTensor(tensor, 1, "w").tofile(io.BytesIO())
+
+
+def test_exact_float64_of_an_external_weight_reads_it_without_keeping_a_map(tmp_path):
+    """The float64 twin reads an untouched weight (the W of a bias that took a beta) by blocks from
+    its file: no memory map is left open, whose pages would stay as long as the model lives."""
+    array = RNG.standard_normal((37, 16)).astype(np.float32)
+    tensor = _external(tmp_path, array)
+    np.testing.assert_array_equal(exact_float64(tensor), array.astype(np.float64))
+    assert tensor.raw is None

@@ -29,6 +29,8 @@ def test_the_sweep_writes_every_variant_and_the_verdict(tmp_path):
     for r in runs.values():
         assert r["rc"] == 0 and r["wall_s"] > 0 and r["output_written"]  # (deleted after the run)
         assert r["tree_peak_bound_bytes"] >= r["tree_peak_rss_bytes"] >= r["peak_rss_bytes"] > 0
+        assert 0 < r["tree_peak_rss_anon_bytes"] <= r["tree_peak_rss_bytes"]
+        assert 0 < r["tree_peak_rss_file_bytes"] <= r["tree_peak_rss_bytes"]
         assert r["processes"] >= 1 and "foreign_cpu" in r and "mem_available_before" in r
     verdict = runs["default"]["verdict"]
     assert verdict["status"] == "passed" and verdict["judgment"] == "float64 reference"
@@ -40,5 +42,6 @@ def test_the_sweep_writes_every_variant_and_the_verdict(tmp_path):
     md = (out / "FOLD_COST.md").read_text()
     for title in ("onnx.load + onnx.save", "fold (default, verified)", "fold --no-verify"):
         assert f"| {title} |" in md
+    assert "| peak RssAnon GB | peak RssFile GB |" in md
     assert "judged on: float64 reference" in md and "## Against the targets (default run)" in md
     assert list((tmp_path / "models").glob("cost_*")) == []  # outputs, reports and logs removed

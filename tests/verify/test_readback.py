@@ -175,6 +175,34 @@ def test_blocks_and_affine_weights_are_read_back_and_a_wrong_block_is_found(weig
     assert "times what one rounding allows" in edits.check_centered(_tensor(original), _tensor(untouched), *args)
 
 
+@pytest.mark.parametrize("blocked", [False, True])
+def test_a_weight_centered_along_its_last_axis_is_read_back_from_its_files_by_rows(tmp_path, monkeypatch, blocked):
+    """Along the last axis (as weights are centered) both tensors are read from their files a group
+    of rows at a time, never mapped: the same figure as the whole arrays give (the same rows taken
+    along axis 0 of the transposes)."""
+    rng = np.random.default_rng(1)
+    original = (rng.normal(size=(3, 700, 1000)) + 1.0).astype(np.float32)  # 2100 rows: groups of 1048
+    rows = original.reshape(-1, 1000)
+    args = (None, 250, (1, 3)) if blocked else ()
+    centered = _blocked(rows, 250, [1, 3]) if blocked else rows - rows.astype(np.float64).mean(axis=1, keepdims=True)
+    wrong = centered.copy()
+    wrong[1500, 260] += 1e-3  # in the second group, in a block each case centers
+    for written, passes in ((centered, True), (wrong, False)):
+        stored = written.astype(np.float32)
+        files = []
+        for name, values in (("original", original), ("written", stored.reshape(original.shape))):
+            (tmp_path / f"{name}.data").write_bytes(values.tobytes())
+            files.append(
+                ir.ExternalTensor(f"{name}.data", 0, values.nbytes, ir.DataType.FLOAT, shape=ir.Shape(values.shape),
+                                  name=name, base_dir=str(tmp_path))
+            )
+        with monkeypatch.context() as m:
+            m.setattr(ir.ExternalTensor, "numpy", lambda self: pytest.fail(f"{self.name} mapped"))
+            found = edits.check_centered(*files, -1, *args)
+        whole = edits.check_centered(_tensor(rows.T.copy()), _tensor(stored.T.copy()), 0, *args)
+        assert found == whole and (found == "") == passes, (found, whole)
+
+
 def test_an_unchanged_tensor_must_be_byte_for_byte_the_original():
     values = np.arange(6, dtype=np.float32)
     assert edits.check_unchanged(_tensor(values), _tensor(values.copy())) == ""
