@@ -540,14 +540,56 @@ def test_no_verdict_rests_on_a_float64_evaluation_that_disagrees_with_onnx_runti
     assert verification.edits_checked > 0
 
 
-def test_a_float64_evaluation_that_fails_names_the_op():
-    """onnx.reference's Pad refuses negative pads (a time shift: one step in, one out) with "index
-    can't contain negative values", naming no op: the fallback's reason names the node."""
+def _time_shift_model():
+    """An RWKV-style time shift after a folded LN: Pad one step in at the start of the sequence
+    axis and crop one at its end (a negative pad)."""
     g = Graph(seed=11)
     n = g.ln(g.linear(g.input("x", [2, 8, 16]), 16, 16, "embed"), 16, "ln")
     h = g.linear(n, 16, 16, "head")
     g.output(g.node("Pad", [h, g.ints("shift", [0, 1, 0, 0, -1, 0])], name="time_shift"), [2, 8, 16])
-    result = onnx_lnfold.fold(g.model())
-    verification = result.report.verification
+    return g.model()
+
+
+@pytest.mark.parametrize(
+    ("opset", "pads", "axes", "mode"),
+    [(18, [0, 1, 0, 0, -1, 0], None, "constant"), (18, [-2, 3], [-1], "constant"),
+     (11, [1, -1, 0, -1, 2, 1], None, "edge"), (18, [0, -1, 2, 0, 1, -3], None, "reflect"),
+     (2, [0, 2, -1, 0, -1, 1], None, "constant")],
+)  # fmt: skip
+def test_pad_with_negative_pads_crops_as_onnx_runtime_does(opset, pads, axes, mode):
+    """onnx.reference's Pad refuses negative pads; ONNX crops there: the float64 evaluation's Pad
+    matches ONNX Runtime's kernel, pads as an attribute (opset 2) or inputs (11, with axes 18)."""
+    x = RNG.standard_normal((2, 5, 6)).astype(np.float32)
+    if opset == 2:
+        model = _one_node("Pad", {"x": x}, opset=2, pads=pads, mode=mode, value=0.5)
+    else:
+        model = _one_node("Pad", {"x": x}, opset=opset, mode=mode)
+        extra = [("pads", np.array(pads, np.int64))] + ([("axes", np.array(axes, np.int64))] if axes else [])
+        model.graph.node[0].input.extend(["pads", *(["value"] if axes else []), *(["axes"] if axes else [])])
+        model.graph.initializer.extend(onnx.numpy_helper.from_array(a, n) for n, a in extra)
+        if axes:
+            model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.25, np.float32), "value"))
+    expected = run_model(model.SerializeToString(), {"x": x})["y0"]
+    got = Float64Model(model).run({"x": x})["y0"]
+    assert got.dtype == np.float64 and got.shape == expected.shape
+    np.testing.assert_array_equal(got.astype(np.float32), expected)
+
+
+def test_a_time_shift_is_judged_in_float64():
+    """A model with a time shift (negative pads) is judged in float64, not by the fallback."""
+    verification = onnx_lnfold.fold(_time_shift_model()).report.verification
+    assert verification.passed and verification.judgment == FLOAT64, verification.judgment_reason
+
+
+def test_a_float64_evaluation_that_fails_names_the_op(monkeypatch):
+    """onnx.reference's own messages name no op ("index can't contain negative values", from np.pad):
+    where an op's float64 evaluation raises, the fallback's reason names the node."""
+    from onnx_lnfold.verify.oracle import ops
+
+    def refuse(self, *args, **kwargs):
+        raise ValueError("index can't contain negative values")
+
+    monkeypatch.setattr(ops.Pad, "_run", refuse)
+    verification = onnx_lnfold.fold(_time_shift_model()).report.verification
     assert verification.passed and verification.judgment != FLOAT64
     assert "the float64 evaluation failed at Pad 'time_shift': index can't contain negative values" in verification.judgment_reason

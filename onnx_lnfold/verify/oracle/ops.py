@@ -8,9 +8,9 @@ computed in the dtype of their inputs (float64 in a twin):
   bert/bias_gelu.cc, core/providers/cpu/nn/layer_norm_impl.cc);
 - `Erf`, whose reference implementation rounds to float32, and `Gelu` (opset 20), which would
   expand to that Erf;
-- `GatherElements`, whose reference implementation fails on tables of more than 32 rows, and
+- `GatherElements`, whose reference implementation fails on tables of more than 32 rows;
   `Loop`, which it runs zero times without a condition input and whose scan outputs it
-  concatenates instead of stacking.
+  concatenates instead of stacking; and `Pad`, which it refuses with negative pads (a crop).
 
 `Evaluator` is `onnx.reference`'s evaluator with these ops, in model-local functions too.
 """
@@ -336,6 +336,33 @@ class Loop(_ReferenceLoop):
         return self._check_and_fix_outputs(tuple(results))
 
 
+class Pad(OpRun):
+    """The reference pads with np.pad, which refuses negative pads; ONNX crops there (RWKV's time
+    shift pads one step in and crops one out). Crop first, then pad what is left. One class for
+    every version: pads and value as attributes (opset 2), pads, constant_value and axes as inputs
+    (11, 18)."""
+
+    op_domain = ""
+
+    def _run(self, data, pads=None, constant_value=None, axes=None, mode=None, value=None):
+        rank = data.ndim
+        axes = list(range(rank)) if axes is None else [int(a) % rank for a in np.asarray(axes).ravel()]
+        pads = [int(p) for p in np.asarray(pads).ravel()]
+        begins, ends = pads[: len(axes)], pads[len(axes) :]
+        crop = [slice(None)] * rank
+        widths = [(0, 0)] * rank
+        for axis, begin, end in zip(axes, begins, ends):
+            crop[axis] = slice(max(-begin, 0), data.shape[axis] - max(-end, 0))
+            widths[axis] = (max(begin, 0), max(end, 0))
+        cropped = data[tuple(crop)]
+        mode = (mode.decode() if isinstance(mode, bytes) else mode) or "constant"
+        if mode != "constant":
+            return (np.pad(cropped, widths, mode=mode).astype(data.dtype, copy=False),)
+        fill = constant_value if constant_value is not None else (value if value is not None else 0)
+        fill = np.asarray(fill).ravel()[0] if np.size(fill) else 0
+        return (np.pad(cropped, widths, mode="constant", constant_values=fill).astype(data.dtype, copy=False),)
+
+
 FLOAT64_OPS: list[type[OpRun]] = [
     GroupQueryAttention,
     MatMulNBits,
@@ -351,6 +378,7 @@ FLOAT64_OPS: list[type[OpRun]] = [
     BatchNormalization,
     GatherElements,
     Loop,
+    Pad,
 ]
 # Domains the evaluator knows besides the main one (and model-local functions).
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "experimental"}

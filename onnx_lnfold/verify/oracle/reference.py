@@ -401,9 +401,8 @@ def _load_ir(model: bytes | str | Path) -> ir.Model:
 
 def failing_node(error: BaseException) -> str | None:
     """`Pad 'time_shift'`: the node whose evaluation raised `error` inside `Float64Model.run_many`
-    (its loop variable `node`, read from the traceback: onnx.reference's own messages, such as
-    "index can't contain negative values" for a Pad with negative pads, name no op); None where the
-    error came from elsewhere."""
+    (its loop variable `node`, read from the traceback: onnx.reference's own messages, numpy's
+    mostly, name no op); None where the error came from elsewhere."""
     found = None
     tb = error.__traceback__
     while tb is not None:
