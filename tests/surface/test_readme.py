@@ -66,22 +66,30 @@ def _elapsed_masked(line: str) -> str:
     return re.sub(r", \d+\.\d s$", ", <elapsed> s", line)
 
 
+def _as_text(lines: list[str]) -> str:
+    """The lines as one run of words, each float-noise figure (4.03e-07) kept to its order of
+    magnitude: ONNX Runtime's float32 rounding and numpy's float64 sums differ by CPU (and the
+    report's line breaks with the width of a figure), the rest of the report does not."""
+    text = " ".join(" ".join(_elapsed_masked(line) for line in lines).split())
+    return re.sub(r"\b\d(?:\.\d+)?e-(\d+)\b", r"<1e-\1>", text)
+
+
 def test_readme_quick_start_output_is_what_the_command_prints(workdir):
     """The output block after the quick start is the fold's output today: each run of lines
-    between `...` marks appears, in order and contiguous, in what the command prints (the
-    elapsed time aside)."""
+    between `...` marks appears, in order, in what the command prints (the elapsed time aside, the
+    noise figures to their order of magnitude)."""
     block = re.search(r"The fold prints this.*?```\n(.*?)```", README, flags=re.S).group(1)
     command = next(c for c in _fold_commands() if "models/gpt2.onnx" in c)
     proc = subprocess.run([sys.executable, *command.split()[1:]], cwd=workdir, capture_output=True, text=True, env=ENV)
-    printed = [_elapsed_masked(line) for line in proc.stdout.splitlines()]
-    chunks = [[_elapsed_masked(line) for line in chunk.strip("\n").splitlines()] for chunk in block.split("  ...\n")]
+    printed = proc.stdout.splitlines()
+    chunks = [chunk.strip("\n").splitlines() for chunk in block.split("  ...\n")]
     assert len(chunks) >= 2 and chunks[0][0].startswith("onnx_lnfold: models/gpt2.onnx -> gpt2.lnfold.onnx, 5/5")
-    at = 0
+    whole, at = _as_text(printed), 0
     for chunk in chunks:
-        starts = [i for i in range(at, len(printed)) if printed[i : i + len(chunk)] == chunk]
-        assert starts, f"README lines not printed (in this order) by `{command}`:\n" + "\n".join(chunk)
-        at = starts[0] + len(chunk)
-    assert chunks[0][0] == printed[0] and chunks[-1][-1] == printed[-1]  # same first and last line
+        found = whole.find(_as_text(chunk), at)
+        assert found >= 0, f"README lines not printed (in this order) by `{command}`:\n" + "\n".join(chunk)
+        at = found + len(_as_text(chunk))
+    assert _elapsed_masked(chunks[0][0]) == _elapsed_masked(printed[0]) and chunks[-1][-1] == printed[-1]
 
 
 def test_readme_mentions_the_command_the_version_and_a_venv():
