@@ -5,7 +5,7 @@ table's own, within its own spread).
     onnx-lnfold calibrate --provider CPU --threads 1 -o benchmarks/results/calibrate/cpu_run1.json   # twice
     python -m benchmarks.compare_tables benchmarks/results/calibrate/cpu_run*.json [--out FILE.md]
 
-The built-in table (callgrind instructions, onnx_lnfold/emit/tables/cpu.json) is always the first column.
+The built-in table (callgrind instructions, onnx_lnfold/decide/tables/cpu.json) is always the first column.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from benchmarks.common import ROOT
 from onnx_lnfold.bench.calibrate import comparisons, judged
-from onnx_lnfold.emit.costs import KINDS, builtin_table, load_table
+from onnx_lnfold.decide.costs import KINDS, builtin_table, load_table
 
 WIDTHS = (64, 384, 768, 1024)
 TOKENS = (16, 1024, 8192)

@@ -61,10 +61,10 @@ from benchmarks.common import CACHE, ROOT, log, machine_info, results_header
 from benchmarks.instructions import measure, spread
 from onnx_lnfold.bench.graphs import decomposed_ln
 from onnx_lnfold.bench.tables import fit_points, make_table, write_table
-from onnx_lnfold.emit.costs import CostTable, Point
+from onnx_lnfold.decide.costs import CostTable, Point
 
 EPS = 1e-5
-TABLE = ROOT / "onnx_lnfold" / "emit" / "tables" / "cpu.json"  # the built-in table, written from the results
+TABLE = ROOT / "onnx_lnfold" / "decide" / "tables" / "cpu.json"  # the built-in table, written from the results
 LAYOUT_VARIANTS = ["center|axis1", "ln|axis1", "transpose"]  # x is [batch, d, seq]
 VARIANTS = ["ln", "sln", "sln+beta", "beta_add", "center", "add+ln", "add+sln", "skip_sln", "add+sln+beta",
             "skip_sln+beta", "add+ln|sum", "add+sln|sum", "skip_sln|sum", "mm", "mm+bias", "mm+bias|static",
@@ -235,7 +235,7 @@ def added_costs(shape: dict) -> dict[str, float]:
     }
 
 
-# The node kinds of onnx_lnfold.emit.costs.KINDS, each as a function of one shape's variant means: what
+# The node kinds of onnx_lnfold.decide.costs.KINDS, each as a function of one shape's variant means: what
 # the node itself costs per run. R (the run's fixed cost: session.run, feeds, fetches) is the one-Add
 # graph less what that Add costs, and is taken out of the one-node graphs.
 KINDS = {
@@ -249,7 +249,7 @@ KINDS = {
 }
 
 
-# The layout kinds (onnx_lnfold.emit.costs.LAYOUT_KINDS), each one node graph of its own variant,
+# The layout kinds (onnx_lnfold.decide.costs.LAYOUT_KINDS), each one node graph of its own variant,
 # fitted over batch-1 shapes (1x16 .. 1x8192): ORT reduces [1, d, T] over d as one [d, T] block and
 # [8, d, 1024] item by item, another loop (measured: about 3x fewer instructions per item at d 64):
 # a batch of one is how the models that have such reductions (speech, TTS) run, and the dearer.
@@ -321,7 +321,7 @@ def fit(results: list[dict]) -> dict[str, tuple[float, float, float]]:
 
 
 def table(results: list[dict], command: str, machine: dict) -> CostTable:
-    """The built-in CPU table (onnx_lnfold/emit/tables/cpu.json) these results give."""
+    """The built-in CPU table (onnx_lnfold/decide/tables/cpu.json) these results give."""
     return make_table(points(results), provider="CPUExecutionProvider", unit="instructions",
                       source="benchmarks/results/EMISSION_COSTS.md",
                       measured_by=f"{command} (callgrind, 1 thread, ORT_ENABLE_ALL)",
@@ -375,7 +375,7 @@ def render(results: list[dict], command: str, machine: dict) -> str:
                      f"{c['created_bias'] / 1e3:.1f} | {c['centering'] / 1e3:.1f} | "
                      f"{c['centering'] / c['ln_to_sln_saving']:.2f} |")
     table = fit(results)
-    lines += ["", "## Fitted node costs (onnx_lnfold/emit/tables/cpu.json holds these, with each shape and its spread)", "",
+    lines += ["", "## Fitted node costs (onnx_lnfold/decide/tables/cpu.json holds these, with each shape and its spread)", "",
               "Instructions per run = fixed + per_token x tokens + per_element x tokens x d (+ per_width x d for the layout kinds, fitted over batch-1 shapes), least squares on "
               "the relative error over the shapes above; the largest relative error of the fit over them.", "",
               "| node | fixed | per token | per element | per width | worst fit error |", "|---|---|---|---|---|---|"]

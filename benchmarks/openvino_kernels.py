@@ -3,7 +3,7 @@ instructions per run under callgrind of one-node graphs over [tokens, d].
 
     python -m benchmarks.openvino_kernels [--widths 64 384 768] [--tokens 1024] [--runs 20] [--processes 2]
 
-The cost rule (`emit.costs`, docs/DESIGN.md section 4.1) prices a fold by ONNX Runtime's CPU
+The cost rule (`decide.costs`, docs/DESIGN.md section 4.1) prices a fold by ONNX Runtime's CPU
 kernels. This measures the same kinds of node in OpenVINO, to show what a cost table for OpenVINO
 would have to say and whether any fold the rule allows would cost more there. Each graph reads x
 [tokens, d] (and a residual r for the Skip kinds), with gamma and beta of d:

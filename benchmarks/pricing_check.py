@@ -4,7 +4,7 @@
                                        [--fold-args '...'] [--json F]
 
 Predicted: what the rule's table says the default fold of MODEL (this checkout, priced as ONNX
-Runtime runs it, `emit.costs`) saves per run: each folded LN's saving at the shape it was priced at,
+Runtime runs it, `decide.costs`) saves per run: each folded LN's saving at the shape it was priced at,
 less each explicit centering's cost; in the table's unit (callgrind instructions for the built-in
 one). Measured: callgrind instructions per run of MODEL and of each variant (the folded files to
 compare: the fold before and after a change, say), `--processes` valgrind processes holding every
@@ -36,10 +36,10 @@ def predicted(model_path: str, feeds: dict[str, np.ndarray], fold_args: dict) ->
     import onnx_lnfold
     from onnx_lnfold.analysis.planner import candidates
     from onnx_lnfold.core.options import FoldOptions
-    from onnx_lnfold.emit.costs import table_for
-    from onnx_lnfold.emit.pricing import centering_kind
-    from onnx_lnfold.emit.targets import choose_rewrite, cost_nodes
-    from onnx_lnfold.ort_fusions.check import FusionCheck
+    from onnx_lnfold.decide.costs import table_for
+    from onnx_lnfold.decide.pricing import centering_kind
+    from onnx_lnfold.decide.targets import choose_rewrite, cost_nodes
+    from onnx_lnfold.ort_fusions.fusion_cost import FusionCheck
     from onnx_lnfold.shapes.table import ShapeTable
 
     options = FoldOptions(**fold_args)

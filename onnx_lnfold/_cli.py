@@ -245,7 +245,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     rehearsal = None
     if args.costs is not None:
         from onnx_lnfold.bench.tables import rehearsal_of
-        from onnx_lnfold.emit.costs import load_table
+        from onnx_lnfold.decide.costs import load_table
 
         load_table(args.costs)  # a bad table is a usage error before any work
         if rehearsal := rehearsal_of(args.costs):

@@ -33,7 +33,7 @@ from onnx_lnfold.feeds.given import check_input_shapes, check_inputs
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.load.opset import convert_opset, default_opset
-from onnx_lnfold.ort_fusions.check import FusionCheck
+from onnx_lnfold.ort_fusions.fusion_cost import FusionCheck
 from onnx_lnfold.ort_fusions.order import optimizer_first_facts, order_advice
 from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
@@ -44,7 +44,7 @@ from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
 from onnx_lnfold.verify.request import VerifyRequest
-from onnx_lnfold.verify.runner import ModelBytesOrPath, OrtSource
+from onnx_lnfold.verify.sessions import ModelBytesOrPath, OrtSource
 from onnx_lnfold.verify.verdict import Verification
 
 
@@ -179,7 +179,7 @@ def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = Non
         shapes.ort_layouts.update(fusions.layouts(lns))  # priced as ONNX Runtime runs them
         bound = plan_for(model, options, shapes, lns, kept)
         while bound.plan.folded and fusions.active:
-            lost = fusions.session_fusion_costs(lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept))
+            lost = fusions.session_fusion_costs(lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept), apply_plan)
             lost = {name: blocked for name, blocked in lost.items() if name not in kept}
             if not lost:
                 break

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lnfold
 from onnx_lnfold.feeds.synthesize import synthesize_inputs
-from onnx_lnfold.verify.runner import compare, run_model
+from onnx_lnfold.verify.sessions import compare, run_model
 
 F = TensorProto.FLOAT
 
@@ -131,7 +131,7 @@ def fold_checked(
 ) -> onnx_lnfold.FoldResult:
     """Fold, assert the exact counts, and check equivalence through ONNX Runtime. The rule tests
     are about what weight edits can fold exactly: they fold the LNs the cost rule would keep too
-    (`fold_costly=True`; tests/emit/test_beta_placement.py tests that rule) and insert no explicit
+    (`fold_costly=True`; tests/decide/test_beta_placement.py tests that rule) and insert no explicit
     centering (which makes any stream zero-mean; its tests ask for it) unless they ask otherwise."""
     options.setdefault("fold_costly", True)
     options.setdefault("auxiliary_centering", False)

@@ -77,9 +77,9 @@ def test_a_step_that_imports_the_tool_package_is_caught(tmp_path):
     """`bench` sits on top like the drivers: a step importing it is reported as one importing a
     later step is."""
     package = tmp_path / "onnx_lnfold"
-    (package / "emit").mkdir(parents=True)
-    (package / "emit" / "x.py").write_text("from onnx_lnfold.bench import tables\nfrom onnx_lnfold.core import ops\n")
+    (package / "decide").mkdir(parents=True)
+    (package / "decide" / "x.py").write_text("from onnx_lnfold.bench import tables\nfrom onnx_lnfold.core import ops\n")
     (package / "bench").mkdir()
     (package / "bench" / "y.py").write_text("from onnx_lnfold.report import fold_report\n")
     _, later = step_imports.check(package)
-    assert later == ["onnx_lnfold/emit/x.py:1: emit imports bench, a tool on top of the steps"]
+    assert later == ["onnx_lnfold/decide/x.py:1: decide imports bench, a tool on top of the steps"]

@@ -35,7 +35,7 @@ from onnxruntime.transformers.optimizer import optimize_model  # noqa: E402
 
 import onnx_lnfold  # noqa: E402
 from onnx_lnfold.load.model import load_model  # noqa: E402
-from onnx_lnfold.ort_fusions.check import attention_heads, embedding_sums  # noqa: E402
+from onnx_lnfold.ort_fusions.fusion_cost import attention_heads, embedding_sums  # noqa: E402
 from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, weightless_clone  # noqa: E402
 
 DEFAULT = [

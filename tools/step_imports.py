@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 # The steps in the order the pipeline runs them; shared layers first (docs/DESIGN.md section 7).
-STEPS = ("core", "io", "load", "shapes", "carry", "forms", "emit", "analysis", "apply", "ort_fusions", "feeds", "verify", "save", "report")
+STEPS = ("core", "io", "load", "shapes", "carry", "forms", "decide", "analysis", "ort_fusions", "apply", "feeds", "verify", "save", "report")
 # Subpackages on top of the steps, like the drivers: they may import any step, and no step imports them.
 TOOLS = ("bench",)
 

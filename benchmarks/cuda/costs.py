@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     from onnx_lnfold.bench.compare import bench
     from onnx_lnfold.bench.placement import PlacementError
     from onnx_lnfold.bench.tables import write_table
-    from onnx_lnfold.emit.costs import builtin_table
+    from onnx_lnfold.decide.costs import builtin_table
 
     provider = "CPUExecutionProvider" if args.smoke else "CUDAExecutionProvider"
     out = Path(args.out)

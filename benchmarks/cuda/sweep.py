@@ -302,7 +302,7 @@ def run_kernels(device: Device, cfg: SweepConfig, info: dict, deadline: Deadline
 def _equivalence(original: dict[str, np.ndarray], got: dict[str, np.ndarray], out_types: dict[str, int]) -> dict:
     """onnx_lnfold's own comparison and tolerances: every output, max|diff| / max|ref| <= rtol of the
     type the output is computed in."""
-    from onnx_lnfold.verify.runner import compare
+    from onnx_lnfold.verify.sessions import compare
     from onnx_lnfold.verify.verdict import rtol_for
 
     outputs = {}

@@ -17,7 +17,7 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.plan import AuxCentering, CenteringEdit, CenteringPlan, LnDecision
 
 if TYPE_CHECKING:
-    from onnx_lnfold.emit.targets import Rewrite
+    from onnx_lnfold.decide.targets import Rewrite
 
 Use = tuple[ir.Node, int]  # a node and the index of the input it reads
 

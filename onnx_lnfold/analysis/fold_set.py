@@ -4,7 +4,7 @@ centerings that pay for themselves. Mutates nothing.
 
 Cost model: an explicit centering costs one ReduceMean + Sub per run, and each LN it unlocks saves
 what its fold saves (LayerNormalization -> SimplifiedLayerNormalization, or ORT's slow fused
-SkipLayerNormalization replaced), by the measured kernel costs of `emit.costs`: a root is kept only when
+SkipLayerNormalization replaced), by the measured kernel costs of `decide.costs`: a root is kept only when
 the LNs it unlocks save more than it costs, by more than the figures' spread, at the tokens they run
 at; roots that do not pay are
 denied and the fold set is recomputed without them.
@@ -25,21 +25,21 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import NARROW_FLOAT_TYPES, constant_of
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
 from onnx_lnfold.core.values import is_zero
-from onnx_lnfold.emit.costs import Saving
-from onnx_lnfold.emit.pricing import centering_kind
+from onnx_lnfold.decide.costs import Saving
+from onnx_lnfold.decide.pricing import centering_kind
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
 
 logger = logging.getLogger(__name__)
 
-# What each LN's fold saves per run (`emit.costs.Saving`: with its spread, its width and the pricing
+# What each LN's fold saves per run (`decide.costs.Saving`: with its spread, its width and the pricing
 # it comes from); an LN without an entry saves nothing. None: every LN folds whatever it costs
 # (`fold_costly`), and a centering is used wherever it unlocks one.
 Savings = dict[LnCandidate, Saving]
 
 
 def _centering_pays(cands, savings: Savings | None, kind: str = "Centering") -> bool:
-    """`kind`: the centering's cost kind (`emit.pricing.centering_kind`: over the last axis or not)."""
+    """`kind`: the centering's cost kind (`decide.pricing.centering_kind`: over the last axis or not)."""
     if savings is None:  # folding whatever it costs: any LN it unlocks is reason enough
         return bool(cands)
     priced = sorted((savings[c] for c in cands if c in savings), key=lambda s: s.width is None)

@@ -9,7 +9,7 @@ Following docs/DESIGN.md sections 2, 3 and 10, in five steps, one module each:
    tensor the edits change must reach only LNs over that axis; a violation blocks every LN whose
    edits reach it, until none remains; explicit centerings are kept only where they pay.
 4. **Edits** (`analysis.edits`): the constants to center (in place or untied) and the centerings to insert.
-5. **Fusion cost** (`ort_fusions.check`): ONNX Runtime's own optimizers, on weightless copies of the graph
+5. **Fusion cost** (`ort_fusions.fusion_cost`): ONNX Runtime's own optimizers, on weightless copies of the graph
    and of the plan applied to it, decide which LNs to keep because folding them would cost a
    fusion; the plan is made again without them until it loses none.
 
@@ -34,8 +34,8 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
-from onnx_lnfold.emit.costs import Saving, table_for
-from onnx_lnfold.emit.targets import (
+from onnx_lnfold.decide.costs import Saving, table_for
+from onnx_lnfold.decide.targets import (
     Rewrite,
     beta_add_note,
     centering_refusal,
@@ -181,7 +181,7 @@ def _edits(model: ir.Model, active, options: FoldOptions, names):
 def _kept_for_cost(context: AnalysisContext, candidates, kept, dearer, active, blocked):
     """The reasons of the LNs kept for a cost: by the yardstick of the fold that folds whatever it
     costs (`fold_costly`), every LN that fold folds and this one keeps stays for a cost, and says
-    which: its own (`emit.targets.cost_refusal`: beta left as an Add, say), or the explicit
+    which: its own (`decide.targets.cost_refusal`: beta left as an Add, say), or the explicit
     centering its fold needs, which costs more than the LNs it would unlock save together
     (`centering_refusal`, with the figures). The others are reported for what blocks them: an LN
     kept for its cost that no fold can take at all, for the first obstacle its proof meets."""

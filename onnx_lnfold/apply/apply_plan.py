@@ -19,7 +19,7 @@ from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_li
 from onnx_lnfold.core.ir import constant_of, set_constant_value
 from onnx_lnfold.core.names import fresh_name, taken_names
 from onnx_lnfold.core.ops import MS_DOMAIN
-from onnx_lnfold.emit.targets import SKIP_RMS_OP
+from onnx_lnfold.decide.targets import SKIP_RMS_OP
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Rewrite one folded LN as the plan says (`Rewrite`, from `emit.targets`): the RMS op it becomes,
+"""Rewrite one folded LN as the plan says (`Rewrite`, from `decide.targets`): the RMS op it becomes,
 one function per emitted op, then what every op shares: beta (an `Add`, or folded into the
 consumers' biases), the output name moved onto the new tensor, the replaced nodes removed.
 
@@ -17,7 +17,7 @@ from onnx_lnfold.apply.centering import bias_plus_beta
 from onnx_lnfold.core.ir import constant_of, is_standard
 from onnx_lnfold.core.names import fresh_name
 from onnx_lnfold.core.ops import PRIMITIVE_OPS, SKIP_RMS_NORM
-from onnx_lnfold.emit.targets import ONNX_RMS_OP, PRIMITIVE_RMS_OP, RMS_OP, SKIP_RMS_OP, Rewrite, bias_slot
+from onnx_lnfold.decide.targets import ONNX_RMS_OP, PRIMITIVE_RMS_OP, RMS_OP, SKIP_RMS_OP, Rewrite, bias_slot
 
 
 def new_constant(graph: ir.Graph, tensor: ir.TensorProtocol) -> ir.Value:
@@ -195,7 +195,7 @@ def _created_bias(graph: ir.Graph, matmul: ir.Node, tensor: ir.TensorProtocol, t
 def _fold_beta_into_consumers(graph: ir.Graph, sites, beta: np.ndarray, taken: set[str]) -> None:
     """consumer(y + beta) == consumer(y) with bias += beta @ W, for every linear consumer whose
     site is a bias (its own or one created for it); a key projection whose share the attention's
-    Softmax removes is left as it is (`emit.softmax_shift`)."""
+    Softmax removes is left as it is (`decide.softmax_shift`)."""
     for site in sites:
         if site.how == "softmax":
             continue

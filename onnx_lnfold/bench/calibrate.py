@@ -1,10 +1,10 @@
 """`onnx-lnfold calibrate --provider NAME -o costs.json`: the kernel costs the never-slower rule
-reads, measured on one execution provider, as a cost table (`emit.costs.CostTable`) that `--costs`
+reads, measured on one execution provider, as a cost table (`decide.costs.CostTable`) that `--costs`
 folds by.
 
-What is measured: per node kind the rule prices (`emit.costs.KINDS`: LayerNormalization,
+What is measured: per node kind the rule prices (`decide.costs.KINDS`: LayerNormalization,
 SimplifiedLayerNormalization, their Skip forms, the residual Add, beta's Add, an explicit centering;
-and `emit.costs.LAYOUT_KINDS`: a centering and a decomposed LN over a non-last axis, a Transpose, on a
+and `decide.costs.LAYOUT_KINDS`: a centering and a decomposed LN over a non-last axis, a Transpose, on a
 [1, width, tokens] stream), what one more such node costs a run, at every (tokens, width) of the shapes the rule decides on
 (widths 64-1024, 16-8192 tokens). A node's cost is the marginal cost of a chain (`graphs`): the wall
 time of a chain of `LONG` nodes less that of `SHORT` nodes, divided by the difference, so the run's
@@ -37,7 +37,7 @@ from onnx_lnfold.bench.sampling import Timed, calibrate_calls, interleave
 from onnx_lnfold.bench.tables import fit_error, make_table, write_table
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ops import LAYER_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
-from onnx_lnfold.emit.costs import KINDS, LAYOUT_KINDS, CostTable, Point, builtin_table
+from onnx_lnfold.decide.costs import KINDS, LAYOUT_KINDS, CostTable, Point, builtin_table
 
 CHAIN_OF = {  # the chain each cost kind is measured with (graphs.chain_model)
     LAYER_NORM.op_type: "ln",

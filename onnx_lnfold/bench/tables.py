@@ -1,4 +1,4 @@
-"""Cost tables from measured points: the fit the rule reads (`emit.costs.CostTable`), made the same
+"""Cost tables from measured points: the fit the rule reads (`decide.costs.CostTable`), made the same
 way for every table, whether its points are callgrind's instruction counts (`python -m
 benchmarks.emission_costs`, the built-in CPU table) or wall-clock microseconds (`onnx-lnfold
 calibrate`)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx_lnfold.emit.costs import KINDS, LAYOUT_KINDS, Cost, CostTable, Point
+from onnx_lnfold.decide.costs import KINDS, LAYOUT_KINDS, Cost, CostTable, Point
 
 
 def fit_points(points: list[Point], per_width: bool = False) -> Cost:
@@ -70,7 +70,7 @@ def fit_error(table: CostTable, kind: str) -> float:
 
 def rehearsal_of(path: str | Path) -> str | None:
     """What marks the table at `path` as a rehearsal (`write_table`), or None for a table to fold by
-    (the file was read as a table already: `emit.costs.load_table`)."""
+    (the file was read as a table already: `decide.costs.load_table`)."""
     try:
         marked = json.loads(Path(path).read_text()).get(REHEARSAL)
     except (OSError, ValueError, AttributeError):

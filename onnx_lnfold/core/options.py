@@ -32,7 +32,7 @@ ONNX_RMS_OPSET = ONNX_RMS_NORM.since_opset
 # Which residual Adds become SkipSimplifiedLayerNormalization (`fuse_residual`):
 # - "auto": those ONNX Runtime itself fuses with a LayerNormalization at session start (an Add
 #   whose only consumer is the LN, on 3-D tensors), where the fused op costs less than the residual
-#   Add followed by SimplifiedLayerNormalization by the measured costs (`emit.costs`): nowhere on ORT's
+#   Add followed by SimplifiedLayerNormalization by the measured costs (`decide.costs`): nowhere on ORT's
 #   CPU EP, whose fused kernel costs more at every shape measured
 #   (python -m benchmarks.emission_costs; benchmarks/results/EMISSION_COSTS.md);
 # - "always": every residual Add of two same-shaped tensors (the sum kept as output 3 when read
@@ -91,7 +91,7 @@ class FoldOptions:
         if self.costs is not None:
             if not isinstance(self.costs, (str, os.PathLike)) or not str(self.costs):
                 raise InvalidInput(f"costs must be the path of a cost table file, not {self.costs!r}")
-            object.__setattr__(self, "costs", os.fspath(self.costs))  # read where it is used (emit.costs)
+            object.__setattr__(self, "costs", os.fspath(self.costs))  # read where it is used (decide.costs)
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(FoldOptions))

@@ -2,7 +2,7 @@
 
 The optimizer (`onnxruntime.transformers.optimizer.optimize_model`) matches `LayerNormalization`
 by op type, so on a graph it has not seen yet, folding first can cost its fusions. What it does
-on this graph is decided by running it on weightless copies (`ort_fusions.check.FusionCheck`); this module
+on this graph is decided by running it on weightless copies (`ort_fusions.fusion_cost.FusionCheck`); this module
 only words the advice. Folding an optimized graph costs nothing more: the SkipLayerNormalizations
 it wrote fold into SkipSimplifiedLayerNormalization. Where the fold folds more LNs of the
 optimizer's output than of this graph (`FusionCheck.optimizer_first`), the advice says so with both
@@ -16,7 +16,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnx_lnfold.forms import LnCandidate
-from onnx_lnfold.ort_fusions.check import GEMM_RUN, OPTIMIZER, FusionCheck, OptimizerFirst
+from onnx_lnfold.ort_fusions.fusion_cost import GEMM_RUN, OPTIMIZER, FusionCheck, OptimizerFirst
 
 # What to do where the optimizer's output folds more LNs: the Order line's words and the JSON's.
 _THEN = "then fold its output"

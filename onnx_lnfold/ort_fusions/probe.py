@@ -4,7 +4,7 @@ the transformers optimizer (`onnxruntime.transformers.optimizer`: `optimize_by_o
 inference session (ORT_ENABLE_ALL, CPU). What ONNX Runtime made of the graph comes back as
 `onnx.GraphProto`s (a session's) and `onnx.ModelProto`s (the transformers optimizer's, whole, its
 large tensors references into the zero file: `ort_fusions.light`); what that means for the fold
-is `ort_fusions.check`' business.
+is `ort_fusions.fusion_cost`' business.
 
 Nothing here reads a real weight: the models are `ort_fusions.weightless` copies, their large constants
 references into one sparse file of zeros. The session writes its optimized model's initializers

@@ -19,8 +19,8 @@ import onnx_ir as ir
 from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
 from onnx_lnfold.core.ops import RMS_OPS, TARGETS
-from onnx_lnfold.emit.pricing import DEFAULT
-from onnx_lnfold.emit.targets import BETA_SITE_WORDS
+from onnx_lnfold.decide.pricing import DEFAULT
+from onnx_lnfold.decide.targets import BETA_SITE_WORDS
 from onnx_lnfold.report import kept
 from onnx_lnfold.verify.verdict import FLOAT64, Verification
 

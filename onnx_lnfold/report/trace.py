@@ -16,7 +16,7 @@ from onnx_lnfold import carry
 from onnx_lnfold.analysis.bound import BoundPlan, Use
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.names import display_names
-from onnx_lnfold.emit.targets import Rewrite
+from onnx_lnfold.decide.targets import Rewrite
 from onnx_lnfold.forms import is_residual_sum, sum_terms
 from onnx_lnfold.shapes.table import ShapeTable
 

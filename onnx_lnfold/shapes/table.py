@@ -120,7 +120,7 @@ class ShapeTable:
         self._given = dict(given or {})
         self._at_given: Inferred | None = None  # inference with the given input shapes
         self.bindings = _bindings(model, self._given)
-        # How ONNX Runtime runs the decomposed LNs it does not fuse, by LN name (`ort_fusions.layout`;
+        # How ONNX Runtime runs the decomposed LNs it does not fuse, by LN name (`ort_fusions.session_layout`;
         # the cost rule reads it): set by the analysis, shared with clones.
         self.ort_layouts: dict = {}
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from onnx_lnfold.feeds.sets import InputSet
 from onnx_lnfold.verify.request import VerifyRequest
-from onnx_lnfold.verify.runner import ModelBytesOrPath
+from onnx_lnfold.verify.sessions import ModelBytesOrPath
 from onnx_lnfold.verify.verdict import Judgment, OutputDiff, Status, Verification, WayOut
 
 

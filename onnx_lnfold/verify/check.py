@@ -35,7 +35,7 @@ from onnx_lnfold.verify.oracle.shadow import bfloat16_rounding, has_bfloat16
 from onnx_lnfold.verify.ort_runs import run_both
 from onnx_lnfold.verify.readback import ReadBack, read_back
 from onnx_lnfold.verify.request import VerifyRequest
-from onnx_lnfold.verify.runner import ModelBytesOrPath
+from onnx_lnfold.verify.sessions import ModelBytesOrPath
 from onnx_lnfold.verify.verdict import FLOAT64, LOW_PRECISION, Verification
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from onnx_lnfold.verify.case import Case, Compared
 from onnx_lnfold.verify.oracle.shadow import float32_shadow, widen_feeds
-from onnx_lnfold.verify.runner import (
+from onnx_lnfold.verify.sessions import (
     ModelBytesOrPath,
     compare,
     first_line,

@@ -10,7 +10,7 @@ objects are then intact): each node as it was, and what the plan changes (`Plann
   normalized axis the LN's, the residual sum under its name; the `primitive` target's six ops with
   their constants; beta's Add where it stays one;
 - each explicit centering: `Sub(x, ReduceMean(x))` over the planned axis, keepdims;
-- each centered weight (`verify.edits.check_centered`), each table derived at load (its Sub and its
+- each centered weight (`verify.tensor_checks.check_centered`), each table derived at load (its Sub and its
   row means), each bias that took a beta (recomputed from the original, `check_bias_with_beta`);
 - every other node as it was (op, attributes, inputs, where the plan has a use read a centered
   tensor that one), every other constant byte for byte the original's, every removed node one the
@@ -32,10 +32,10 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.core.ir import attr_or_input_ints, constant_of
 from onnx_lnfold.core.ops import PRIMITIVE_OPS
-from onnx_lnfold.emit.targets import PRIMITIVE_RMS_OP, SKIP_RMS_OP, bias_slot
+from onnx_lnfold.decide.targets import PRIMITIVE_RMS_OP, SKIP_RMS_OP, bias_slot
 from onnx_lnfold.load.model import load_path
-from onnx_lnfold.verify import edits
-from onnx_lnfold.verify.runner import ModelBytesOrPath
+from onnx_lnfold.verify import tensor_checks
+from onnx_lnfold.verify.sessions import ModelBytesOrPath
 
 logger = logging.getLogger(__name__)
 
@@ -540,7 +540,7 @@ def _check_edit(folded: _Folded, changes: PlannedChanges, e: PlannedEdit) -> int
         if _op(sub) != "::Sub" or _names(sub) != [e.tensor, e.means]:
             raise _Differs(f"{what}: it is {_op(sub)} {_names(sub)}, not '{e.tensor}' - '{e.means}'")
         folded.claim(sub)
-        problem = edits.check_row_means(original, folded.tensor(e.graph, e.means, what), e.axis or 0)
+        problem = tensor_checks.check_row_means(original, folded.tensor(e.graph, e.means, what), e.axis or 0)
         if problem:
             raise _Differs(f"the row means '{e.means}' of '{e.tensor}' {problem}")
         return 1
@@ -553,7 +553,7 @@ def _check_edit(folded: _Folded, changes: PlannedChanges, e: PlannedEdit) -> int
     if scoped in folded.claimed_tensors:  # a bias centered and given a beta: read back with its beta
         return 0
     written = folded.tensor(e.graph, e.written, "")
-    problem = edits.check_centered(original, written, e.axis, e.weights, e.block, e.blocks)
+    problem = tensor_checks.check_centered(original, written, e.axis, e.weights, e.block, e.blocks)
     if problem:
         along = "made zero" if e.axis is None else f"centered along axis {e.axis}" + (" in blocks" if e.block else "")
         raise _Differs(f"the written '{e.written}' is not '{e.tensor}' {along}: it {problem}")
@@ -595,12 +595,12 @@ def _check_beta(folded: _Folded, changes: PlannedChanges, b: PlannedBeta) -> int
     if beta is None or weight is None:
         raise _Differs(f"{what}: beta '{b.beta}' or the weight '{b.weight}' is not a constant")
     row = np.broadcast_to(np.asarray(beta.numpy()).astype(np.float64).reshape(-1), (b.rows,))
-    delta, bound = edits.beta_through(np.ascontiguousarray(row), weight, b.trans)
+    delta, bound = tensor_checks.beta_through(np.ascontiguousarray(row), weight, b.trans)
     base = np.zeros_like(delta)
     if b.bias is not None:
         original = np.asarray(folded.scopes.find(changes.constants, b.graph, b.bias).numpy())
-        base = (edits.centered_float64(original, *b.bias_edit) if b.bias_edit else original.astype(np.float64)).reshape(-1)
-    problem = edits.check_bias_with_beta(base, b.scale * delta, abs(b.scale) * bound, written)
+        base = (tensor_checks.centered_float64(original, *b.bias_edit) if b.bias_edit else original.astype(np.float64)).reshape(-1)
+    problem = tensor_checks.check_bias_with_beta(base, b.scale * delta, abs(b.scale) * bound, written)
     if problem:
         raise _Differs(f"{what}: '{bias_name}' {problem}")
     return 1
@@ -642,7 +642,7 @@ def _check_rest(folded: _Folded, changes: PlannedChanges) -> ReadBack:
         original = changes.constants.get(scoped)
         if original is None:
             raise _Differs(f"the tensor '{name}' is not in the original and the plan does not add it")
-        problem = edits.check_unchanged(original, tensor)
+        problem = tensor_checks.check_unchanged(original, tensor)
         if problem:
             raise _Differs(f"the tensor '{name}' {problem}, and no edit of the plan accounts for it")
         done.unchanged += 1

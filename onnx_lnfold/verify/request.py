@@ -37,7 +37,7 @@ class VerifyRequest:
     @property
     def run_shapes(self) -> dict[str, tuple[int, ...]]:
         """The input shapes given (the inputs', else `input_shapes`): the cost rule prices each LN at
-        the tokens they make it run at (`emit.pricing`), whether or not the check runs."""
+        the tokens they make it run at (`decide.pricing`), whether or not the check runs."""
         if self.inputs is not None:
             return {name: tuple(np.shape(array)) for name, array in self.inputs.items()}
         return dict(self.input_shapes or {})

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 import onnx_lnfold
 from onnx_lnfold.core.values import fill_of, is_zero
-from onnx_lnfold.emit.targets import once_centered
+from onnx_lnfold.decide.targets import once_centered
 
 from graphs import Graph, assert_equivalent, ops
 

@@ -57,7 +57,7 @@ def test_primitive_target_writes_standard_ops_only():
 def test_onnx_runtime_fuses_it_into_the_default_targets_graph(name):
     """At ORT_ENABLE_EXTENDED (and ALL, the default) ORT's SimplifiedLayerNormFusion makes the
     primitive form SimplifiedLayerNormalization: the optimized graph is the default target's, node
-    for node with the same attributes, so it runs the same kernels (what `emit.targets.cost_nodes`
+    for node with the same attributes, so it runs the same kernels (what `decide.targets.cost_nodes`
     prices it as). Below EXTENDED it is not fused."""
     source = MODELS / f"{name}.onnx"
     # The image and audio stand-ins at a batch of 512: per item (17 / 32 tokens) nothing of theirs

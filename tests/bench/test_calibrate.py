@@ -22,7 +22,7 @@ from onnx_lnfold.bench import calibrate
 from onnx_lnfold.bench.graphs import chain_model
 from onnx_lnfold.bench.tables import rehearsal_of, write_table
 from onnx_lnfold.core.ops import LAYER_NORM, RMS_NORM
-from onnx_lnfold.emit import costs
+from onnx_lnfold.decide import costs
 
 from conftest import MODELS, ROOT
 

@@ -292,7 +292,7 @@ def _if_model(expose_stream: bool = False) -> onnx.ModelProto:
 
 
 def _run_both_branches(original, folded):
-    from onnx_lnfold.verify.runner import compare, run_model
+    from onnx_lnfold.verify.sessions import compare, run_model
 
     x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
     for cond in (True, False):
@@ -361,7 +361,7 @@ def test_a_new_form_is_one_class_in_forms(monkeypatch):
     from onnx_lnfold.carry.engine import Requirement
     from onnx_lnfold.core.blocked import Blocked
     from onnx_lnfold.forms import FORMS, LnCandidate, LnForm, LnKind, recognize
-    from onnx_lnfold.verify.runner import compare, run_model
+    from onnx_lnfold.verify.sessions import compare, run_model
 
     class MyLayerNormForm(LnForm):
         kind = LnKind.LAYER_NORM

@@ -16,7 +16,7 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold.core.progress import Progress
 from onnx_lnfold.save import staged
-from onnx_lnfold.verify.runner import run_model
+from onnx_lnfold.verify.sessions import run_model
 
 from helpers import make_large_model, relocate_external_data
 from helpers import run_cli as _cli

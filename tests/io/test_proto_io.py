@@ -13,7 +13,7 @@ from onnx_lnfold.io.proto_read import IN_FILE_MIN_BYTES, read_model
 from onnx_lnfold.io.proto_write import STREAM_MIN_BYTES, write_model
 from onnx_lnfold.io.tensor_io import FileRegionTensor
 from onnx_lnfold.load.model import load_path
-from onnx_lnfold.verify.runner import run_model
+from onnx_lnfold.verify.sessions import run_model
 
 from graphs import Graph
 from helpers import run_cli

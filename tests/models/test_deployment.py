@@ -129,7 +129,7 @@ def test_embeddings_layer_norm_is_kept_where_ort_fuses_it(positions_from, residu
     are sized by the ids and the LN output is read by Q, K, V and a residual Add; the same
     embeddings read by Q, K, V alone, or with positions sized by the attention mask, it leaves,
     and the LN folds."""
-    # Every LN that folds exactly (the cost rule is tests/emit/test_beta_placement.py's): the fusion rule alone.
+    # Every LN that folds exactly (the cost rule is tests/decide/test_beta_placement.py's): the fusion rule alone.
     result = fold(_bert_embeddings(positions_from, decomposed, residual), fold_costly=True)
     embeddings = result.plan.decisions[0]
     if fused:

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold.verify.runner import run_model
+from onnx_lnfold.verify.sessions import run_model
 
 from conftest import MODELS
 from graphs import assert_equivalent, assert_fold_count, ops
@@ -209,12 +209,12 @@ def test_auto_leaves_residual_adds_unfused_and_always_fuses_them():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_cost_rule_knows_which_layer_norms_onnxruntime_fuses(name, tmp_path):
     """The cost rule prices an LN as the SkipLayerNormalization ORT makes of it with its residual
-    Add exactly where ORT's session optimizer does so (`emit.targets.ort_fuses_residual`)."""
+    Add exactly where ORT's session optimizer does so (`decide.targets.ort_fuses_residual`)."""
     import onnx_ir as ir
     import onnxruntime as ort
 
     from onnx_lnfold.core.names import display_names
-    from onnx_lnfold.emit.targets import ort_fuses_residual
+    from onnx_lnfold.decide.targets import ort_fuses_residual
     from onnx_lnfold.forms import LnKind
     from onnx_lnfold.forms.recognize import find_layer_norms
     from onnx_lnfold.shapes.table import ShapeTable

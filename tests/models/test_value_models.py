@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold.verify.runner import compare, run_model
+from onnx_lnfold.verify.sessions import compare, run_model
 
 from conftest import MODELS
 from graphs import assert_fold_count, ops

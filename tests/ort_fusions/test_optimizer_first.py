@@ -19,7 +19,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import onnx_lnfold
-from onnx_lnfold.ort_fusions import check as fusion_check
+from onnx_lnfold.ort_fusions import fusion_cost
 from onnx_lnfold.ort_fusions.light import light_model
 from onnx_lnfold.ort_fusions.optimizer_first import already_optimized, rebound
 from onnx_lnfold.ort_fusions.weightless import INTEGER_TYPES, KEEP_BYTES, KEEP_INTEGER_BYTES, ZEROS_FILE
@@ -51,8 +51,8 @@ def folded_after_the_real_optimizer(path, tmp_path) -> tuple[int, int]:
 def counted(monkeypatch):
     """The models whose optimizer output the check rebound and analyzed."""
     calls = []
-    real = fusion_check.rebound
-    monkeypatch.setattr(fusion_check, "rebound", lambda optimized, model: calls.append(1) or real(optimized, model))
+    real = fusion_cost.rebound
+    monkeypatch.setattr(fusion_cost, "rebound", lambda optimized, model: calls.append(1) or real(optimized, model))
     return calls
 
 
@@ -141,8 +141,8 @@ def test_a_failure_says_nothing_and_is_logged(monkeypatch, caplog):
     def fails(optimized, model):
         raise RuntimeError("no")
 
-    monkeypatch.setattr(fusion_check, "rebound", fails)
-    with caplog.at_level(logging.INFO, logger="onnx_lnfold.ort_fusions.check"):
+    monkeypatch.setattr(fusion_cost, "rebound", fails)
+    with caplog.at_level(logging.INFO, logger="onnx_lnfold.ort_fusions.fusion_cost"):
         plan = onnx_lnfold.analyze(MODELS / "gpt_neo.onnx")
     assert plan.optimizer_first is None and plan.advice == []
     assert "optimize_model(model_type=bert, opt_level=0)'s output was not counted: RuntimeError: no" in caplog.text
@@ -150,7 +150,7 @@ def test_a_failure_says_nothing_and_is_logged(monkeypatch, caplog):
 
 def test_an_optimizer_output_that_is_no_valid_graph_says_nothing(caplog, capfd):
     """The optimizer drops the If of a merged decoder, whose outputs then come from nothing."""
-    with caplog.at_level(logging.INFO, logger="onnx_lnfold.ort_fusions.check"):
+    with caplog.at_level(logging.INFO, logger="onnx_lnfold.ort_fusions.fusion_cost"):
         plan = onnx_lnfold.analyze(MODELS / "gpt2_merged_decoder.onnx")
     assert plan.optimizer_first is None
     assert "no valid graph: nothing makes its output 'logits'" in caplog.text

@@ -25,7 +25,7 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold.analysis import edits
 from onnx_lnfold.load.model import load_model
-from onnx_lnfold.ort_fusions import check as fusion_check
+from onnx_lnfold.ort_fusions import fusion_cost
 from onnx_lnfold.ort_fusions.weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
 from onnx_lnfold.report.kept import explain_kept
 
@@ -131,7 +131,7 @@ def test_zeros_change_none_of_onnx_runtimes_decisions(name, tmp_path):
 def test_the_embeddings_ln_stays_exactly_where_onnx_runtime_fuses_it(name, folded, fused_by_ort, nodes):
     path = MODELS / f"{name}.onnx"
     # Every LN that folds exactly without explicit centerings (the cost rule is
-    # tests/emit/test_beta_placement.py's): the fusion rule alone.
+    # tests/decide/test_beta_placement.py's): the fusion rule alone.
     result = onnx_lnfold.fold(path, verify=False, fold_costly=True, auxiliary_centering=False)
     embeddings = result.plan.decisions[0]
     assert [d.node for d in result.plan.folded] == folded
@@ -159,9 +159,9 @@ def test_embedding_sums_the_optimizer_leaves_alone_fold(name):
     """GPT-Neo and the Pegasus decoder read their embedding sum with an LN (the structural
     likeness of ORT's matcher that the fold used to trust); the optimizer fuses none of them."""
     plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx", fold_costly=True)
-    assert fusion_check.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
+    assert fusion_cost.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
     assert len(plan.folded) == len(plan.decisions) == 5 and plan.advice == []
-    for model_type, level in fusion_check.EMBED_RUNS:
+    for model_type, level in fusion_cost.EMBED_RUNS:
         assert optimized(str(MODELS / f"{name}.onnx"), model_type, level)[1] == 0
 
 
@@ -254,10 +254,10 @@ def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatc
     # A first analysis names the unnamed Constant tensor; from then on an analysis changes nothing.
     onnx_lnfold.analyze(model, keep_ort_fusions=False)
     before = ir.to_proto(model).SerializeToString()
-    fusion_check.clear_cache()
+    fusion_cost.clear_cache()
     calls = []
-    session = fusion_check.session_graph
-    monkeypatch.setattr(fusion_check, "session_graph", lambda path, folder: calls.append(path.name) or session(path, folder))
+    session = fusion_cost.session_graph
+    monkeypatch.setattr(fusion_cost, "session_graph", lambda path, folder: calls.append(path.name) or session(path, folder))
     first = onnx_lnfold.analyze(model, fold_costly=True)
     assert calls == ["original.onnx", "folded.onnx"]
     assert onnx_lnfold.analyze(model, fold_costly=True).to_dict() == first.to_dict() and len(calls) == 2  # cached
@@ -362,8 +362,8 @@ def test_a_large_model_is_optimized_in_a_child_that_reads_only_what_it_asks_for(
     from onnx_lnfold.ort_fusions import probe
 
     expected = onnx_lnfold.analyze(MODELS / "distilbert_torchscript.onnx").to_dict()
-    fusion_check.clear_cache()
-    monkeypatch.setattr(fusion_check, "CHILD_ABOVE_BYTES", 0)
+    fusion_cost.clear_cache()
+    monkeypatch.setattr(fusion_cost, "CHILD_ABOVE_BYTES", 0)
     started = []
     popen = probe.subprocess.Popen
     monkeypatch.setattr(probe.subprocess, "Popen", lambda *a, **k: started.append(k["cwd"]) or popen(*a, **k))

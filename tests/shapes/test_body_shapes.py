@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lnfold
 from onnx_lnfold.shapes.infer import infer
-from onnx_lnfold.verify.runner import compare, run_model
+from onnx_lnfold.verify.sessions import compare, run_model
 
 from conftest import MODELS
 from graphs import fold_checked

@@ -106,9 +106,9 @@ def _assigned(path: str) -> set[str]:
         ("forms/__init__.py", "FORMS"),
         ("core/ops.py", "TARGETS"),
         ("apply/rewrite.py", "EMITTERS"),
-        ("emit/costs.py", "KINDS"),
-        ("emit/costs.py", "LAYOUT_KINDS"),
-        ("emit/costs.py", "LAYOUT_FALLBACK"),
+        ("decide/costs.py", "KINDS"),
+        ("decide/costs.py", "LAYOUT_KINDS"),
+        ("decide/costs.py", "LAYOUT_FALLBACK"),
         ("benchmarks/emission_costs.py", "KINDS"),
         ("benchmarks/emission_costs.py", "LAYOUT_KINDS"),
         ("bench/calibrate.py", "CHAIN_OF"),
@@ -170,7 +170,7 @@ def test_every_cost_kind_is_in_each_of_its_tables():
     """A kind the rule prices is measured by the built-in table's benchmark and by `calibrate`."""
     from benchmarks import emission_costs
     from onnx_lnfold.bench.calibrate import CHAIN_OF
-    from onnx_lnfold.emit.costs import KINDS, LAYOUT_FALLBACK, LAYOUT_KINDS, builtin_table
+    from onnx_lnfold.decide.costs import KINDS, LAYOUT_FALLBACK, LAYOUT_KINDS, builtin_table
 
     assert set(KINDS) == set(emission_costs.KINDS)
     assert set(LAYOUT_KINDS) == set(emission_costs.LAYOUT_KINDS) == set(LAYOUT_FALLBACK)

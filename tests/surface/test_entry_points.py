@@ -100,7 +100,7 @@ def test_every_entry_point_makes_the_same_plan(name, keywords, capsys):
 
 def test_the_pass_prices_at_the_shapes_it_is_given():
     """The pass takes `input_shapes` as fold() does: a plan that depends on the tokens priced
-    follows them (bert at 16 tokens keeps LNs it folds at the default count: tests/emit)."""
+    follows them (bert at 16 tokens keeps LNs it folds at the default count: tests/decide)."""
     path = MODELS / "bert.onnx"
     shapes = {"input_ids": (2, 8), "attention_mask": (2, 8)}
     default, at_16 = onnx_lnfold.LnFoldPass(), onnx_lnfold.LnFoldPass(input_shapes=shapes)

@@ -102,7 +102,7 @@ def test_wheel_builds_cleanly_and_holds_every_module(tmp_path):
 
 def test_the_installed_package_reads_its_builtin_cost_table():
     """Wherever the package was installed from (a wheel in CI), its data file is there."""
-    from onnx_lnfold.emit import costs
+    from onnx_lnfold.decide import costs
 
     table = costs.builtin_table()
     assert table.provider == "CPUExecutionProvider" and set(table.costs) == {*costs.KINDS, *costs.LAYOUT_KINDS}

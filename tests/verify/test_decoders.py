@@ -11,7 +11,7 @@ import onnx_lnfold
 from onnx_lnfold.feeds.kv_cache import kv_cache
 from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.verify.oracle.reference import Float64Model
-from onnx_lnfold.verify.runner import run_model
+from onnx_lnfold.verify.sessions import run_model
 from onnx_lnfold.verify.verdict import FLOAT64
 
 from conftest import MODELS

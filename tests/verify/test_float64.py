@@ -22,7 +22,7 @@ from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.verify import check
 from onnx_lnfold.verify.oracle.reference import Float64Model, Float64Unavailable
 from onnx_lnfold.verify.oracle.shadow import float64_twin
-from onnx_lnfold.verify.runner import run_model
+from onnx_lnfold.verify.sessions import run_model
 from onnx_lnfold.verify.verdict import EXACT_RTOL, FLOAT64, SENSITIVITY
 
 from conftest import MODELS
@@ -509,7 +509,7 @@ def test_batch_normalization_at_opset_11_is_evaluated_in_inference_mode():
     a momentum; a one-output node is in inference mode (ONNX Runtime uses the running ones)."""
     import onnxruntime as ort
 
-    from onnx_lnfold.verify.oracle.ops import FLOAT64_OPS
+    from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS
 
     rng = np.random.default_rng(0)
     c = 4
@@ -529,7 +529,7 @@ def test_batch_normalization_at_opset_11_is_evaluated_in_inference_mode():
 def test_no_verdict_rests_on_a_float64_evaluation_that_disagrees_with_onnx_runtime(monkeypatch):
     """Where the float64 evaluation of the original is far from ONNX Runtime's run of it (an op
     evaluated otherwise), the fold is judged without it, and the report says why."""
-    from onnx_lnfold.verify.oracle import ops
+    from onnx_lnfold.verify.oracle import float64_ops as ops
 
     erf = ops._erf
     monkeypatch.setattr(ops, "_erf", lambda x: erf(x) * 1.5)
@@ -584,7 +584,7 @@ def test_a_time_shift_is_judged_in_float64():
 def test_a_float64_evaluation_that_fails_names_the_op(monkeypatch):
     """onnx.reference's own messages name no op ("index can't contain negative values", from np.pad):
     where an op's float64 evaluation raises, the fallback's reason names the node."""
-    from onnx_lnfold.verify.oracle import ops
+    from onnx_lnfold.verify.oracle import float64_ops as ops
 
     def refuse(self, *args, **kwargs):
         raise ValueError("index can't contain negative values")

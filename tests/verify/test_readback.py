@@ -12,7 +12,7 @@ import pytest
 from onnx_lnfold import _pipeline
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.load.model import load_model
-from onnx_lnfold.verify import edits
+from onnx_lnfold.verify import tensor_checks
 
 from conftest import MODELS
 
@@ -166,13 +166,13 @@ def test_blocks_and_affine_weights_are_read_back_and_a_wrong_block_is_found(weig
     weights = rng.uniform(0.5, 2.0, 12) if weighted else None
     centered = _blocked(original, 4, [0, 2], weights)
     args = (1, tuple(weights) if weighted else None, 4, (0, 2))
-    assert edits.check_centered(_tensor(original), _tensor(centered), *args) == ""
+    assert tensor_checks.check_centered(_tensor(original), _tensor(centered), *args) == ""
     off = centered.copy()
     off[:, 0:4] += 1e-4  # block 0 not quite centered
-    assert "times what one rounding allows" in edits.check_centered(_tensor(original), _tensor(off), *args)
+    assert "times what one rounding allows" in tensor_checks.check_centered(_tensor(original), _tensor(off), *args)
     untouched = centered.copy()
     untouched[3, 5] += 1e-4  # block 1, which the plan leaves as it is, changed
-    assert "times what one rounding allows" in edits.check_centered(_tensor(original), _tensor(untouched), *args)
+    assert "times what one rounding allows" in tensor_checks.check_centered(_tensor(original), _tensor(untouched), *args)
 
 
 @pytest.mark.parametrize("blocked", [False, True])
@@ -198,18 +198,18 @@ def test_a_weight_centered_along_its_last_axis_is_read_back_from_its_files_by_ro
             )
         with monkeypatch.context() as m:
             m.setattr(ir.ExternalTensor, "numpy", lambda self: pytest.fail(f"{self.name} mapped"))
-            found = edits.check_centered(*files, -1, *args)
-        whole = edits.check_centered(_tensor(rows.T.copy()), _tensor(stored.T.copy()), 0, *args)
+            found = tensor_checks.check_centered(*files, -1, *args)
+        whole = tensor_checks.check_centered(_tensor(rows.T.copy()), _tensor(stored.T.copy()), 0, *args)
         assert found == whole and (found == "") == passes, (found, whole)
 
 
 def test_an_unchanged_tensor_must_be_byte_for_byte_the_original():
     values = np.arange(6, dtype=np.float32)
-    assert edits.check_unchanged(_tensor(values), _tensor(values.copy())) == ""
+    assert tensor_checks.check_unchanged(_tensor(values), _tensor(values.copy())) == ""
     moved = values.copy()
     moved[2] = np.nextafter(moved[2], np.float32(10))
-    assert edits.check_unchanged(_tensor(values), _tensor(moved)) == "differs from the original"
-    assert "where the original is" in edits.check_unchanged(_tensor(values), _tensor(values[:5]))
+    assert tensor_checks.check_unchanged(_tensor(values), _tensor(moved)) == "differs from the original"
+    assert "where the original is" in tensor_checks.check_unchanged(_tensor(values), _tensor(values[:5]))
 
 
 

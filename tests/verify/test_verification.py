@@ -17,7 +17,7 @@ from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.feeds.synthesize import synthesize_inputs
 from onnx_lnfold.verify import check
 from onnx_lnfold.verify.oracle.shadow import float32_shadow
-from onnx_lnfold.verify.runner import run_model
+from onnx_lnfold.verify.sessions import run_model
 
 from conftest import MODELS
 from graphs import Graph, ops

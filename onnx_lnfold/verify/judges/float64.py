@@ -29,7 +29,7 @@ from onnx_lnfold.verify.judges.allowance import (
     within,
 )
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model, Float64Unavailable, failing_node
-from onnx_lnfold.verify.runner import first_line, relative
+from onnx_lnfold.verify.sessions import first_line, relative
 from onnx_lnfold.verify.verdict import (
     EXACT_RTOL,
     FLOAT64,

@@ -7,7 +7,7 @@ one rounding step, `measure_sensitivity`) and the fold, in ONNX Runtime, held to
 from __future__ import annotations
 
 from onnx_lnfold.verify.case import Case, Compared, Declined
-from onnx_lnfold.verify.runner import ModelBytesOrPath, first_line, relative, run_sets, session_for
+from onnx_lnfold.verify.sessions import ModelBytesOrPath, first_line, relative, run_sets, session_for
 from onnx_lnfold.verify.verdict import RTOL_ONLY, SENSITIVITY, SENSITIVITY_FACTOR, Judgment, OutputDiff, Verification
 
 

@@ -3,7 +3,7 @@
 A model's float64 twin (`verify.oracle.shadow.float64_twin`: every float tensor, type and dtype attribute widened
 to double) runs in `onnx.reference`, which evaluates any standard op in the dtype of its inputs.
 ONNX Runtime's CPU provider would be faster but has no double Conv or Erf. What `onnx.reference`
-lacks or gets wrong for this purpose is implemented as `OpRun`s (`verify.oracle.ops`).
+lacks or gets wrong for this purpose is implemented as `OpRun`s (`verify.oracle.float64_ops`).
 
 A twin of the fold can carry its centered weights and beta-folded biases unrounded (`exact_values`:
 the float64 values `apply.centering` computed before rounding): then an exact fold differs from the
@@ -28,7 +28,7 @@ from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.oracle.blockwise import available_memory, say
 from onnx_lnfold.verify.oracle.cut import body_reads, topological
-from onnx_lnfold.verify.oracle.ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
+from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
 from onnx_lnfold.verify.oracle.shadow import float64_feeds, widen_to_float64
 
 

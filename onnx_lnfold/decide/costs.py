@@ -255,8 +255,8 @@ class CostTable:
 @functools.lru_cache(maxsize=1)
 def builtin_table() -> CostTable:
     """The table in this package: ONNX Runtime's CPU EP, callgrind instructions."""
-    text = resources.files("onnx_lnfold.emit").joinpath(BUILTIN).read_text()
-    return CostTable.from_dict(json.loads(text), f"onnx_lnfold/emit/{BUILTIN}")
+    text = resources.files("onnx_lnfold.decide").joinpath(BUILTIN).read_text()
+    return CostTable.from_dict(json.loads(text), f"onnx_lnfold/decide/{BUILTIN}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -324,7 +324,7 @@ class Saving:
 @dataclass(frozen=True)
 class OrtLayout:
     """How ONNX Runtime runs a decomposed LN the export wrote over the last axis, where that is not
-    one LayerNormalization kernel (`ort_fusions.layout`): its 9 nodes over a strided axis, after its
+    one LayerNormalization kernel (`ort_fusions.session_layout`): its 9 nodes over a strided axis, after its
     transpose optimizer removed `transposes` Transposes around it, which the fold brings back."""
 
     strided: bool
@@ -341,7 +341,7 @@ LAYOUT_WORDS = {
 
 @dataclass(frozen=True)
 class Pricing:
-    """One table at one deciding token count: what the cost rule reads for one LN (`emit.pricing`
+    """One table at one deciding token count: what the cost rule reads for one LN (`decide.pricing`
     finds the token count from the LN's shape).
 
     The rule, within a table's spread: a change is made only where the table shows it cheaper than

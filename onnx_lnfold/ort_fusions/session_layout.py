@@ -8,7 +8,7 @@ nodes; where ORT's transpose optimizer moved it off the last axis (a VITS voice 
 LN over the last axis, Transpose` around a [batch, channels, time] stream, and the optimizer
 cancels the Transposes through the elementwise nodes, so no LayerNormalization fusion happens),
 it runs as 9 nodes over a strided axis, and the Transposes it had removed come back with the fold
-(nothing moves a Transpose through SimplifiedLayerNormalization): `emit.costs.OrtLayout`.
+(nothing moves a Transpose through SimplifiedLayerNormalization): `decide.costs.OrtLayout`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
-from onnx_lnfold.emit.costs import OrtLayout
+from onnx_lnfold.decide.costs import OrtLayout
 from onnx_lnfold.forms import LnCandidate
 
 

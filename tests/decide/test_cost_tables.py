@@ -11,7 +11,7 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold.bench.tables import write_table
-from onnx_lnfold.emit import costs
+from onnx_lnfold.decide import costs
 
 from graphs import Graph, fold_checked
 

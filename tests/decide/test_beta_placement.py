@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import onnx_lnfold
-from onnx_lnfold.emit import costs
+from onnx_lnfold.decide import costs
 
 from graphs import Graph, fold_checked, ops
 
@@ -211,7 +211,7 @@ def test_cost_table_decisions():
 
 
 def test_cost_table_is_the_committed_measurement():
-    """The built-in table (onnx_lnfold/emit/tables/cpu.json) is what benchmarks/emission_costs.py
+    """The built-in table (onnx_lnfold/decide/tables/cpu.json) is what benchmarks/emission_costs.py
     fits to its committed results, every measured shape and its spread included, not numbers typed
     in by hand (re-measure: python -m benchmarks.emission_costs, which writes the table)."""
     import json

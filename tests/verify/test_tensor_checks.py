@@ -1,4 +1,4 @@
-"""The fold is read back against its plan (verify.readback, verify.edits), whatever the judgment:
+"""The fold is read back against its plan (verify.readback, verify.tensor_checks), whatever the judgment:
 without a float64 run, the end-to-end comparison alone, judged by the original's sensitivity, passes
 a centering that is off by a small constant."""
 
@@ -7,7 +7,7 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold.apply import centering
-from onnx_lnfold.emit.targets import BETA_SITE_WORDS
+from onnx_lnfold.decide.targets import BETA_SITE_WORDS
 from onnx_lnfold.verify import check
 from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
 

@@ -44,14 +44,12 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.analysis.plan import CenteringPlan
-from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard
 from onnx_lnfold.core.names import display_names
 from onnx_lnfold.core.ops import EMBED_LAYER_NORM, NORM_OPS
-from onnx_lnfold.emit.costs import OrtLayout
+from onnx_lnfold.decide.costs import OrtLayout
 from onnx_lnfold.forms import LnCandidate, LnKind
-from onnx_lnfold.ort_fusions.layout import decomposed_layouts
 from onnx_lnfold.ort_fusions.optimizer_first import already_optimized, rebound
 from onnx_lnfold.ort_fusions.probe import (
     CHILD_ABOVE_BYTES,
@@ -60,6 +58,7 @@ from onnx_lnfold.ort_fusions.probe import (
     ort_version,
     session_graph,
 )
+from onnx_lnfold.ort_fusions.session_layout import decomposed_layouts
 from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, clone_model, weightless_clone
 
 logger = logging.getLogger(__name__)
@@ -534,7 +533,7 @@ class FusionCheck:
 
     def layouts(self, candidates: list[LnCandidate]) -> dict[str, OrtLayout]:
         """How an ONNX Runtime session runs the decomposed LNs it does not fuse, where that is not
-        as written (`ort_fusions.layout`): what the cost rule prices for them."""
+        as written (`ort_fusions.session_layout`): what the cost rule prices for them."""
         if not self.active or not any(c.form.is_pattern for c in candidates):
             return {}
         try:
@@ -546,8 +545,11 @@ class FusionCheck:
 
     # ------------------------------------------------------------------ session fusions
 
-    def session_fusion_costs(self, plan_on: Callable[[ir.Model], BoundPlan]) -> dict[str, Blocked]:
-        """Apply the plan (as `plan_on` makes it for a clone of the model) to a weightless copy,
+    def session_fusion_costs(
+        self, plan_on: Callable[[ir.Model], BoundPlan], apply: Callable[[ir.Model, BoundPlan], object]
+    ) -> dict[str, Blocked]:
+        """Apply the plan (as `plan_on` makes it for a clone of the model, by the pipeline's own
+        apply step `apply`, which this check is handed rather than imports) to a weightless copy,
         run both copies through an ONNX Runtime session, and return the LNs whose fold loses a
         fusion the original had, with the reason."""
         if not self.active:
@@ -559,7 +561,7 @@ class FusionCheck:
             bound = plan_on(clone)  # reads the constants the analysis reads, as the analysis did
             folds = footprints(bound, display_names(clone.graph))
             self._folder.strip(clone)
-            apply_plan(clone, bound)
+            apply(clone, bound)
             self._folder.strip(clone)  # the centered copies, never computed
             self._folded = self._folder.write(clone, "folded.onnx")
             folded = self._session(self._folded)

@@ -1,4 +1,4 @@
-"""At what shape an LN is priced: the cost table the options name (`emit.costs`), at the number of
+"""At what shape an LN is priced: the cost table the options name (`decide.costs`), at the number of
 tokens the LN runs at where that is known (docs/DESIGN.md section 4.1).
 
 The tokens of an LN over [..., d] are the product of its input's dims but the last, read from:
@@ -23,7 +23,7 @@ import math
 
 import onnx_ir as ir
 
-from onnx_lnfold.emit.costs import CostTable, Pricing
+from onnx_lnfold.decide.costs import CostTable, Pricing
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -50,7 +50,7 @@ def ln_tokens(cand: LnCandidate, shapes: ShapeTable) -> tuple[int, str] | None:
 def pricing_for(cand: LnCandidate, shapes: ShapeTable, table: CostTable) -> Pricing:
     """The pricing of `cand`'s fold: `table` at the tokens the LN runs at, where known."""
     known = ln_tokens(cand, shapes)
-    layout = shapes.ort_layouts.get(cand.name)  # how ONNX Runtime runs it, where known (`ort_fusions.layout`)
+    layout = shapes.ort_layouts.get(cand.name)  # how ONNX Runtime runs it, where known (`ort_fusions.session_layout`)
     if known is None:
         return Pricing(table, table.default_tokens, DEFAULT, layout)
     tokens, source = known
@@ -58,7 +58,7 @@ def pricing_for(cand: LnCandidate, shapes: ShapeTable, table: CostTable) -> Pric
 
 
 def centering_kind(value: ir.Value, axis: int | None, shapes: ShapeTable) -> str:
-    """The cost kind of `value - ReduceMean(value, axis)` (`emit.costs`): "StridedCentering" where
+    """The cost kind of `value - ReduceMean(value, axis)` (`decide.costs`): "StridedCentering" where
     `axis` is not the last and a dim after it is not 1 (or not known), else "Centering"."""
     shape = shapes.shape(value)
     if shape is None or axis is None:

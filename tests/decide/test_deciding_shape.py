@@ -1,4 +1,4 @@
-"""The shape the cost rule decides at (docs/DESIGN.md section 4.1, `emit.pricing`): the graph's static
+"""The shape the cost rule decides at (docs/DESIGN.md section 4.1, `decide.pricing`): the graph's static
 token count, else the given inputs' (`inputs=` / `input_shapes=`, `--inputs` / `--input-shape`), else
 the table's default; and what the rule does where its table cannot tell the two sides apart."""
 
@@ -11,8 +11,8 @@ import numpy as np
 
 import onnx_lnfold
 from onnx_lnfold.bench.tables import write_table
-from onnx_lnfold.emit import costs
-from onnx_lnfold.emit.pricing import DEFAULT, GIVEN, STATIC
+from onnx_lnfold.decide import costs
+from onnx_lnfold.decide.pricing import DEFAULT, GIVEN, STATIC
 
 from conftest import MODELS
 from graphs import Graph, fold_checked

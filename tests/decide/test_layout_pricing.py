@@ -8,8 +8,8 @@ from __future__ import annotations
 import onnx_ir as ir
 
 import onnx_lnfold
-from onnx_lnfold.emit import costs
-from onnx_lnfold.emit.pricing import PER_ITEM, centering_kind
+from onnx_lnfold.decide import costs
+from onnx_lnfold.decide.pricing import PER_ITEM, centering_kind
 from onnx_lnfold.shapes.table import ShapeTable
 
 from graphs import Graph, decomposed_ln

@@ -12,9 +12,9 @@ mutates nothing.
   `SimplifiedLayerNormalization` and OpenVINO's CPU plugin into its RMS node.
 
 `beta` goes where it costs nothing (`beta_placement`): the consumers' biases, a key projection's
-share dropped where the attention's Softmax removes it (`emit.softmax_shift`), a bias created where
+share dropped where the attention's Softmax removes it (`decide.softmax_shift`), a bias created where
 that costs less than the Add; else it stays an explicit `Add`. `cost_refusal` keeps an LN whose
-fold would cost ONNX Runtime more than the LN, by the measured costs of `emit.costs`.
+fold would cost ONNX Runtime more than the LN, by the measured costs of `decide.costs`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from onnx_lnfold.core.ops import (
 )
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.core.values import is_zero
-from onnx_lnfold.emit.costs import LAYOUT_WORDS, NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
-from onnx_lnfold.emit.pricing import pricing_for
-from onnx_lnfold.emit.softmax_shift import softmax_removes
+from onnx_lnfold.decide.costs import LAYOUT_WORDS, NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
+from onnx_lnfold.decide.pricing import pricing_for
+from onnx_lnfold.decide.softmax_shift import softmax_removes
 from onnx_lnfold.forms import LnCandidate, LnKind, RewriteSite
 from onnx_lnfold.shapes.table import ShapeTable, dims_equal
 
@@ -76,7 +76,7 @@ def _residual_add(
     """The residual Add feeding `cand`, if it should become SkipSimplifiedLayerNormalization's sum:
     with "always" any it can take; with "auto" one ONNX Runtime fuses in the original, and only
     where the fused op costs less than `Add + SimplifiedLayerNormalization` (never on CPU:
-    `emit.costs.Pricing.fused_residual_pays`)."""
+    `decide.costs.Pricing.fused_residual_pays`)."""
     if mode == "never":
         return None
     add = _skip_able_add(cand, shapes)
@@ -392,7 +392,7 @@ def target_refusal(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable) 
 
 def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(original, emitted): the nodes ONNX Runtime's CPU EP runs for this LN before and after
-    the fold, each as (kind of `emit.costs.KINDS`, width). The primitive form (`PRIMITIVE_RMS_OP`) is
+    the fold, each as (kind of `decide.costs.KINDS`, width). The primitive form (`PRIMITIVE_RMS_OP`) is
     the SimplifiedLayerNormalization ONNX Runtime fuses it into at ORT_ENABLE_EXTENDED and up: its
     optimized graph is the default target's, node for node (tests/apply/test_primitive.py), so it
     costs what that costs. The original's `Add + LayerNormalization`
@@ -436,7 +436,7 @@ def centering_refusal(
     pricing = savings[0].pricing
     table = pricing.table
     d = next((s.width for s in savings if s.width is not None), None) or NARROWEST
-    cost = [(kind, d)]  # "StridedCentering": over a non-last axis (`emit.pricing.centering_kind`)
+    cost = [(kind, d)]  # "StridedCentering": over a non-last axis (`decide.pricing.centering_kind`)
     cmp = Comparison(
         pricing.total(cost), sum(s.amount for s in savings), pricing.spread(cost) + sum(s.spread for s in savings)
     )
