@@ -1,6 +1,6 @@
 """`onnx-lnfold bench` on the committed GPT-2 and the real trained models, each run `--repeat` times.
 
-    python -m benchmarks.bench_models [--models gpt2 whisper_encoder_torchscript dinov2_vits14 ppocrv5_rec]
+    python -m benchmarks.bench_models [--models gpt2 whisper_encoder_torchscript dinov2_vits14 ppocrv5_rec piper_encoder]
                                       [--repeat 2] [--processes 5] [--rounds 20] [--threads 2] [--out DIR]
 
 Each model is folded as a user would (`onnx-lnfold MODEL -o FOLDED --inputs FEEDS`: verified, and
@@ -26,7 +26,7 @@ import numpy as np
 from benchmarks.common import ROOT, log, machine_info
 
 RESULTS = ROOT / "benchmarks" / "results" / "bench"
-MODELS = ("gpt2", "whisper_encoder_torchscript", "dinov2_vits14", "ppocrv5_rec")
+MODELS = ("gpt2", "whisper_encoder_torchscript", "dinov2_vits14", "ppocrv5_rec", "piper_encoder")
 
 
 def model_and_feeds(name: str) -> tuple[Path, dict[str, np.ndarray]]:
