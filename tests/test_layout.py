@@ -37,6 +37,18 @@ def test_the_steps_are_the_package_folders_and_each_says_what_it_takes_and_gives
         assert doc and len(doc.split()) >= 20, step
 
 
+def test_no_two_modules_of_one_name():
+    """A module's name says what it is once in the package: two `check.py`s (or `runner.py`s) in
+    different steps send a reader to the wrong one."""
+    root = step_imports.package_dir()
+    by_name: dict[str, list[str]] = {}
+    for path in root.rglob("*.py"):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(root)))
+    assert len(by_name) > 50  # the check saw the package
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
 def test_scripts_and_tests_import_no_private_name_of_the_package():
     found = []
     for folder in ("tests", "models", "benchmarks", "tools"):
