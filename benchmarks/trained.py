@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import ROOT, log, machine_info, results_header
-from onnx_lnfold.bench.compare import profile_variants, time_variants
+from onnx_lnfold.bench.compare import Sessions, profile_variants, time_variants
 from onnx_lnfold.bench.stats import fmt_across as _fmt
 
 TRAINED = Path(os.environ.get("LNFOLD_TRAINED_DIR") or ROOT / "models" / "trained")
@@ -214,15 +214,14 @@ def main(argv=None) -> int:
                 precision = "int8 (quantize_dynamic)" if int8 else "fp32"
                 files = prepare(name, work, int8, Path(args.fold_with) if args.fold_with else None)
                 log(f"{name} {precision}: {args.processes} processes x {args.rounds} rounds")
-                timing = time_variants(files, str(feeds), work, f"{name}.{int8}", args.processes, args.rounds,
-                                       args.warmup, args.threads)
+                sessions = Sessions(files, str(feeds), work, args.rounds, args.warmup, args.threads)
+                timing = time_variants(sessions, f"{name}.{int8}", args.processes)
                 f = timing["ratios"]["original/folded"]
                 log(f"  original/folded {_fmt(f)}; resaved/folded {_fmt(timing['ratios']['resaved/folded'])}")
                 result = {"model": name, "what": MODELS[name][1], "precision": precision, "threads": args.threads,
                           "timing": timing}
                 if not args.no_profile:
-                    result["profile"] = profile_variants(files, str(feeds), work, f"{name}.{int8}", args.rounds,
-                                                         args.warmup, args.threads)
+                    result["profile"] = profile_variants(sessions, f"{name}.{int8}")
                 results.append(result)
                 machine = machine_info()
                 (out / "trained.json").write_text(json.dumps({"command": command, "machine": machine,

@@ -42,7 +42,7 @@ from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import exact_tensors
-from onnx_lnfold.verify.readback import PlannedChanges, planned_changes
+from onnx_lnfold.verify.readback import planned_changes
 from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.sessions import ModelBytesOrPath, OrtSource
 from onnx_lnfold.verify.verdict import Verification
@@ -277,9 +277,9 @@ def run_pipeline(
                 progress.phase("Verifying in onnxruntime")
                 original = path if path else original_src.source  # type: ignore[union-attr]
                 with blockwise.reporting(progress.phase):  # which block the check is on
-                    report.verification = _check_folded(
-                        model, original, staged, check, plan, planned, computed, time.monotonic() - started
-                    )
+                    folder = original.parent if isinstance(original, Path) else None
+                    request = check.for_fold(plan, planned, computed, time.monotonic() - started, folder)
+                    report.verification = _check_folded(model, original, staged, request)
         except BaseException:
             if staged is not None:
                 staged.discard()
@@ -300,20 +300,13 @@ def _stage(model: ir.Model, path: Path | None, destination: Path, plan: Centerin
 
 
 def _check_folded(
-    model: ir.Model,
-    original: ModelBytesOrPath,
-    staged: StagedModel | None,
-    check: VerifyRequest,
-    plan: CenteringPlan,
-    planned: PlannedChanges | None,
-    computed: dict,
-    fold_seconds: float,
+    model: ir.Model, original: ModelBytesOrPath, staged: StagedModel | None, request: VerifyRequest
 ) -> Verification:
+    """The check of `request` on the staged file, else on the folded model in memory."""
     folded_src = None if staged is not None else OrtSource(model)
     try:
         folded = staged.path if staged is not None else folded_src.source  # type: ignore[union-attr]
-        folder = original.parent if isinstance(original, Path) else None
-        return check_equivalence(original, folded, model, check.for_fold(plan, planned, computed, fold_seconds, folder))
+        return check_equivalence(original, folded, model, request)
     finally:
         if folded_src is not None:
             folded_src.close()

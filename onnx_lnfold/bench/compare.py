@@ -43,17 +43,36 @@ def usable_cores() -> int:
 # --------------------------------------------------------------------------- #
 # Timing: fresh processes, rotated creation, interleaved rounds
 # --------------------------------------------------------------------------- #
-def time_variants(files: dict[str, str], feeds: str, work: Path, tag: str, processes: int, rounds: int,
-                  warmup: int, threads: int, provider: str = CPU, provider_options: dict | None = None) -> dict:
-    """Every variant of `files` in `processes` fresh processes (the creation order rotated from one
-    process to the next), `rounds` interleaved rounds each; ratios of the per-process medians."""
+@dataclass(frozen=True)
+class Sessions:
+    """What every fresh process of one comparison shares: the model files by variant, the inputs
+    (.npz), the folder it works in, the rounds, warm-up runs, intra-op threads and the provider (the
+    plan `runner` reads, but its mode and the order the sessions are created in)."""
+
+    files: dict[str, str]
+    feeds: str
+    work: Path
+    rounds: int
+    warmup: int
+    threads: int
+    provider: str = CPU
+    provider_options: dict | None = None
+
+    def child_plan(self, mode: str, order: list[str], **extra) -> dict:
+        return {"mode": mode, "files": self.files, "feeds": self.feeds, "order": order, "rounds": self.rounds,
+                "warmup": self.warmup, "threads": self.threads, "provider": self.provider,
+                "provider_options": self.provider_options, **extra}
+
+
+def time_variants(sessions: Sessions, tag: str, processes: int) -> dict:
+    """Every variant of `sessions.files` in `processes` fresh processes (the creation order rotated
+    from one process to the next), its rounds interleaved in each; ratios of the per-process medians."""
+    files = sessions.files
     names = [v for v in VARIANTS if v in files] + [v for v in files if v not in VARIANTS]
     times: dict[str, list[list[float]]] = {v: [] for v in names}
     for k in range(processes):
         order = names[k % len(names):] + names[: k % len(names)]
-        out = run_child({"mode": "time", "files": files, "feeds": feeds, "order": order, "rounds": rounds,
-                         "warmup": warmup, "threads": threads, "provider": provider,
-                         "provider_options": provider_options}, work, f"{tag}.p{k}")
+        out = run_child(sessions.child_plan("time", order), sessions.work, f"{tag}.p{k}")
         for v, t in out["times"].items():
             times[v].append(t)
     ratio = {f"{a}/{b}": stats.nested_ratio(times[a], times[b])
@@ -64,20 +83,16 @@ def time_variants(files: dict[str, str], feeds: str, work: Path, tag: str, proce
             "times_s": {v: [[round(x, 7) for x in t] for t in ts] for v, ts in times.items()}}
 
 
-def profile_variants(files: dict[str, str], feeds: str, work: Path, tag: str, rounds: int, warmup: int,
-                     threads: int, provider: str = CPU, provider_options: dict | None = None,
-                     variants: tuple[str, ...] = ("original", "folded")) -> dict:
+def profile_variants(sessions: Sessions, tag: str, variants: tuple[str, ...] = ("original", "folded")) -> dict:
     """Kernel time per op type (us per run) of each of `variants`, one profiled process each; None
     for a variant whose profile holds no kernel time. Placement is checked from the same profile."""
     out = {}
     for variant in variants:
-        prefix = str(work / f"prof.{tag}.{variant}")
-        res = run_child({"mode": "profile", "files": files, "feeds": feeds, "order": [variant], "rounds": rounds,
-                         "warmup": warmup, "threads": threads, "profile": prefix, "provider": provider,
-                         "provider_options": provider_options}, work, f"{tag}.prof.{variant}")
+        prefix = str(sessions.work / f"prof.{tag}.{variant}")
+        res = run_child(sessions.child_plan("profile", [variant], profile=prefix), sessions.work, f"{tag}.prof.{variant}")
         events = load(res["profile"])
-        check_profile(events, provider, variant)
-        out[variant] = op_profile(events, rounds, provider)
+        check_profile(events, sessions.provider, variant)
+        out[variant] = op_profile(events, sessions.rounds, sessions.provider)
     return out
 
 
@@ -243,10 +258,9 @@ def bench(original: str, folded: str, *, provider: str = CPU, provider_options: 
         resaved.parent.mkdir()
         resave(original, resaved)
         files = {"original": str(Path(original).resolve()), "resaved": str(resaved), "folded": str(Path(folded).resolve())}
-        timing = time_variants(files, str(feeds_path), work, "bench", processes, rounds, warmup, threads, provider,
-                               provider_options)
-        profiled = (profile_variants(files, str(feeds_path), work, "bench", rounds, warmup, threads, provider,
-                                     provider_options) if profile else None)
+        sessions = Sessions(files, str(feeds_path), work, rounds, warmup, threads, provider, provider_options)
+        timing = time_variants(sessions, "bench", processes)
+        profiled = profile_variants(sessions, "bench") if profile else None
     result = BenchResult(original, folded, provider, threads, {k: list(v.shape) for k, v in feeds.items()},
                          inputs_from, processes, rounds, timing, profiled)
     result.verdict, result.why = verdict(timing["ratios"], processes, rounds)

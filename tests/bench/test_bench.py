@@ -108,7 +108,8 @@ def test_a_timing_process_refuses_a_session_on_another_provider(gpt2_pair, tmp_p
     np.savez(tmp_path / "f.npz", input_ids=np.ones((1, 8), np.int64))
     files = {"original": str(original), "resaved": str(original), "folded": str(folded)}
     with pytest.raises(PlacementError) as err:
-        compare.time_variants(files, str(tmp_path / "f.npz"), tmp_path, "t", 2, 2, 1, 1, "CUDAExecutionProvider")
+        sessions = compare.Sessions(files, str(tmp_path / "f.npz"), tmp_path, 2, 1, 1, "CUDAExecutionProvider")
+        compare.time_variants(sessions, "t", 2)
     assert "the session runs on CPUExecutionProvider, not CUDAExecutionProvider" in str(err.value)
 
 
