@@ -530,6 +530,27 @@ def exporter_args(doc: str, names, argv=None) -> tuple[argparse.Namespace, Path]
     return args, out_dir
 
 
+def manifest_entry(model: onnx.ModelProto, path: Path, name: str, producer: str, feeds: list[dict], diffs: list[float],
+                   **extra) -> dict:
+    """Save the two input sets beside the model (`NAME.inputs.npz`, `NAME.inputs_alt.npz`) and give
+    its manifest entry: file, producer, size, input shapes, ORT-vs-torch figures, op counts (a
+    domain's ops named `domain::op`), and `extra`."""
+    np.savez(path.parent / f"{name}.inputs.npz", **feeds[0])
+    np.savez(path.parent / f"{name}.inputs_alt.npz", **feeds[1])
+    ops = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                              for n in model.graph.node)
+    return {
+        "file": path.name,
+        "producer": producer,
+        "file_size_bytes": path.stat().st_size,
+        "inputs": {k: list(v.shape) for k, v in feeds[0].items()},
+        "inputs_alt": {k: list(v.shape) for k, v in feeds[1].items()},
+        "ort_vs_torch_max_rel_diff": diffs,
+        **extra,
+        "op_counts": dict(sorted(ops.items())),
+    }
+
+
 def export_with_manifest(doc: str, names, manifest_name: str, generator: str, export: Callable[[str, Path], dict],
                          argv=None) -> None:
     """The main of an exporter into models/: `export(name, out_dir)` of each model asked for (all of

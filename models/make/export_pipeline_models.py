@@ -48,7 +48,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_coverage_models import no_packed_sequence_check  # noqa: E402
-from export_models import export_with_manifest, finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
+from export_models import export_with_manifest, finalize_onnx, manifest_entry, perturb, run_ort, seed_for  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, INTER = 32, 4, 4, 128
 VOCAB, MAX_POS = 320, 64
@@ -335,22 +335,7 @@ def export_artifact(art: Artifact, out_dir: Path, cache: dict) -> dict:
     tol = FP16_TOL if art.step is fp16 else TOL
     if max(diffs) > tol:
         raise RuntimeError(f"{art.name}: ORT differs from torch by {max(diffs):.3g} (relative)")
-    np.savez(out_dir / f"{art.name}.inputs.npz", **feeds[0])
-    np.savez(out_dir / f"{art.name}.inputs_alt.npz", **feeds[1])
-    ops: dict[str, int] = {}
-    for n in model.graph.node:
-        key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-        ops[key] = ops.get(key, 0) + 1
-    return {
-        "file": path.name,
-        "producer": art.producer,
-        "file_size_bytes": size,
-        "inputs": {k: list(v.shape) for k, v in feeds[0].items()},
-        "inputs_alt": {k: list(v.shape) for k, v in feeds[1].items()},
-        "ort_vs_torch_max_rel_diff": diffs,
-        "value_info": len(model.graph.value_info),
-        "op_counts": dict(sorted(ops.items())),
-    }
+    return manifest_entry(model, path, art.name, art.producer, feeds, diffs, value_info=len(model.graph.value_info))
 
 
 def main(argv=None) -> None:

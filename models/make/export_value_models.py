@@ -38,7 +38,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_coverage_models import no_packed_sequence_check  # noqa: E402
-from export_models import export_with_manifest, finalize_onnx, perturb, run_ort, seed_for  # noqa: E402
+from export_models import export_with_manifest, finalize_onnx, manifest_entry, perturb, run_ort, seed_for  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, VOCAB, POSITIONS = 32, 2, 4, 128, 64
 TOL = 1e-3  # relative to the largest output value
@@ -269,20 +269,7 @@ def export_one(spec: Export, out_dir: Path) -> dict:
         diffs.append(max_rel(ref, run_ort(path, f)[spec.output]))
     if max(diffs) > TOL:
         raise RuntimeError(f"{spec.name}: ORT differs from torch by {max(diffs):.3g} (relative)")
-    np.savez(out_dir / f"{spec.name}.inputs.npz", **feeds[0])
-    np.savez(out_dir / f"{spec.name}.inputs_alt.npz", **feeds[1])
-    ops: dict[str, int] = {}
-    for n in model.graph.node:
-        ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {
-        "file": path.name,
-        "producer": spec.producer,
-        "file_size_bytes": size,
-        "inputs": {k: list(v.shape) for k, v in feeds[0].items()},
-        "inputs_alt": {k: list(v.shape) for k, v in feeds[1].items()},
-        "ort_vs_torch_max_rel_diff": diffs,
-        "op_counts": dict(sorted(ops.items())),
-    }
+    return manifest_entry(model, path, spec.name, spec.producer, feeds, diffs)
 
 
 def main(argv=None) -> None:

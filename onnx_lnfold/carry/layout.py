@@ -20,11 +20,19 @@ from onnx_lnfold.shapes.table import Shape, ShapeTable
 
 class LayoutRule(Rule):
     """An op that moves the axes of input 0 to its output(s), keeping some whole. `axis_map` holds
-    the map (input axis -> output axis) once; `refusal` says why an axis is not in it."""
+    the map (input axis -> output axis) once, by default `map_shapes` of the shapes around the node;
+    `refusal` says why an axis is not in it."""
 
     non_data = "as a shape or axes input"
 
     def axis_map(self, node: ir.Node, shapes: ShapeTable) -> dict[int, int] | Blocked:
+        """The map, from the shapes around the node (`map_shapes`); refused where either is unknown."""
+        around = shapes_around(node, shapes)
+        if isinstance(around, Blocked):
+            return around
+        return self.map_shapes(node, *around)
+
+    def map_shapes(self, node: ir.Node, in_shape: Shape, out_shape: Shape) -> dict[int, int] | Blocked:
         raise NotImplementedError
 
     def refusal(self, node: ir.Node, end: End) -> Blocked:
@@ -110,11 +118,8 @@ class ReshapeRule(LayoutRule):
 
 
 class TransposeRule(LayoutRule):
-    def axis_map(self, node, shapes):
-        around = shapes_around(node, shapes)
-        if isinstance(around, Blocked):
-            return around
-        perm = list(node.attributes.get_ints("perm", reversed(range(len(around[0])))))
+    def map_shapes(self, node, in_shape, out_shape):
+        perm = list(node.attributes.get_ints("perm", reversed(range(len(in_shape)))))
         return {src: dst for dst, src in enumerate(perm)}
 
     def carried(self, node, shapes, end, other, k):
@@ -126,11 +131,7 @@ class TransposeRule(LayoutRule):
 class ExpandRule(LayoutRule):
     """Expand broadcasts input 0 to the output shape: the input's axes are the output's last ones."""
 
-    def axis_map(self, node, shapes):
-        around = shapes_around(node, shapes)
-        if isinstance(around, Blocked):
-            return around
-        in_shape, out_shape = around
+    def map_shapes(self, node, in_shape, out_shape):
         offset = len(out_shape) - len(in_shape)
         return {b: b + offset for b in range(len(in_shape))}
 
@@ -155,11 +156,8 @@ def reduced_axes(node: ir.Node, rank: int) -> list[int] | Blocked:
 class ReduceRule(LayoutRule):
     """ReduceMean, ReduceSum over other axes (pooling) keep the remaining axes whole."""
 
-    def axis_map(self, node, shapes):
-        around = shapes_around(node, shapes)
-        if isinstance(around, Blocked):
-            return around
-        rank = len(around[0])
+    def map_shapes(self, node, in_shape, out_shape):
+        rank = len(in_shape)
         reduced = reduced_axes(node, rank)
         if isinstance(reduced, Blocked):
             return reduced

@@ -80,11 +80,7 @@ def piece_offsets(lengths: list) -> list[int] | None:
 class SliceRule(LayoutRule):
     """Slice keeps every axis it does not cut (a slice that keeps an axis's length keeps it too)."""
 
-    def axis_map(self, node, shapes):
-        around = shapes_around(node, shapes)
-        if isinstance(around, Blocked):
-            return around
-        in_shape, out_shape = around
+    def map_shapes(self, node, in_shape, out_shape):
         sliced = attr_or_input_ints(node, "axes", 3)
         if sliced is None:
             return Blocked("axes-not-constant", f"{node_label(node)} slices axes that are not constant")
