@@ -86,9 +86,10 @@ def test_readme_quick_start_output_is_what_the_command_prints(workdir):
     assert len(chunks) >= 2 and chunks[0][0].startswith("onnx_lnfold: models/gpt2.onnx -> gpt2.lnfold.onnx, 5/5")
     whole, at = _as_text(printed), 0
     for chunk in chunks:
-        found = whole.find(_as_text(chunk), at)
+        text = _as_text(chunk)
+        found = whole.find(text, at)
         assert found >= 0, f"README lines not printed (in this order) by `{command}`:\n" + "\n".join(chunk)
-        at = found + len(_as_text(chunk))
+        at = found + len(text)
     assert _elapsed_masked(chunks[0][0]) == _elapsed_masked(printed[0]) and chunks[-1][-1] == printed[-1]
 
 
