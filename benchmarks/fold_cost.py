@@ -532,7 +532,9 @@ def _met(flag: bool | None) -> str:
 
 def format_md(results: dict) -> list[str]:
     m = results["machine"]
-    note = (f"This machine: {m['logical_cores']} cores, {m['memory']}, shared with other work while this ran "
+    others = [r["foreign_cpu"] for size in results["sizes"] for r in size["runs"] if r.get("foreign_cpu") is not None]
+    load = f"other processes used {100 * max(others):.0f}% of its CPU at most during a run" if others else "its load unknown"
+    note = (f"This machine: {m['logical_cores']} cores, {m['memory']}; {load} "
             f"(column `other CPU`: the share of the machine's CPU other processes used during each run). "
             f"GB = 10^9 bytes; weights = the bytes of all initializers. Each run is a fresh process, its page "
             f"cache warm (the model read once before its size's runs; `sync` before each run; outputs deleted "
