@@ -15,6 +15,9 @@ NaN whatever the proof says.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+
 import numpy as np
 import onnx_ir as ir
 
@@ -27,8 +30,10 @@ _PASS_FIRST = frozenset(
 _INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.BOOL})
 # Deep enough for every chain of these ops an exporter writes around one constant.
 _MAX_DEPTH = 16
-# Elements of a tensor compared with its first at a time (`_tensor_fill`).
+# Elements of a tensor compared with its first at a time (`_tensor_fill`), after a first look at
+# a few (a page of float32), which settles a trained weight without touching more of its file.
 _COMPARED = 1 << 18
+_FIRST_COMPARED = 1 << 10
 
 
 def fill_of(value: ir.Value | None, exact: bool = True) -> float | None:
@@ -98,7 +103,23 @@ def _constant_node_fill(node: ir.Node) -> float | None:
     return None
 
 
+# Fills already read, by tensor (an onnx-ir tensor is immutable; its identity is its key): the
+# proofs ask about the same biases and weights many times, and each read maps an external file.
+_FILLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _tensor_fill(tensor: ir.TensorProtocol) -> float | None:
+    try:
+        return _FILLS[tensor]
+    except (KeyError, TypeError):  # TypeError: a tensor that cannot be weakly referenced
+        pass
+    fill = _read_fill(tensor)
+    with contextlib.suppress(TypeError):
+        _FILLS[tensor] = fill
+    return fill
+
+
+def _read_fill(tensor: ir.TensorProtocol) -> float | None:
     """The one value every element of `tensor` holds, or None. Compared a stretch at a time: a
     weight that holds several values shows it in its first stretch (the rest of a mapped weight is
     never touched), and an external weight's map is closed once read, or its pages would stay in
@@ -108,6 +129,8 @@ def _tensor_fill(tensor: ir.TensorProtocol) -> float | None:
     try:
         flat = np.asarray(tensor.numpy()).reshape(-1)
         first = flat[0]
+        if not np.all(flat[:_FIRST_COMPARED] == first):  # a trained weight: one page of it says so
+            return None
         for start in range(0, flat.size, _COMPARED):
             if not np.all(flat[start : start + _COMPARED] == first):
                 return None

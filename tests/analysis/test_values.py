@@ -185,7 +185,7 @@ def test_a_zero_beta_constant_node_is_removed_with_its_ln():
     assert ops(_post_norm_block("constant node"))["Constant"] == 2
 
 
-@pytest.mark.parametrize("content", ["zeros", "last differs", "random"])
+@pytest.mark.parametrize("content", ["zeros", "last differs", "first past the first look differs", "random"])
 def test_the_fill_of_an_external_weight_is_read_and_its_map_closed(tmp_path, content):
     """A weight in external data is memory-mapped to be read: the map is closed once its fill is
     known, or its pages would stay in the process's memory as long as the model lives (every
@@ -193,6 +193,8 @@ def test_the_fill_of_an_external_weight_is_read_and_its_map_closed(tmp_path, con
     array = np.zeros((300, 2000), dtype=np.float32)  # several stretches compared in turn
     if content == "last differs":
         array[-1, -1] = 1.0
+    elif content.startswith("first past"):
+        array.reshape(-1)[1024] = 1.0
     elif content == "random":
         array = np.random.default_rng(0).standard_normal(array.shape).astype(np.float32)
     (tmp_path / "w.data").write_bytes(array.tobytes())
