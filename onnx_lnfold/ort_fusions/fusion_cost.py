@@ -45,7 +45,7 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.blocked import Blocked
-from onnx_lnfold.core.ir import is_standard
+from onnx_lnfold.core.ir import is_standard, weight_bytes
 from onnx_lnfold.core.names import display_names
 from onnx_lnfold.core.ops import EMBED_LAYER_NORM, NORM_OPS
 from onnx_lnfold.decide.costs import OrtLayout
@@ -409,6 +409,10 @@ class FusionCheck:
             check.version = ort_version()
             if check.version is None:
                 check.unchecked = "onnxruntime (with its transformers optimizer) is not installed"
+            elif weight_bytes(model) > CHILD_ABOVE_BYTES:  # its child starts while the LNs are found
+                check._folder = WeightlessFolder()
+                check._process = OptimizerProcess(check._folder.path)
+                check._process.start()
         return check
 
     @property
@@ -437,7 +441,7 @@ class FusionCheck:
 
     def _original_path(self) -> Path:
         if self._original is None:
-            self._folder = WeightlessFolder()
+            self._folder = self._folder or WeightlessFolder()
             self._original = self._folder.write(weightless_clone(self.model, self._folder), "original.onnx")
             self._original_bytes = self._folder.stripped_bytes
             graph = self.model.graph
@@ -449,15 +453,33 @@ class FusionCheck:
     def _optimizer(self, path: Path, model_type: str, level: int, heads: int, hidden: int) -> onnx.ModelProto:
         """The transformers optimizer's output for the weightless file `path` (`probe.TransformersOptimizer`,
         its large tensors references: `ort_fusions.light`), run once per file content and settings."""
+        key, optimizer = self._optimizer_for(path, model_type, level, heads, hidden)
+        return _cached(key, lambda: optimizer.run(model_type, level, heads, hidden))  # type: ignore[return-value]
+
+    def _optimizer_ahead(self, path: Path, model_type: str, level: int, heads: int, hidden: int) -> Callable[[], onnx.ModelProto]:
+        """`_optimizer`, sent ahead to the child process where there is one: what it returns gives
+        the output (or raises what the run raised) when called."""
+        key, optimizer = self._optimizer_for(path, model_type, level, heads, hidden)
+        if key in _CACHE:
+            return lambda: _CACHE[key]  # type: ignore[return-value]
+        try:
+            result = optimizer.submit(model_type, level, heads, hidden)
+        except Exception as error:  # noqa: BLE001 - raised where the output is asked for, as `_optimizer` would
+            failure = error
+
+            def result() -> onnx.ModelProto:
+                raise failure
+
+        return lambda: _cached(key, result)  # type: ignore[return-value]
+
+    def _optimizer_for(self, path: Path, model_type: str, level: int, heads: int, hidden: int) -> tuple[tuple, TransformersOptimizer]:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         assert self._folder is not None
         if self._process is None and self._original_bytes > CHILD_ABOVE_BYTES:
             self._process = OptimizerProcess(self._folder.path)  # reads only the zeros it asks for
         if digest not in self._optimizers:  # one per file content: its opt_level 1 session runs once
             self._optimizers[digest] = TransformersOptimizer(path, self._folder, self._process)
-        optimizer = self._optimizers[digest]
-        key = ("optimizer", digest, model_type, level, heads, hidden)
-        return _cached(key, lambda: optimizer.run(model_type, level, heads, hidden))  # type: ignore[return-value]
+        return ("optimizer", digest, model_type, level, heads, hidden), self._optimizers[digest]
 
     def _session(self, path: Path) -> onnx.GraphProto:
         key = ("session", hashlib.sha256(path.read_bytes()).hexdigest())
@@ -482,9 +504,12 @@ class FusionCheck:
         runs: dict[str, list[str]] = {}
         tables: dict[str, list[str]] = {}
         failed: list[Exception] = []
+        # Sent ahead, opt_level 0 first: the child runs them while this process runs the session
+        # that opt_level 1 starts from.
+        ahead = {run: self._optimizer_ahead(path, *run, heads, size if heads else 0) for run in sorted(EMBED_RUNS, key=lambda r: r[1])}
         for model_type, level in EMBED_RUNS:
             try:
-                graph = self._optimizer(path, model_type, level, heads, size if heads else 0).graph
+                graph = ahead[(model_type, level)]().graph
             except Exception as error:  # the optimizer fails on this graph: that run fuses nothing
                 logger.info("optimize_model(model_type=%s, opt_level=%d) failed: %s", model_type, level, error)
                 failed.append(error)

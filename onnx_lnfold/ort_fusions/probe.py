@@ -24,7 +24,7 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
@@ -162,13 +162,19 @@ for line in sys.stdin:
 
 
 class OptimizerProcess:
-    """The optimizer's child process for one folder, started on first use (`_CHILD`)."""
+    """The optimizer's child process for one folder (`_CHILD`). `start` it early: its imports take
+    a second or two, which the analysis spends on other work meanwhile. Jobs are answered in the
+    order they were sent, so several can be sent ahead (`submit`) and their answers read later
+    (`result`) while this process does something else."""
 
     def __init__(self, folder: Path):
         self.folder = folder
         self._process: subprocess.Popen | None = None
+        self._sent = 0  # jobs sent
+        self._read = 0  # answers read
+        self._answers: dict[int, onnx.ModelProto | RuntimeError] = {}  # read, not yet asked for
 
-    def run(self, source: Path, model_type: str, num_heads: int, hidden_size: int) -> onnx.ModelProto:
+    def start(self) -> None:
         if self._process is None:
             self._process = subprocess.Popen(
                 [sys.executable, "-c", _CHILD, light.__file__, json.dumps(_LIGHT_ARGS)],
@@ -177,23 +183,46 @@ class OptimizerProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
             )
-        process = self._process
-        assert process.stdin is not None and process.stdout is not None
-        process.stdin.write((json.dumps([source.name, model_type, num_heads, hidden_size]) + "\n").encode())
-        process.stdin.flush()
-        head = process.stdout.read(8)
-        if len(head) < 8:
-            self.close()
-            raise RuntimeError("the optimizer's process ended without an answer")
-        reply = process.stdout.read(struct.unpack(">Q", head)[0])
-        if reply[:2] != b"OK":
-            raise RuntimeError(reply[2:].decode(errors="replace"))
-        return onnx.ModelProto.FromString(reply[2:])
+            self._sent = self._read = 0
+            self._answers.clear()
+
+    def submit(self, source: Path, model_type: str, num_heads: int, hidden_size: int) -> int:
+        """Send one job; its number, for `result`."""
+        self.start()
+        assert self._process is not None and self._process.stdin is not None
+        self._process.stdin.write((json.dumps([source.name, model_type, num_heads, hidden_size]) + "\n").encode())
+        self._process.stdin.flush()
+        self._sent += 1
+        return self._sent - 1
+
+    def result(self, job: int) -> onnx.ModelProto:
+        """The answer to job number `job` (the answers before it are read and kept)."""
+        while job not in self._answers:
+            process = self._process
+            if process is None or process.stdout is None or self._read >= self._sent:
+                raise RuntimeError("the optimizer's process ended without an answer")
+            head = process.stdout.read(8)
+            if len(head) < 8:
+                self.close()
+                raise RuntimeError("the optimizer's process ended without an answer")
+            reply = process.stdout.read(struct.unpack(">Q", head)[0])
+            answer = onnx.ModelProto.FromString(reply[2:]) if reply[:2] == b"OK" else RuntimeError(reply[2:].decode(errors="replace"))
+            self._answers[self._read] = answer
+            self._read += 1
+        answer = self._answers.pop(job)
+        if isinstance(answer, RuntimeError):
+            raise answer
+        return answer
+
+    def run(self, source: Path, model_type: str, num_heads: int, hidden_size: int) -> onnx.ModelProto:
+        return self.result(self.submit(source, model_type, num_heads, hidden_size))
 
     def close(self) -> None:
         if self._process is not None:
             with contextlib.suppress(OSError):
                 self._process.stdin.close()  # type: ignore[union-attr]
+            if self._read < self._sent or self._sent == 0:
+                self._process.kill()  # answers no one will read, or none asked for: not worth waiting
             try:
                 self._process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -234,6 +263,15 @@ class TransformersOptimizer:
             written = _optimized_by_session(self.path, self.folder, "ORT_ENABLE_BASIC", "o1", _LEVEL1_DISABLED)
             self._level1 = _pointed_at_zeros(written, self.folder)
         return self._level1
+
+    def submit(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> Callable[[], onnx.ModelProto]:
+        """`run`, sent ahead to the child where there is one: call what it returns for the result."""
+        if self._child is None:
+            return lambda: self.run(model_type, opt_level, num_heads, hidden_size)
+        source = self.path if opt_level == 0 else self._level1_path()
+        job = self._child.submit(source, model_type, num_heads, hidden_size)
+        child = self._child
+        return lambda: child.result(job)
 
     def run(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> onnx.ModelProto:
         """The optimized model, its large tensors references into the zero file (`ort_fusions.light`)."""

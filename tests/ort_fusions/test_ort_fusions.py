@@ -373,3 +373,39 @@ def test_a_large_model_is_optimized_in_a_child_that_reads_only_what_it_asks_for(
     # the child sends the optimizer's output back whole (its large tensors as references), which
     # the optimizer-first count analyzes
     assert (expected["optimizer_first"]["folded"], expected["optimizer_first"]["at_least"]) == (4, True)
+
+
+_ECHO_CHILD = """
+import json, struct, sys
+import onnx
+out = sys.stdout.buffer
+for line in sys.stdin:
+    source, model_type, heads, hidden = json.loads(line)
+    if model_type == "fail":
+        reply = b"ER" + b"ValueError: no such model_type"
+    else:
+        reply = b"OK" + onnx.helper.make_model(onnx.helper.make_graph([], model_type, [], [])).SerializeToString()
+    out.write(struct.pack(">Q", len(reply)) + reply)
+    out.flush()
+"""
+
+
+def test_the_optimizer_child_answers_jobs_sent_ahead_in_any_order(monkeypatch, tmp_path):
+    """Jobs are sent ahead (`submit`) and their answers asked for in any order (`result`): each
+    gets its own answer, a failed job raises for that job alone, and closing with answers unread
+    does not wait on the child."""
+    from onnx_lnfold.ort_fusions import probe
+
+    monkeypatch.setattr(probe, "_CHILD", _ECHO_CHILD)
+    child = probe.OptimizerProcess(tmp_path)
+    jobs = [child.submit(tmp_path / "m.onnx", kind, 0, 0) for kind in ("bert", "fail", "bart", "gpt2")]
+    assert child.result(jobs[2]).graph.name == "bart"
+    assert child.result(jobs[0]).graph.name == "bert"
+    with pytest.raises(RuntimeError, match="no such model_type"):
+        child.result(jobs[1])
+    assert child.run(tmp_path / "m.onnx", "t5", 0, 0).graph.name == "t5"  # after an unread answer (gpt2)
+    assert child.result(jobs[3]).graph.name == "gpt2"  # read on the way to t5's, and kept
+    child.submit(tmp_path / "m.onnx", "bert", 0, 0)
+    child.close()  # returns though that answer is unread
+    with pytest.raises(RuntimeError, match="without an answer"):
+        child.result(5)
