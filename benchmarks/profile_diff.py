@@ -1,8 +1,10 @@
 """Where does the fold's saving go? Per-node kernel time of original vs folded, from ORT's profile.
 
     python -m benchmarks.profile_diff opt_small [--batch 1] [--seq 128] [--runs 21] [--threads 1] [--json F]
+    python -m benchmarks.profile_diff --files ORIGINAL.onnx FOLDED.onnx FEEDS.npz [--runs 21] [--threads 1]
 
-Both models (from benchmarks/cache/, folded and re-saved as benchmarks.run does) run in profiled
+Both models (from benchmarks/cache/, folded and re-saved as benchmarks.run does; or any two files
+and their inputs, `--files`: a real model and the fold a user made of it) run in profiled
 CPU sessions at graph optimization level ALL, interleaved, after warm-up runs. The graph ORT
 executes is dumped by each session, and every node is classified by the normalization-group
 roles of `benchmarks.latency.norm_groups`. Printed:
@@ -63,12 +65,16 @@ def _node_events(profile: str, n_calls: int) -> list[dict[str, tuple[str, float,
 
 
 def profile_pair(name: str, batch: int, seq: int, runs: int, threads: int) -> dict:
+    paths = _prepare(name)
+    feeds = feeds_for(paths["meta"], batch, seq)
+    return profile_files(name, paths, feeds, runs, threads, batch, seq)
+
+
+def profile_files(name: str, paths: dict[str, str], feeds: dict, runs: int, threads: int, batch=None, seq=None) -> dict:
+    """`profile_pair` on the files `paths["original"]` and `paths["folded"]`, run on `feeds`."""
     import onnx
     import onnxruntime as ort
 
-    paths = _prepare(name)
-    meta = paths["meta"]
-    feeds = feeds_for(meta, batch, seq)
     out: dict = {"model": name, "batch": batch, "seq": seq, "runs": runs, "threads": threads}
     with tempfile.TemporaryDirectory(prefix="lnfold-pdiff-") as tmp:
         sessions, roles, order = {}, {}, {}
@@ -130,7 +136,8 @@ def profile_pair(name: str, batch: int, seq: int, runs: int, threads: int) -> di
 
 
 def print_report(r: dict) -> None:
-    print(f"{r['model']} b{r['batch']} s{r['seq']}, {r['runs']} profiled runs each, {r['threads']} thread(s)")
+    shape = f" b{r['batch']} s{r['seq']}" if r.get("batch") is not None else ""
+    print(f"{r['model']}{shape}, {r['runs']} profiled runs each, {r['threads']} thread(s)")
     print(f"  normalization group: {r['group_us']['original']['TOTAL']:.0f} us -> "
           f"{r['group_us']['folded']['TOTAL']:.0f} us (x{r['group_ratio']:.2f}); all nodes x{r['total_ratio']:.3f}")
     keys = sorted(set(r["group_us"]["original"]) | set(r["group_us"]["folded"]) - {"TOTAL"})
@@ -169,6 +176,8 @@ def summarize(results: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?")
+    ap.add_argument("--files", nargs=3, metavar=("ORIGINAL", "FOLDED", "FEEDS_NPZ"),
+                    help="profile these two files on these inputs instead of a benchmark model")
     ap.add_argument("--summarize", nargs="+", metavar="JSON", help="print the summary table of earlier --json outputs")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
@@ -180,9 +189,14 @@ def main(argv=None) -> int:
         loaded = [json.loads(Path(f).read_text()) for f in args.summarize]
         print(summarize([r for x in loaded for r in (x if isinstance(x, list) else [x])]))
         return 0
-    if not args.model:
-        ap.error("a model name is required")
-    r = profile_pair(args.model, args.batch, args.seq, args.runs, args.threads)
+    if args.files:
+        original, folded, feeds = args.files
+        r = profile_files(Path(original).stem, {"original": original, "folded": folded}, dict(np.load(feeds)),
+                          args.runs, args.threads)
+    elif args.model:
+        r = profile_pair(args.model, args.batch, args.seq, args.runs, args.threads)
+    else:
+        ap.error("a model name (or --files) is required")
     print_report(r)
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1))
