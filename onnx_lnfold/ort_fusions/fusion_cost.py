@@ -31,6 +31,7 @@ nothing was checked.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections import Counter
@@ -507,6 +508,9 @@ class FusionCheck:
         # Sent ahead, opt_level 0 first: the child runs them while this process runs the session
         # that opt_level 1 starts from.
         ahead = {run: self._optimizer_ahead(path, *run, heads, size if heads else 0) for run in sorted(EMBED_RUNS, key=lambda r: r[1])}
+        if self._process is not None:  # while the child works: the session graph the later checks read
+            with contextlib.suppress(Exception):  # they run it again, and say why it failed
+                self._session(path)
         for model_type, level in EMBED_RUNS:
             try:
                 graph = ahead[(model_type, level)]().graph
