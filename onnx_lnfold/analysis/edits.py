@@ -120,8 +120,9 @@ def centering_site(
     writes GELU as `x * (erf(x / sqrt 2) + 1) * 0.5`, and ONNX Runtime's Gelu fusion wants the
     product before the `* 0.5` read by that Mul alone (docs/DESIGN.md section 2.3). Then past a
     `Transpose` that is its only reader and makes `axis` the last: the same centering over the last
-    axis, where ONNX Runtime's reduction is contiguous (over a non-last axis it is strided: about
-    twice the instructions, benchmarks/results/EMISSION_COSTS.md)."""
+    axis as written. ONNX Runtime's session moves that Transpose back down past the centering and
+    reduces over the strided axis all the same, so the cost rule prices it there
+    (`analysis.fold_set.placed_centering_kind`)."""
 
     def readers(out: ir.Value) -> list[tuple[ir.Node, int]]:
         key = (lambda u: (names[u[0]], u[1])) if names is not None else (lambda u: (u[0].name or "", u[1]))

@@ -17,7 +17,6 @@ import logging
 import onnx_ir as ir
 
 from onnx_lnfold import carry
-from onnx_lnfold.analysis.edits import centering_site
 from onnx_lnfold.analysis.side_effects import side_effects
 from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
@@ -50,11 +49,11 @@ def _centering_pays(cands, savings: Savings | None, kind: str = "Centering") -> 
 
 
 def placed_centering_kind(root: ir.Value, axis: int | None, shapes: ShapeTable) -> str:
-    """The cost kind of an explicit centering of `root` where `analysis.edits` places it."""
-    if axis is None:
-        return centering_kind(root, axis, shapes)
-    value, placed, _ = centering_site(root, axis, [(u.node, u.idx) for u in root.uses()])
-    return centering_kind(value, placed, shapes)
+    """The cost kind of an explicit centering of `root` as ONNX Runtime runs it: in `root`'s own
+    layout wherever `analysis.edits` writes it. Written past a Transpose (over the last axis), the
+    session's transpose optimizer pushes that Transpose down through the ReduceMean and the Sub, and
+    reduces `root` over `axis` (the Whisper encoder's stem: benchmarks/results/pricing/PRICING.md)."""
+    return centering_kind(root, axis, shapes)
 
 
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:

@@ -249,6 +249,28 @@ def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
     assert before["com.microsoft::Gelu"] == after["com.microsoft::Gelu"] == 2
 
 
+def test_onnx_runtime_moves_a_centering_written_past_a_transpose_back_to_the_strided_axis(tmp_path):
+    """What `analysis.fold_set.placed_centering_kind` prices rests on this: the centering written
+    past the Whisper stem's Transpose (ReduceMean over the last axis) runs in ONNX Runtime's session
+    as a ReduceMean over axis 1 of the tensor before the Transpose, which the session moved down past
+    the Sub. Should ONNX Runtime stop doing so, this fails and the pricing must follow."""
+    import onnxruntime as ort
+
+    result = onnx_lnfold.fold(MODELS / "whisper_encoder_torchscript.onnx", fold_costly=True, verify=False)
+    [mean] = [n for n in result.model_proto.graph.node if n.op_type == "ReduceMean"]
+    written = {a.name: onnx.helper.get_attribute_value(a) for a in mean.attribute}
+    assert (list(mean.input), written["axes"]) == (["/model/Transpose_output_0"], [2])
+    folded, optimized = tmp_path / "folded.onnx", tmp_path / "optimized.onnx"
+    onnx.save(result.model_proto, folded)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(optimized)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(folded), options, providers=["CPUExecutionProvider"])
+    [ran] = [n for n in onnx.load(str(optimized)).graph.node if n.op_type == "ReduceMean"]
+    assert list(ran.input) == ["/model/Mul_3_output_0"]  # the Gelu's output, before the Transpose
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in ran.attribute}["axes"] == [1]
+
+
 def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatch):
     model = ir.from_proto(bert_attention_block())
     # A first analysis names the unnamed Constant tensor; from then on an analysis changes nothing.
