@@ -122,7 +122,7 @@ def centering_site(
     `Transpose` that is its only reader and makes `axis` the last: the same centering over the last
     axis as written. ONNX Runtime's session moves that Transpose back down past the centering and
     reduces over the strided axis all the same, so the cost rule prices it there
-    (`analysis.fold_set.placed_centering_kind`)."""
+    (`decide.pricing.centering_kind`)."""
 
     def readers(out: ir.Value) -> list[tuple[ir.Node, int]]:
         key = (lambda u: (names[u[0]], u[1])) if names is not None else (lambda u: (u[0].name or "", u[1]))

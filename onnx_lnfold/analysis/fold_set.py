@@ -48,14 +48,6 @@ def _centering_pays(cands, savings: Savings | None, kind: str = "Centering") -> 
     return priced[0].pricing.centering_pays(priced[0].width, priced, kind)
 
 
-def placed_centering_kind(root: ir.Value, axis: int | None, shapes: ShapeTable) -> str:
-    """The cost kind of an explicit centering of `root` as ONNX Runtime runs it: in `root`'s own
-    layout wherever `analysis.edits` writes it. Written past a Transpose (over the last axis), the
-    session's transpose optimizer pushes that Transpose down through the ReduceMean and the Sub, and
-    reduces `root` over `axis` (the Whisper encoder's stem: benchmarks/results/pricing/PRICING.md)."""
-    return centering_kind(root, axis, shapes)
-
-
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:
     axis = -1 if leaf.axis is None else leaf.axis
     blocks = sorted(leaf.part.blocks) if leaf.part.blocks is not None else []
@@ -130,7 +122,7 @@ def _junction_roots(
     covered: set[LnCandidate] = set()
     for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
         new = cands - covered
-        kind = placed_centering_kind(value, axes[value], shapes)
+        kind = centering_kind(value, axes[value], shapes)
         if value not in exclude and new and _centering_pays(new, savings, kind):
             roots.add(value)
             covered |= cands
@@ -218,7 +210,7 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value], 
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
                     axes.setdefault(leaf.value, leaf.axis)
-        poor = {root for root, cands in unlocked.items() if not _centering_pays(cands, savings, placed_centering_kind(root, axes[root], shapes))}
+        poor = {root for root, cands in unlocked.items() if not _centering_pays(cands, savings, centering_kind(root, axes[root], shapes))}
         poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
         poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:

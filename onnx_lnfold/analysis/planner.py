@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.bound import BoundFold, BoundPlan
 from onnx_lnfold.analysis.edits import plan_edits
-from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, placed_centering_kind, with_auxiliary_centering
+from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold.analysis.plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.core.blocked import Blocked
@@ -35,6 +35,7 @@ from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.decide.costs import Saving, table_for
+from onnx_lnfold.decide.pricing import centering_kind
 from onnx_lnfold.decide.targets import (
     Rewrite,
     beta_add_note,
@@ -209,7 +210,7 @@ def _kept_for_cost(context: AnalysisContext, candidates, kept, dearer, active, b
         saved = [savings[c] for c in lns if c in savings and c not in dearer]  # held LNs are among them
         for cand in held:
             constants = sum(not leaf.aux for leaf in possible[cand])
-            kind = placed_centering_kind(root, axis, shapes)
+            kind = centering_kind(root, axis, shapes)
             refusal = centering_refusal(root.name or "", axis, len(lns), saved, constants, kind)
             why[cand] = refusal.at_stage("cost")
     return why

@@ -59,7 +59,11 @@ def pricing_for(cand: LnCandidate, shapes: ShapeTable, table: CostTable) -> Pric
 
 def centering_kind(value: ir.Value, axis: int | None, shapes: ShapeTable) -> str:
     """The cost kind of `value - ReduceMean(value, axis)` (`decide.costs`): "StridedCentering" where
-    `axis` is not the last and a dim after it is not 1 (or not known), else "Centering"."""
+    `axis` is not the last and a dim after it is not 1 (or not known), else "Centering". `value` is
+    the tensor centered, wherever `analysis.edits.centering_site` writes its centering: written past
+    a Transpose (over the last axis), the session's transpose optimizer pushes that Transpose down
+    through the ReduceMean and the Sub and reduces `value` over `axis` all the same (the Whisper
+    encoder's stem: benchmarks/results/pricing/PRICING.md)."""
     shape = shapes.shape(value)
     if shape is None or axis is None:
         return "Centering"

@@ -266,18 +266,19 @@ class TransformersOptimizer:
 
     def submit(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> Callable[[], onnx.ModelProto]:
         """`run`, sent ahead to the child where there is one: call what it returns for the result."""
-        if self._child is None:
-            return lambda: self.run(model_type, opt_level, num_heads, hidden_size)
         source = self.path if opt_level == 0 else self._level1_path()
-        job = self._child.submit(source, model_type, num_heads, hidden_size)
         child = self._child
+        if child is None:
+            return lambda: self._optimized_here(source, model_type, num_heads, hidden_size)
+        job = child.submit(source, model_type, num_heads, hidden_size)
         return lambda: child.result(job)
 
     def run(self, model_type: str, opt_level: int, num_heads: int = 0, hidden_size: int = 0) -> onnx.ModelProto:
         """The optimized model, its large tensors references into the zero file (`ort_fusions.light`)."""
-        source = self.path if opt_level == 0 else self._level1_path()
-        if self._child is not None:
-            return self._child.run(source, model_type, num_heads, hidden_size)
+        return self.submit(model_type, opt_level, num_heads, hidden_size)()
+
+    @staticmethod
+    def _optimized_here(source: Path, model_type: str, num_heads: int, hidden_size: int) -> onnx.ModelProto:
         from onnxruntime.transformers.optimizer import optimize_by_fusion
 
         model = onnx.load(str(source))  # the zeros, loaded from the folder the file is in

@@ -250,7 +250,7 @@ def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
 
 
 def test_onnx_runtime_moves_a_centering_written_past_a_transpose_back_to_the_strided_axis(tmp_path):
-    """What `analysis.fold_set.placed_centering_kind` prices rests on this: the centering written
+    """What `decide.pricing.centering_kind` prices rests on this: the centering written
     past the Whisper stem's Transpose (ReduceMean over the last axis) runs in ONNX Runtime's session
     as a ReduceMean over axis 1 of the tensor before the Transpose, which the session moved down past
     the Sub. Should ONNX Runtime stop doing so, this fails and the pricing must follow."""
