@@ -120,6 +120,9 @@ def verdict(ratios: dict, processes: int = VERDICT_PROCESSES, rounds: int = VERD
         side = "faster" if a["lo"] > 1 else "slower"
         why = (f"the folded model is {side} than the original, but not resolvably so against its re-saved copy: "
                "what differs is the re-save, not the fold")
+    elif b["lo"] > 1 or b["hi"] < 1:
+        side = "faster" if b["lo"] > 1 else "slower"
+        why = f"the folded model is {side} than its re-saved copy, but not resolvably so against the original"
     else:
         why = "both intervals contain 1"
     return UNRESOLVED, f"{why}; these runs resolve changes beyond about +-{resolves:.1f}%"
