@@ -61,9 +61,9 @@ def predicted(model_path: str, feeds: dict[str, np.ndarray], fold_args: dict) ->
     values = {v.name: v for n in model.graph for v in n.outputs}
     centerings = []
     for c in plan.centerings:
-        root = values.get(c.tensor)
+        written = values.get(c.tensor)  # priced where written, as the cost rule prices it
         unlocked = [s for name, s in savings.items() if name in c.required_by]
-        kind = centering_kind(root, c.axis, shapes) if root is not None else "Centering"
+        kind = centering_kind(written, c.axis, shapes) if written is not None else "Centering"
         width = next((s.width for s in unlocked if s.width), None)
         cost = unlocked[0].pricing.total([(kind, width)]) if unlocked and width else 0.0
         centerings.append({"tensor": c.tensor, "axis": c.axis, "kind": kind, "cost": cost})

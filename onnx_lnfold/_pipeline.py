@@ -29,6 +29,7 @@ from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
 from onnx_lnfold.core.options import FoldOptions, check_preconditions, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
+from onnx_lnfold.decide.pricing import centering_kind
 from onnx_lnfold.feeds.given import check_input_shapes, check_inputs
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
@@ -168,8 +169,9 @@ def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = Non
 
     LNs whose fold would cost an ONNX Runtime fusion stay LNs (`ort_fusions`, docs/DESIGN.md
     section 10): the transformers optimizer's EmbedLayerNormalization first, then the session
-    fusions of the plan, applied to a weightless clone, until the plan loses none. The model must
-    be at the opset the target needs (`prepare`)."""
+    fusions of the plan, applied to a weightless clone, until the plan loses none (an explicit
+    centering that session runs over another axis than written is priced so, and the plan made
+    again). The model must be at the opset the target needs (`prepare`)."""
     shapes = shapes or ShapeTable(model)
     with FusionCheck.start(model, options.keep_ort_fusions) as fusions:
         lns = candidates(model, shapes)
@@ -181,9 +183,16 @@ def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = Non
         while bound.plan.folded and fusions.active:
             lost = fusions.session_fusion_costs(lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept), apply_plan)
             lost = {name: blocked for name, blocked in lost.items() if name not in kept}
-            if not lost:
+            # Centerings the session ran strided that were priced over the last axis: priced as they run.
+            mispriced = {
+                b.centering.tensor
+                for b in bound.centerings
+                if b.centering.tensor in fusions.moved_centerings and centering_kind(b.value, b.centering.axis, shapes) == "Centering"
+            }
+            if not lost and not mispriced:
                 break
             kept = {**kept, **lost}
+            shapes.moved_centerings |= mispriced
             bound = plan_for(model, options, shapes, lns, kept)
         plan = bound.plan
         folded = {cand.node for cand in lns if plan.decision_for(cand.name).folded}

@@ -18,6 +18,7 @@ from onnx_lnfold.core.ir import constant_of, is_standard
 from onnx_lnfold.core.names import fresh_name
 from onnx_lnfold.core.options import UNTIE_BUDGET
 from onnx_lnfold.forms import FORMS
+from onnx_lnfold.shapes.table import ShapeTable
 
 # Role names live with the producer's carry rule, or with the LN form that reads the constant.
 _ROLES = {
@@ -111,7 +112,11 @@ def _aux_centering(
 
 
 def centering_site(
-    value: ir.Value, axis: int, uses: list[tuple[ir.Node, int]], names: dict[ir.Node, str] | None = None
+    value: ir.Value,
+    axis: int,
+    uses: list[tuple[ir.Node, int]],
+    names: dict[ir.Node, str] | None = None,
+    shapes: ShapeTable | None = None,
 ) -> tuple[ir.Value, int, list[tuple[ir.Node, int]]]:
     """Where to put an explicit centering of `value` along `axis` read by `uses`: (tensor, axis,
     its readers). Past the scalar `Mul`s and `Div`s those uses are, when they are its only planned
@@ -119,10 +124,9 @@ def centering_site(
     either way. That keeps the non-linearity the centering follows whole: the TorchScript exporter
     writes GELU as `x * (erf(x / sqrt 2) + 1) * 0.5`, and ONNX Runtime's Gelu fusion wants the
     product before the `* 0.5` read by that Mul alone (docs/DESIGN.md section 2.3). Then past a
-    `Transpose` that is its only reader and makes `axis` the last: the same centering over the last
-    axis as written. ONNX Runtime's session moves that Transpose back down past the centering and
-    reduces over the strided axis all the same, so the cost rule prices it there
-    (`decide.pricing.centering_kind`)."""
+    `Transpose` that is its only reader and makes `axis` the last, and, given `shapes`, past the
+    constants added to the result (`_past_added_constants`): there ONNX Runtime runs it over the
+    last axis, where right past the Transpose it would not."""
 
     def readers(out: ir.Value) -> list[tuple[ir.Node, int]]:
         key = (lambda u: (names[u[0]], u[1])) if names is not None else (lambda u: (u[0].name or "", u[1]))
@@ -139,6 +143,8 @@ def centering_site(
             if perm is None or axis not in perm or perm.index(axis) != len(perm) - 1 or axis == len(perm) - 1:
                 break
             value, axis, uses = out, len(perm) - 1, readers(out)
+            if shapes is not None:
+                value, uses = _past_added_constants(value, uses, shapes, readers)
             break  # the axis is the last: nothing further is cheaper
         if node.op_type not in ("Mul", "Div") or (node.op_type == "Div" and index != 0):
             break
@@ -149,16 +155,49 @@ def centering_site(
     return value, axis, uses
 
 
+def _past_added_constants(value: ir.Value, uses, shapes: ShapeTable, readers) -> tuple[ir.Value, list[tuple[ir.Node, int]]]:
+    """`value` moved past the Adds and Subs of a constant that are its only reader (a stem's position
+    table), as long as the sum has its shape: the sum of the two centered is the sum centered, and
+    the constant is one of the plan's leaves. Written right past a Transpose, a centering does not
+    run there: ONNX Runtime's transpose optimizer pushes the Transpose down through its ReduceMean
+    (the kept dim of 1 lowers the rank its cost rule counts) and its Sub, and reduces over the
+    strided axis. It does not push one through an Add of a constant (no Transpose saved there), so
+    past that Add the centering stays on the last axis (tests/ort_fusions pin both)."""
+    while len(uses) == 1:
+        node, index = uses[0]
+        if node.op_type not in ("Add", "Sub") or not is_standard(node) or len(node.inputs) != 2:
+            break
+        out = node.outputs[0]
+        if out is None or out.is_graph_output() or not out.uses() or constant_of(node.inputs[1 - index]) is None:
+            break
+        shape = shapes.shape(value)
+        if shape is None or shapes.shape(out) != shape:
+            break  # a constant that widens the tensor would widen the centering
+        value, uses = out, readers(out)
+    return value, uses
+
+
+def written_site(root: ir.Value, axis: int, shapes: ShapeTable) -> tuple[ir.Value, int]:
+    """(tensor, axis) where `centering_site` writes an explicit centering of `root` over `axis` that
+    every reader of `root` reads: what the cost rule prices (`decide.pricing.centering_kind`) and a
+    reason names."""
+    uses = sorted(((u.node, u.idx) for u in root.uses()), key=lambda u: (u[0].name or "", u[1]))
+    value, site_axis, _ = centering_site(root, axis, uses, shapes=shapes)
+    return value, site_axis
+
+
 def plan_edits(
     leaves: list[tuple[Leaf, str]],
     names: dict[ir.Node, str],
     taken: set[str],
     tied_weights: str = "auto",
     model_bytes: int = 0,
+    shapes: ShapeTable | None = None,
 ) -> tuple[list[BoundEdit], list[BoundCentering]]:
     """Group leaves by (tensor, axis). Constants: untie a group unless it covers every use (or,
     for a tied embedding table, center the Gather outputs instead, as `tied_weights` says: one of
-    `core.options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights)."""
+    `core.options.TIED_WEIGHTS`; `auto` weighs the copy against `model_bytes`, the model's weights).
+    Explicit centerings go where `centering_site` puts them, at the shapes of `shapes`."""
     # Leaves that center blocks of the same length of one constant are one edit: each LN's
     # blocks (q's heads, k's heads of one fused projection) centered together.
     groups: dict[tuple[ir.Value, int | None, bool, Weights, int | None], list[tuple[Leaf, str]]] = {}
@@ -176,7 +215,7 @@ def plan_edits(
         required_by = tuple(sorted({ln for _, ln in members}))
         if aux:
             if all(weights is None for leaf, _ in members for _, _, weights, _ in leaf.seeds):
-                value, axis, uses = centering_site(value, axis, uses, names)  # type: ignore[arg-type]
+                value, axis, uses = centering_site(value, axis, uses, names, shapes)  # type: ignore[arg-type]
             centerings.append(_aux_centering(value, axis, uses, required_by, naming))  # type: ignore[arg-type]
             continue
         untie = per_value[value] > 1 or set(uses) != set(value.uses()) or value.is_graph_output()

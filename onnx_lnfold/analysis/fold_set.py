@@ -17,6 +17,7 @@ import logging
 import onnx_ir as ir
 
 from onnx_lnfold import carry
+from onnx_lnfold.analysis.edits import written_site
 from onnx_lnfold.analysis.side_effects import side_effects
 from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.analysis.zero_mean import Leaf, Tracer
@@ -122,7 +123,7 @@ def _junction_roots(
     covered: set[LnCandidate] = set()
     for value, cands in sorted(reached.items(), key=lambda item: (-len(item[1]), item[0].name or "")):
         new = cands - covered
-        kind = centering_kind(value, axes[value], shapes)
+        kind = centering_kind(*written_site(value, axes[value], shapes), shapes)
         if value not in exclude and new and _centering_pays(new, savings, kind):
             roots.add(value)
             covered |= cands
@@ -210,7 +211,11 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value], 
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
                     axes.setdefault(leaf.value, leaf.axis)
-        poor = {root for root, cands in unlocked.items() if not _centering_pays(cands, savings, centering_kind(root, axes[root], shapes))}
+        poor = {
+            root
+            for root, cands in unlocked.items()
+            if not _centering_pays(cands, savings, centering_kind(*written_site(root, axes[root], shapes), shapes))  # type: ignore[arg-type]
+        }
         poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
         poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.bound import BoundFold, BoundPlan
-from onnx_lnfold.analysis.edits import plan_edits
+from onnx_lnfold.analysis.edits import plan_edits, written_site
 from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold.analysis.plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold.analysis.sinks import Sinks
@@ -101,7 +101,7 @@ def plan_for(
     fused = frozenset(cand.out for cand in candidates if cand.name in kept)
     context = AnalysisContext(options, shapes, sinks, names, savings, fused)
     active, blocked = _folding(context, foldable, options)
-    edits, centerings = _edits(model, active, options, names)
+    edits, centerings = _edits(model, active, options, names, shapes)
     blocked.update(_kept_for_cost(context, candidates, {**kept, **unfit}, dearer, active, blocked))
     claimed: set[ir.Node] = set()  # residual Adds already taken in by a fold
     decisions = []
@@ -166,7 +166,7 @@ def _folding(context: AnalysisContext, foldable: list[LnCandidate], options: Fol
     return active, blocked
 
 
-def _edits(model: ir.Model, active, options: FoldOptions, names):
+def _edits(model: ir.Model, active, options: FoldOptions, names, shapes: ShapeTable):
     """The constants to center and the centerings to insert for the LNs that fold. Leaves in a
     fixed order: fresh names (`W.centered`, `W.centered_2`) are handed out in it, and a set of
     leaves iterates in an order that changes from run to run."""
@@ -176,6 +176,7 @@ def _edits(model: ir.Model, active, options: FoldOptions, names):
         taken_names(model.graph),
         options.tied_weights if options.auxiliary_centering else "untie",  # no centering nodes at all, as asked
         weight_bytes(model),
+        shapes,
     )
 
 
@@ -210,8 +211,9 @@ def _kept_for_cost(context: AnalysisContext, candidates, kept, dearer, active, b
         saved = [savings[c] for c in lns if c in savings and c not in dearer]  # held LNs are among them
         for cand in held:
             constants = sum(not leaf.aux for leaf in possible[cand])
-            kind = centering_kind(root, axis, shapes)
-            refusal = centering_refusal(root.name or "", axis, len(lns), saved, constants, kind)
+            site, site_axis = written_site(root, axis, shapes)
+            kind = centering_kind(site, site_axis, shapes)
+            refusal = centering_refusal(site.name or "", site_axis, len(lns), saved, constants, kind)
             why[cand] = refusal.at_stage("cost")
     return why
 

@@ -58,12 +58,21 @@ def pricing_for(cand: LnCandidate, shapes: ShapeTable, table: CostTable) -> Pric
 
 
 def centering_kind(value: ir.Value, axis: int | None, shapes: ShapeTable) -> str:
-    """The cost kind of `value - ReduceMean(value, axis)` (`decide.costs`): "StridedCentering" where
-    `axis` is not the last and a dim after it is not 1 (or not known), else "Centering". `value` is
-    the tensor centered, wherever `analysis.edits.centering_site` writes its centering: written past
-    a Transpose (over the last axis), the session's transpose optimizer pushes that Transpose down
-    through the ReduceMean and the Sub and reduces `value` over `axis` all the same (the Whisper
-    encoder's stem: benchmarks/results/pricing/PRICING.md)."""
+    """The cost kind of `value - ReduceMean(value, axis)` written at `value` (`decide.costs`), as
+    ONNX Runtime runs it: "StridedCentering" where it reduces over an axis with a dim after it that
+    is not 1 (or not known), else "Centering". Written on a Transpose's output, it runs on that
+    Transpose's input: the session's transpose optimizer pushes the Transpose down through the
+    ReduceMean and the Sub (`analysis.edits.centering_site` writes it past the next Add of a
+    constant where it can, which the optimizer does not push through). Where a session was seen
+    moving it all the same (`shapes.moved_centerings`, by the tensor written), it is strided."""
+    if value.name in shapes.moved_centerings:
+        return "StridedCentering"
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Transpose" and axis is not None:
+        perm = producer.attributes.get("perm")
+        rank = len(perm.as_ints()) if perm is not None else 0
+        if rank and producer.inputs[0] is not None:
+            value, axis = producer.inputs[0], list(perm.as_ints())[axis % rank]  # type: ignore[union-attr]
     shape = shapes.shape(value)
     if shape is None or axis is None:
         return "Centering"

@@ -443,7 +443,7 @@ def centering_refusal(
     figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}, d={d}"
     centering = f"'{root}' - ReduceMean over axis {axis}"
     if kind == "StridedCentering":
-        centering += " (not the last axis: a strided reduction)"
+        centering += " (ONNX Runtime runs it over a non-last axis: a strided reduction)"
     unlocks = f"{lns} LN{'s' * (lns != 1)}"
     proof = f"kept: its input is zero-mean {once_centered(constants, f'{centering} is inserted')} (an explicit centering)"
     if cmp.dearer:

@@ -59,7 +59,7 @@ from onnx_lnfold.ort_fusions.probe import (
     ort_version,
     session_graph,
 )
-from onnx_lnfold.ort_fusions.session_layout import decomposed_layouts
+from onnx_lnfold.ort_fusions.session_layout import decomposed_layouts, moved_centerings
 from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, clone_model, weightless_clone
 
 logger = logging.getLogger(__name__)
@@ -393,6 +393,9 @@ class FusionCheck:
     unchecked: str | None = None  # why nothing was checked, for the order advice
     embed_kept: dict[str, str] = field(default_factory=dict)  # LN -> its fusion's tables
     gemm: GemmAdvice | None = None
+    # The explicit centerings (by tensor) the last folded copy's session ran elsewhere than written
+    # (`session_layout.moved_centerings`), set by `session_fusion_costs`: the cost rule prices them so.
+    moved_centerings: set[str] = field(default_factory=set)
     _folder: WeightlessFolder | None = None
     _original: Path | None = None
     _original_bytes: int = 0  # weights the weightless original stands for
@@ -594,6 +597,7 @@ class FusionCheck:
             self._folder.strip(clone)  # the centered copies, never computed
             self._folded = self._folder.write(clone, "folded.onnx")
             folded = self._session(self._folded)
+            self.moved_centerings = moved_centerings(bound.plan.centerings, folded)  # type: ignore[arg-type]
         except Exception as error:
             self._give_up("optimize a weightless copy in a session", error)
             return {}

@@ -9,6 +9,10 @@ LN over the last axis, Transpose` around a [batch, channels, time] stream, and t
 cancels the Transposes through the elementwise nodes, so no LayerNormalization fusion happens),
 it runs as 9 nodes over a strided axis, and the Transposes it had removed come back with the fold
 (nothing moves a Transpose through SimplifiedLayerNormalization): `decide.costs.OrtLayout`.
+
+Likewise an explicit centering the fold writes (`moved_centerings`), read off the session's graph
+of the folded copy: one whose ReduceMean the session runs on another tensor than written (its
+transpose optimizer pushed a Transpose down through it) runs over a strided axis.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
+from onnx_lnfold.analysis.plan import AuxCentering
 from onnx_lnfold.decide.costs import OrtLayout
 from onnx_lnfold.forms import LnCandidate
 
@@ -71,3 +76,20 @@ def _removed_transposes(cand: LnCandidate, produced: set[str]) -> int:
         around.append(producer)
     around += [use.node for use in cand.out.uses() if use.node.op_type == "Transpose"]
     return sum(1 for node in around if node.outputs[0].name not in produced)
+
+
+def moved_centerings(centerings: list[AuxCentering], session: onnx.GraphProto) -> set[str]:
+    """The tensors of `centerings` whose ReduceMean (`apply.apply_plan` names it `<tensor>/center/mean`)
+    the session runs on another tensor or over other axes than written."""
+    by_name = {node.name: node for node in session.node if node.op_type == "ReduceMean"}
+    constants = {t.name: t for t in session.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in session.node if n.op_type == "Constant" and n.attribute})
+    moved = set()
+    for centering in centerings:
+        ran = by_name.get(f"{centering.tensor}/center/mean")
+        if ran is None:
+            continue  # fused into something else: not a centering's reduction any more
+        axes = _axes(ran, constants)
+        if ran.input[0] != centering.tensor or (axes is not None and axes != [centering.axis]):
+            moved.add(centering.tensor)
+    return moved

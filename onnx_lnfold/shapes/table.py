@@ -123,6 +123,9 @@ class ShapeTable:
         # How ONNX Runtime runs the decomposed LNs it does not fuse, by LN name (`ort_fusions.session_layout`;
         # the cost rule reads it): set by the analysis, shared with clones.
         self.ort_layouts: dict = {}
+        # The explicit centerings (by the tensor written) a session ran over another axis than
+        # written (`ort_fusions.session_layout.moved_centerings`; priced strided): shared likewise.
+        self.moved_centerings: set[str] = set()
 
     def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
         if self._inferred is None:
@@ -144,6 +147,7 @@ class ShapeTable:
         table._inferred = self._sources()
         table._shared = self._shared
         table.ort_layouts = self.ort_layouts
+        table.moved_centerings = self.moved_centerings
         table._paths = {id(graph): path for path, graph, _ in subgraphs(clone.graph)}
         return table
 

@@ -26,6 +26,7 @@ import onnx_lnfold
 from onnx_lnfold.analysis import edits
 from onnx_lnfold.load.model import load_model
 from onnx_lnfold.ort_fusions import fusion_cost
+from onnx_lnfold.ort_fusions.session_layout import moved_centerings
 from onnx_lnfold.ort_fusions.weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
 from onnx_lnfold.report.kept import explain_kept
 
@@ -207,7 +208,7 @@ def test_the_explicit_centering_goes_after_the_gelu_so_its_fusion_stays(tmp_path
     before, after = session_ops(model, tmp_path), session_ops(result.model_proto, tmp_path)
     assert before["com.microsoft::BiasGelu"] == after["com.microsoft::BiasGelu"] == 1
 
-    monkeypatch.setattr(edits, "centering_site", lambda value, axis, uses, names=None: (value, axis, uses))
+    monkeypatch.setattr(edits, "centering_site", lambda value, axis, uses, names=None, shapes=None: (value, axis, uses))
     inside = onnx_lnfold.fold(model)
     assert not inside.plan.folded
     assert {(d.code, d.stage) for d in inside.plan.decisions} == {("fusion-lost", "cost")}
@@ -242,33 +243,75 @@ def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
     path = MODELS / "whisper_encoder_torchscript.onnx"
     result = onnx_lnfold.fold(path, fold_costly=True)
     assert len(result.plan.folded) == len(result.plan.decisions) == 5
-    # after the stem's `* 0.5` and past its Transpose, over the last axis (analysis.edits.centering_site)
-    assert [(c.tensor, c.axis) for c in result.plan.centerings] == [("/model/Transpose_output_0", 2)]
+    # after the stem's `* 0.5`, past its Transpose and its position table's Add, over the last axis
+    # (analysis.edits.centering_site)
+    assert [(c.tensor, c.axis) for c in result.plan.centerings] == [("/model/Add_2_output_0", 2)]
     assert result.report.verification.status == "passed"
     before, after = session_ops(str(path), tmp_path), session_ops(result.model_proto, tmp_path)
     assert before["com.microsoft::Gelu"] == after["com.microsoft::Gelu"] == 2
 
 
-def test_onnx_runtime_moves_a_centering_written_past_a_transpose_back_to_the_strided_axis(tmp_path):
-    """What `decide.pricing.centering_kind` prices rests on this: the centering written
-    past the Whisper stem's Transpose (ReduceMean over the last axis) runs in ONNX Runtime's session
-    as a ReduceMean over axis 1 of the tensor before the Transpose, which the session moved down past
-    the Sub. Should ONNX Runtime stop doing so, this fails and the pricing must follow."""
+def _ran_reduce_mean(model: onnx.ModelProto, tmp_path) -> tuple[onnx.GraphProto, list[str], list[int]]:
+    """The session's optimized graph (ORT_ENABLE_ALL, CPU) of `model`, and the input and axes of its
+    one ReduceMean."""
     import onnxruntime as ort
 
-    result = onnx_lnfold.fold(MODELS / "whisper_encoder_torchscript.onnx", fold_costly=True, verify=False)
-    [mean] = [n for n in result.model_proto.graph.node if n.op_type == "ReduceMean"]
-    written = {a.name: onnx.helper.get_attribute_value(a) for a in mean.attribute}
-    assert (list(mean.input), written["axes"]) == (["/model/Transpose_output_0"], [2])
     folded, optimized = tmp_path / "folded.onnx", tmp_path / "optimized.onnx"
-    onnx.save(result.model_proto, folded)
+    onnx.save(model, folded)
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(optimized)
     options.log_severity_level = 3
     ort.InferenceSession(str(folded), options, providers=["CPUExecutionProvider"])
-    [ran] = [n for n in onnx.load(str(optimized)).graph.node if n.op_type == "ReduceMean"]
-    assert list(ran.input) == ["/model/Mul_3_output_0"]  # the Gelu's output, before the Transpose
-    assert {a.name: onnx.helper.get_attribute_value(a) for a in ran.attribute}["axes"] == [1]
+    graph = onnx.load(str(optimized)).graph
+    [ran] = [n for n in graph.node if n.op_type == "ReduceMean"]
+    return graph, list(ran.input), {a.name: onnx.helper.get_attribute_value(a) for a in ran.attribute}["axes"]
+
+
+def test_onnx_runtime_runs_the_centering_past_the_stem_add_on_the_last_axis_and_one_right_past_the_transpose_strided(
+    tmp_path, monkeypatch
+):
+    """What `analysis.edits.centering_site` and `decide.pricing.centering_kind` rest on, on the
+    Whisper stem (Gelu -> Transpose -> + position table): a centering written past the Add runs
+    where written; one written right past the Transpose runs as a ReduceMean over axis 1 of the
+    Gelu's output, the Transpose pushed down past the Sub (`session_layout.moved_centerings` reads
+    that off the session's graph). Should ONNX Runtime change either, this fails and the placement
+    and the pricing must follow."""
+    path = MODELS / "whisper_encoder_torchscript.onnx"
+    result = onnx_lnfold.fold(path, fold_costly=True, verify=False)
+    graph, inputs, axes = _ran_reduce_mean(result.model_proto, tmp_path)
+    assert (inputs, axes) == (["/model/Add_2_output_0"], [2])
+    assert moved_centerings(result.plan.centerings, graph) == set()
+
+    monkeypatch.setattr(edits, "_past_added_constants", lambda value, uses, shapes, readers: (value, uses))
+    past_transpose = onnx_lnfold.fold(path, fold_costly=True, verify=False)
+    [mean] = [n for n in past_transpose.model_proto.graph.node if n.op_type == "ReduceMean"]
+    written = {a.name: onnx.helper.get_attribute_value(a) for a in mean.attribute}
+    assert (list(mean.input), written["axes"]) == (["/model/Transpose_output_0"], [2])
+    graph, inputs, axes = _ran_reduce_mean(past_transpose.model_proto, tmp_path)
+    assert (inputs, axes) == (["/model/Mul_3_output_0"], [1])  # the Gelu's output, before the Transpose
+    assert moved_centerings(past_transpose.plan.centerings, graph) == {"/model/Transpose_output_0"}
+
+
+def test_a_centering_the_session_moves_off_the_written_axis_is_priced_where_it_runs(monkeypatch):
+    """The cost rule's own layout rules aside (here: every centering priced as written), the plan is
+    made again once the folded copy's session is seen running a centering elsewhere: written right
+    past the Whisper stem's Transpose and priced as a last-axis centering, the fold of 4 LNs pays at
+    a batch of 4 (128 tokens); run strided, as the session runs it, it costs more and they stay."""
+    from onnx_lnfold import _pipeline
+    from onnx_lnfold.analysis import fold_set, planner
+
+    def as_written(value, axis, shapes):
+        return "StridedCentering" if value.name in shapes.moved_centerings else "Centering"
+
+    monkeypatch.setattr(edits, "_past_added_constants", lambda value, uses, shapes, readers: (value, uses))
+    monkeypatch.setattr(fold_set, "centering_kind", as_written)
+    monkeypatch.setattr(planner, "centering_kind", as_written)
+    monkeypatch.setattr(_pipeline, "centering_kind", as_written)
+    path, shapes = MODELS / "whisper_encoder_torchscript.onnx", {"input_features": (4, 16, 64)}
+    unchecked = onnx_lnfold.analyze(path, input_shapes=shapes, keep_ort_fusions=False)
+    assert len(unchecked.folded) == 4 and [c.tensor for c in unchecked.centerings] == ["/model/Transpose_output_0"]
+    checked = onnx_lnfold.analyze(path, input_shapes=shapes)
+    assert {d.code for d in checked.kept} == {"centering-costs-more", "costs-more"} and not checked.folded
 
 
 def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatch):
