@@ -155,6 +155,31 @@ def test_the_twin_is_float64_everywhere():
     np.testing.assert_allclose(got, expected, rtol=1e-15)  # no float32 anywhere on the way
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_an_embedding_table_is_read_only_where_gathered(tmp_path, dtype, monkeypatch):
+    """A Gather of a float table, as an embedding reads it: the twin widens only the rows gathered
+    (negative indices counting from the end, as in ONNX), on every input set at once, and never the
+    whole table; its outputs are the widened table's rows exactly."""
+    from onnx_lnfold.verify.oracle import reference
+
+    table = RNG.standard_normal((50, 8)).astype(dtype)
+    g = Graph()
+    ids = g.input("ids", ["b", "s"], TensorProto.INT64)
+    rows = g.node("Gather", [g.const("wte", value=table, dtype=dtype), ids], name="embed")
+    g.output(g.node("Cast", [rows], to=F))
+    onnx.save(g.model(), tmp_path / "m.onnx", save_as_external_data=True, size_threshold=0)
+    widened = []
+    read_whole = reference.Float64Model._weight
+    monkeypatch.setattr(reference.Float64Model, "_weight", lambda self, name: widened.append(name) or read_whole(self, name))
+    sets = [{"ids": np.array([[0, 3, -1]], np.int64)}, {"ids": np.array([[49, 7, 7]], np.int64)}]
+    got = Float64Model(str(tmp_path / "m.onnx")).run_many(sets)
+    for feeds, out in zip(sets, got):
+        [value] = out.values()
+        assert value.dtype == np.float64
+        np.testing.assert_array_equal(value, table.astype(np.float64)[feeds["ids"]])
+    assert "wte" not in widened
+
+
 def test_an_op_the_evaluator_lacks_is_named():
     model = _one_node("FusedMatMul", {"a": X, "b": RNG.standard_normal((16, 4)).astype(np.float32)}, domain=MS)
     with pytest.raises(Float64Unavailable, match="onnx.reference cannot evaluate com.microsoft::FusedMatMul"):

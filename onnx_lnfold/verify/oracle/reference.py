@@ -217,16 +217,23 @@ class Float64Model:
             out[rows] = block
         return out
 
-    def _streamable(self, node: onnx.NodeProto, names: list[str]) -> str | None:
-        """The weight of a MatMul by a 2-D float weight read once (and not an exact value): it can be
-        streamed through the product by blocks of rows, never held whole in float64."""
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+    def _read_in_part(self, node: onnx.NodeProto, names: list[str]) -> str | None:
+        """The weight of a node that needs only part of it, read once (and not an exact value, which
+        is computed whole): a MatMul's 2-D float weight, streamed through the product by blocks of
+        rows (`_streamed_matmul`), or a Gather's float table, only the rows it gathers read
+        (`_gathered_rows`). Neither is held whole in float64."""
+        if node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             return None
-        name = node.input[1]
+        if node.op_type == "MatMul":
+            name, other, rank_ok = node.input[1], node.input[0], lambda rank: rank == 2
+        elif node.op_type == "Gather":
+            name, other, rank_ok = node.input[0], node.input[1], lambda rank: rank >= 1
+        else:
+            return None
         tensor = self._weights.get(name)
-        if tensor is None or name in self._exact or names.count(name) != 1 or node.input[0] == name:
+        if tensor is None or name in self._exact or names.count(name) != 1 or other == name:
             return None
-        if tensor.dtype not in _FLOAT_DTYPES or len(tuple(tensor.shape)) != 2:
+        if tensor.dtype not in _FLOAT_DTYPES or not rank_ok(len(tuple(tensor.shape))):
             return None
         return name
 
@@ -246,9 +253,9 @@ class Float64Model:
         keep = set(self.output_names)
         self.peak_bytes = sum(map(_bytes, sets))
         for index, (node, names) in enumerate(zip(self._evaluator.rt_nodes_, self._reads)):
-            streamed = self._streamable(node.onnx_node, names)
+            streamed = self._read_in_part(node.onnx_node, names)
             weights = {n: self._weight(n) for n in names if n in self._weights and n not in sets[0] and n != streamed}
-            stacked = _streamed_matmul(node.onnx_node, self._weights[streamed], sets) if streamed else None
+            stacked = _PART_READERS[node.op_type](node.onnx_node, self._weights[streamed], sets) if streamed else None
             if streamed and stacked is None:  # activations it does not take: the weight is read whole
                 weights[streamed] = self._weight(streamed)
             if stacked is None:
@@ -318,6 +325,19 @@ def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -
         out.append(product[start : start + count].reshape(*a.shape[:-1], width))
         start += count
     return out
+
+
+def _gathered_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
+    """A Gather along axis 0 of a float table on every input set, only the rows its indices name read
+    (the table mapped, its pages read where gathered) and widened to float64: an embedding table's few
+    rows, not the whole table in float64. None where it gathers along another axis or its indices are
+    not integers at hand."""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    indices = [results.get(node.input[1]) for results in sets]
+    if axis != 0 or any(not isinstance(i, np.ndarray) or i.dtype.kind not in "iu" for i in indices):
+        return None
+    table = np.asarray(tensor.numpy())
+    return [_widened(np.take(table, i, axis=0)) for i in indices]  # negative indices count from the end, as in ONNX
 
 
 def _stacked_matmul(node: onnx.NodeProto, weights: dict[str, np.ndarray], sets: list[dict[str, Any]]) -> list | None:
@@ -414,3 +434,7 @@ def failing_node(error: BaseException) -> str | None:
                 found = f"{domain}{proto.op_type} '{proto.name}'" if proto.name else f"{domain}{proto.op_type}"
         tb = tb.tb_next
     return found
+
+
+# The nodes whose weight `Float64Model._read_in_part` reads in part, and how.
+_PART_READERS = {"MatMul": _streamed_matmul, "Gather": _gathered_rows}
