@@ -69,10 +69,10 @@ def centering_kind(value: ir.Value, axis: int | None, shapes: ShapeTable) -> str
         return "StridedCentering"
     producer = value.producer()
     if producer is not None and producer.op_type == "Transpose" and axis is not None:
-        perm = producer.attributes.get("perm")
-        rank = len(perm.as_ints()) if perm is not None else 0
-        if rank and producer.inputs[0] is not None:
-            value, axis = producer.inputs[0], list(perm.as_ints())[axis % rank]  # type: ignore[union-attr]
+        attr = producer.attributes.get("perm")
+        perm = list(attr.as_ints()) if attr is not None else []
+        if perm and producer.inputs[0] is not None:
+            value, axis = producer.inputs[0], perm[axis % len(perm)]
     shape = shapes.shape(value)
     if shape is None or axis is None:
         return "Centering"

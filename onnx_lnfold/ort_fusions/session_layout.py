@@ -37,13 +37,19 @@ def _axes(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> list[
     return [int(a) for a in numpy_helper.to_array(tensor).ravel()]
 
 
+def _constants(session: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The session graph's constants by name: its initializers and its Constant nodes' values."""
+    constants = {t.name: t for t in session.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in session.node if n.op_type == "Constant" and n.attribute})
+    return constants
+
+
 def decomposed_layouts(candidates: list[LnCandidate], session: onnx.GraphProto) -> dict[str, OrtLayout]:
     """Per decomposed LN (by name) that the session left decomposed over a non-last axis: how it
     runs there. LNs the session fused, or left where the export wrote them, are not listed."""
     by_name = {node.name: node for node in session.node if node.name}
     produced = {out for node in session.node for out in node.output if out}
-    constants = {t.name: t for t in session.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in session.node if n.op_type == "Constant" and n.attribute})
+    constants = _constants(session)
     out: dict[str, OrtLayout] = {}
     for cand in candidates:
         if not cand.form.is_pattern or cand.node.op_type != "ReduceMean" or cand.axis is None:
@@ -82,8 +88,7 @@ def moved_centerings(centerings: list[AuxCentering], session: onnx.GraphProto) -
     """The tensors of `centerings` whose ReduceMean (`apply.apply_plan` names it `<tensor>/center/mean`)
     the session runs on another tensor or over other axes than written."""
     by_name = {node.name: node for node in session.node if node.op_type == "ReduceMean"}
-    constants = {t.name: t for t in session.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in session.node if n.op_type == "Constant" and n.attribute})
+    constants = _constants(session)
     moved = set()
     for centering in centerings:
         ran = by_name.get(f"{centering.tensor}/center/mean")

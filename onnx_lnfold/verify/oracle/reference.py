@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -218,22 +220,16 @@ class Float64Model:
         return out
 
     def _read_in_part(self, node: onnx.NodeProto, names: list[str]) -> str | None:
-        """The weight of a node that needs only part of it, read once (and not an exact value, which
-        is computed whole): a MatMul's 2-D float weight, streamed through the product by blocks of
-        rows (`_streamed_matmul`), or a Gather's float table, only the rows it gathers read
-        (`_gathered_rows`). Neither is held whole in float64."""
-        if node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        """The weight of a node that needs only part of it (`_PART_READERS`), read once and not an
+        exact value (which is computed whole): never held whole in float64."""
+        reader = _PART_READERS.get(node.op_type) if node.domain in ("", "ai.onnx") and len(node.input) == 2 else None
+        if reader is None:
             return None
-        if node.op_type == "MatMul":
-            name, other, rank_ok = node.input[1], node.input[0], lambda rank: rank == 2
-        elif node.op_type == "Gather":
-            name, other, rank_ok = node.input[0], node.input[1], lambda rank: rank >= 1
-        else:
-            return None
+        name, other = node.input[reader.weight], node.input[1 - reader.weight]
         tensor = self._weights.get(name)
         if tensor is None or name in self._exact or names.count(name) != 1 or other == name:
             return None
-        if tensor.dtype not in _FLOAT_DTYPES or not rank_ok(len(tuple(tensor.shape))):
+        if tensor.dtype not in _FLOAT_DTYPES or not reader.takes_rank(len(tuple(tensor.shape))):
             return None
         return name
 
@@ -253,15 +249,15 @@ class Float64Model:
         keep = set(self.output_names)
         self.peak_bytes = sum(map(_bytes, sets))
         for index, (node, names) in enumerate(zip(self._evaluator.rt_nodes_, self._reads)):
-            streamed = self._read_in_part(node.onnx_node, names)
-            weights = {n: self._weight(n) for n in names if n in self._weights and n not in sets[0] and n != streamed}
-            stacked = _PART_READERS[node.op_type](node.onnx_node, self._weights[streamed], sets) if streamed else None
-            if streamed and stacked is None:  # activations it does not take: the weight is read whole
-                weights[streamed] = self._weight(streamed)
+            in_part = self._read_in_part(node.onnx_node, names)
+            weights = {n: self._weight(n) for n in names if n in self._weights and n not in sets[0] and n != in_part}
+            stacked = _PART_READERS[node.op_type].read(node.onnx_node, self._weights[in_part], sets) if in_part else None
+            if in_part and stacked is None:  # inputs it does not take: the weight is read whole
+                weights[in_part] = self._weight(in_part)
             if stacked is None:
                 stacked = _stacked_matmul(node.onnx_node, weights, sets)
             current = sum(a.nbytes for a in weights.values())
-            weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in {*weights, *([streamed] if streamed else [])})
+            weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in {*weights, *([in_part] if in_part else [])})
             for number, results in enumerate(sets):
                 results.update(weights)
                 if stacked is not None:
@@ -436,5 +432,16 @@ def failing_node(error: BaseException) -> str | None:
     return found
 
 
-# The nodes whose weight `Float64Model._read_in_part` reads in part, and how.
-_PART_READERS = {"MatMul": _streamed_matmul, "Gather": _gathered_rows}
+@dataclass(frozen=True)
+class _PartReader:
+    weight: int  # the input that is the weight
+    takes_rank: Callable[[int], bool]  # the weight ranks it reads in part
+    read: Callable[..., list | None]  # (node, weight tensor, sets) -> each set's output, or None
+
+
+# The nodes whose weight `Float64Model._read_in_part` reads in part, and how: a MatMul's 2-D weight
+# streamed through the product by blocks of rows; a Gather's table, only the rows it gathers.
+_PART_READERS = {
+    "MatMul": _PartReader(1, lambda rank: rank == 2, _streamed_matmul),
+    "Gather": _PartReader(0, lambda rank: rank >= 1, _gathered_rows),
+}
