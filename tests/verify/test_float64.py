@@ -170,7 +170,9 @@ def test_an_embedding_table_is_read_only_where_gathered(tmp_path, dtype, monkeyp
     onnx.save(g.model(), tmp_path / "m.onnx", save_as_external_data=True, size_threshold=0)
     widened = []
     read_whole = reference.Float64Model._weight
-    monkeypatch.setattr(reference.Float64Model, "_weight", lambda self, name: widened.append(name) or read_whole(self, name))
+    monkeypatch.setattr(
+        reference.Float64Model, "_weight", lambda self, name, reading: widened.append(name) or read_whole(self, name, reading)
+    )
     sets = [{"ids": np.array([[0, 3, -1]], np.int64)}, {"ids": np.array([[49, 7, 7]], np.int64)}]
     got = Float64Model(str(tmp_path / "m.onnx")).run_many(sets)
     for feeds, out in zip(sets, got):
@@ -178,6 +180,44 @@ def test_an_embedding_table_is_read_only_where_gathered(tmp_path, dtype, monkeyp
         assert value.dtype == np.float64
         np.testing.assert_array_equal(value, table.astype(np.float64)[feeds["ids"]])
     assert "wte" not in widened
+
+
+class _Exact:
+    """A constant the fold computed: its float64 value, as `apply.centering`'s tensors give it."""
+
+    def __init__(self, value: np.ndarray):
+        self.value = value
+
+    def exact_float64(self) -> np.ndarray:
+        return self.value
+
+
+def test_the_folds_two_readings_share_one_pass_and_each_weight_read_once(tmp_path, monkeypatch):
+    """The fold's twin as written and with its computed constants exact, in one pass: each reading's
+    outputs are what it computes alone (numpy in float64), and every weight but the exact one is read
+    from the file once for both readings, on every input set."""
+    from onnx_lnfold.verify.oracle import reference
+
+    w1, bias, w2 = (RNG.standard_normal(shape).astype(np.float32) for shape in ((16, 32), (32,), (32, 8)))
+    exact_bias = bias.astype(np.float64) + 1e-9  # what the fold computed before rounding
+    g = Graph()
+    x = g.input("x", ["b", 16])
+    h = g.node("Add", [g.node("MatMul", [x, g.const("w1", value=w1)]), g.const("bias", value=bias)])
+    g.output(g.node("MatMul", [g.node("Relu", [h]), g.const("w2", value=w2)]))
+    onnx.save(g.model(), tmp_path / "m.onnx", save_as_external_data=True, size_threshold=0)
+    reads = []
+    read_rows = reference.row_blocks
+    monkeypatch.setattr(reference, "row_blocks", lambda tensor, *a: reads.append(tensor.name) or read_rows(tensor, *a))
+    sets = [{"x": RNG.standard_normal((3, 16)).astype(np.float32)} for _ in range(2)]
+    written, exact = Float64Model(str(tmp_path / "m.onnx"), {"bias": _Exact(exact_bias)}).run_as_written_and_exact(sets)
+    assert sorted(reads) == ["bias", "w1", "w2"]
+    for feeds, as_written, as_exact in zip(sets, written, exact):
+        x64 = feeds["x"].astype(np.float64)
+        for out, b in ((as_written, bias.astype(np.float64)), (as_exact, exact_bias)):
+            [value] = out.values()
+            expected = np.maximum(x64 @ w1.astype(np.float64) + b, 0) @ w2.astype(np.float64)
+            np.testing.assert_allclose(value, expected, rtol=1e-13, atol=1e-13)
+        assert not np.array_equal(*as_written.values(), *as_exact.values())
 
 
 def test_an_op_the_evaluator_lacks_is_named():

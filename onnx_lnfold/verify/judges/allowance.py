@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from onnx_lnfold.verify.case import Compared
 
-# How long the float64 evaluation may take (FLOAT64_BUDGET_S, three twins on every input set) is
+# How long the float64 evaluation may take (FLOAT64_BUDGET_S; three evaluations on every input set,
+# the fold's two readings in one pass) is
 # estimated from ONNX Runtime's time for the original times FLOAT64_COST (onnx.reference in
 # float64 over ONNX Runtime in float32, one run each, wall clock: 12 to 13 on Whisper tiny.en's
 # encoder), then again from the first float64 run.
 FLOAT64_COST = 15.0
 # The float64 evaluation's allowance grows with the model, as the fold's own time does (analysis,
 # rewrite, writing the output: about a load + save), so that the default run stays a few times a
-# load + save at any size: the first input set's three twins (each reads the weights once, as the
-# fold does) may take FLOAT64_FIRST_SHARE times what the fold took, at least FLOAT64_FIRST_S; each
+# load + save at any size: the first input set's three evaluations (in two passes over the weights,
+# each read once a pass, as the fold reads them) may take FLOAT64_FIRST_SHARE times what the fold took, at least FLOAT64_FIRST_S; each
 # further set is judged in float64 while all of them stay within FLOAT64_SHARE times the fold's
 # time, at least FLOAT64_FLOOR_S. A budget asked for (`--float64-budget`) replaces the first and
 # caps the others.

@@ -1,6 +1,6 @@
 """The float64 judge, the first of the ladder (docs/DESIGN.md section 6): the original's float64
-twin, the fold's twin as written and its exact twin (`verify.oracle.reference`) on the input sets
-that fit the allowance (`verify.judges.allowance`), each against ONNX Runtime's runs, and three
+twin, and the fold's twin read twice in one pass, as written and with its computed constants exact
+(`verify.oracle.reference`), on the input sets that fit the allowance (`verify.judges.allowance`), each against ONNX Runtime's runs, and three
 checks on their figures (`float64_failure`):
 
 1. the fold's exact twin (every constant the fold computed at its unrounded float64 value) vs the
@@ -76,22 +76,26 @@ def judge(case: Case, why: str = "") -> Verification | Declined:
 
 def float64_figures(case: Case, compared: list[Compared], budget: float) -> int:
     """Run the float64 twins on the input sets `compared` (all sets at once, node by node: each
-    weight read once per twin), and add their figures to `case.worst`. Raises `Float64Unavailable`
+    weight read once by the original's twin, once for both readings of the fold's), and add their figures to `case.worst`. Raises `Float64Unavailable`
     when they cannot run (nothing added then), or when the original's twin shows the three would
     take more than `budget` seconds (the first set alone is judged where all would not fit: the
     number of sets judged is returned)."""
     try:
         exact = case.request.computed
-        twins = [Float64Model(case.original), Float64Model(case.folded)]
-        if exact is not None:
-            twins.append(Float64Model(case.folded, exact))
-        for twin, label in zip(twins, ("the original", "the fold as written", "the fold, exact")):
-            twin.label = label
+        original, folded = Float64Model(case.original), Float64Model(case.folded, exact)
+        original.label = "the original"
+        folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
         started = time.perf_counter()
-        truths = twins[0].run_many([run.feeds for run in compared], Deadline(started, budget, len(twins)))
+        # The fold's two readings share one pass (each weight read once), at most twice the
+        # original's work: three of its passes bound all.
+        truths = original.run_many([run.feeds for run in compared], Deadline(started, budget, 3))
         compared = compared[: len(truths)]  # the sets that fit
         feeds = [run.feeds for run in compared]
-        written, *exactly = (twin.run_many(feeds) for twin in twins[1:])
+        if exact is not None:
+            written, exact_outputs = folded.run_as_written_and_exact(feeds)
+            exactly = [exact_outputs]
+        else:
+            written, exactly = folded.run_many(feeds), []
         figures: list[dict[str, OutputDiff]] = []
         for number, (run, truth) in enumerate(zip(compared, truths)):
             per_output = {}

@@ -125,9 +125,11 @@ class Float64Model:
     a 10 GB model runs in a few GB; `memory_budget` bounds it (default: a share of the memory
     available), and a run that would exceed it raises `Float64Unavailable`.
 
-    `exact` replaces constants by name with tensors that give their float64 values
-    (`exact_float64()`: the fold's unrounded centered weights, `exact_tensors`). Raises
-    `Float64Unavailable` when the evaluator cannot take the model (an op it does not know, named)."""
+    `exact` names constants that have a second reading, tensors that give their float64 values
+    (`exact_float64()`: the fold's unrounded centered weights, `exact_tensors`):
+    `run_as_written_and_exact` evaluates both readings in one pass, `run_many` the model as
+    written. Raises `Float64Unavailable` when the evaluator cannot take the model (an op it does
+    not know, named)."""
 
     def __init__(
         self,
@@ -139,25 +141,10 @@ class Float64Model:
             model = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else _load_ir(model)
         self._exact = dict(exact or {})
         self._weights: dict[str, Any] = {}  # name -> tensor, read when its node runs
-        proto = self._structure(model)
-        widen_to_float64(proto)
-        ops = _ops(proto)
-        imported = {o.domain for o in proto.opset_import}
-        if any(domain == MS_DOMAIN for domain, _ in ops) and MS_DOMAIN not in imported:
-            proto.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))  # ONNX Runtime does not insist
-        ours = {(cls.op_domain, cls.__name__) for cls in FLOAT64_OPS}
-        functions = {(f.domain, f.name) for f in proto.functions}
-        unknown = sorted(
-            f"{domain}::{op}" for domain, op in ops if (domain, op) not in ours | functions and domain not in KNOWN_DOMAINS
-        )
-        if unknown:
-            raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
-        try:
-            self._evaluator = Evaluator(proto)
-        except NotImplementedError as e:  # a standard op the reference lacks
-            found = re.search(r"Node type '([^']+)' from domain '([^']*)'", str(e))
-            what = f"{found[2] + '::' if found and found[2] else ''}{found[1]}" if found else str(e).splitlines()[0]
-            raise Float64Unavailable(f"onnx.reference cannot evaluate {what}") from None
+        proto, exact_proto = self._structure(model)
+        self._evaluator = self._evaluator_of(proto)
+        # Exact constants inside If/Loop bodies are part of the structure: that reading has its own.
+        self._exact_evaluator = self._evaluator_of(exact_proto) if exact_proto is not None else None
         self.output_names = [o.name for o in proto.graph.output]
         self._reads = [list(node.input) + sorted(body_reads(node)) for node in self._evaluator.nodes_]
         last: dict[str, int] = {}
@@ -172,9 +159,31 @@ class Float64Model:
         self.peak_bytes = 0  # the most the last run held, activations and weights together
         self.label = "the model"  # what progress calls it
 
-    def _structure(self, model: ir.Model) -> onnx.ModelProto:
+    @staticmethod
+    def _evaluator_of(proto: onnx.ModelProto) -> Evaluator:
+        widen_to_float64(proto)
+        ops = _ops(proto)
+        imported = {o.domain for o in proto.opset_import}
+        if any(domain == MS_DOMAIN for domain, _ in ops) and MS_DOMAIN not in imported:
+            proto.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))  # ONNX Runtime does not insist
+        ours = {(cls.op_domain, cls.__name__) for cls in FLOAT64_OPS}
+        functions = {(f.domain, f.name) for f in proto.functions}
+        unknown = sorted(
+            f"{domain}::{op}" for domain, op in ops if (domain, op) not in ours | functions and domain not in KNOWN_DOMAINS
+        )
+        if unknown:
+            raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
+        try:
+            return Evaluator(proto)
+        except NotImplementedError as e:  # a standard op the reference lacks
+            found = re.search(r"Node type '([^']+)' from domain '([^']*)'", str(e))
+            what = f"{found[2] + '::' if found and found[2] else ''}{found[1]}" if found else str(e).splitlines()[0]
+            raise Float64Unavailable(f"onnx.reference cannot evaluate {what}") from None
+
+    def _structure(self, model: ir.Model) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
         """The model without its weights: main-graph initializers and large Constant nodes become
-        graph inputs served by `_weight`; everything else (bodies included) as serialized."""
+        graph inputs served by `_weight`; everything else (bodies included) as serialized. Second,
+        where a body holds an exact constant, the same with those constants exact; else None."""
         graph = model.graph
         inputs = [ir.serde.serialize_value(v) for v in graph.inputs]
         given = {v.name for v in graph.inputs}
@@ -191,11 +200,6 @@ class Float64Model:
                 inputs.append(onnx.helper.make_tensor_value_info(out.name, int(tensor.dtype), list(tensor.shape)))
                 continue
             nodes.append(ir.serde.serialize_node(node))
-        body_exact = {k: v for k, v in self._exact.items() if k not in self._weights}
-        if body_exact:
-            holder = onnx.helper.make_graph(nodes, "holder", [], [])
-            _substitute(holder, {k: t.exact_float64() for k, t in body_exact.items()}, set())
-            nodes = list(holder.node)
         known = {i.name for i in inputs}
         outputs = [ir.serde.serialize_value(v) for v in graph.outputs]
         ordered = [nodes[i] for i in topological(nodes, known)]
@@ -203,10 +207,16 @@ class Float64Model:
         opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
         proto = onnx.helper.make_model(g, opset_imports=opsets, ir_version=model.ir_version)
         proto.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
-        return proto
+        body_exact = {k: v for k, v in self._exact.items() if k not in self._weights}
+        if not body_exact:
+            return proto, None
+        exact_proto = onnx.ModelProto()
+        exact_proto.CopyFrom(proto)
+        _substitute(exact_proto.graph, {k: t.exact_float64() for k, t in body_exact.items()}, set())
+        return proto, exact_proto
 
-    def _weight(self, name: str) -> np.ndarray:
-        exact = self._exact.get(name)
+    def _weight(self, name: str, reading: dict[str, Any]) -> np.ndarray:
+        exact = reading.get(name)
         if exact is not None:
             return exact.exact_float64()
         tensor = self._weights[name]
@@ -219,15 +229,15 @@ class Float64Model:
             out[rows] = block
         return out
 
-    def _read_in_part(self, node: onnx.NodeProto, names: list[str]) -> str | None:
+    def _read_in_part(self, node: onnx.NodeProto, names: list[str], reading: dict[str, Any]) -> str | None:
         """The weight of a node that needs only part of it (`_PART_READERS`), read once and not an
-        exact value (which is computed whole): never held whole in float64."""
+        exact value in this `reading` (which is computed whole): never held whole in float64."""
         reader = _PART_READERS.get(node.op_type) if node.domain in ("", "ai.onnx") and len(node.input) == 2 else None
         if reader is None:
             return None
         name, other = node.input[reader.weight], node.input[1 - reader.weight]
         tensor = self._weights.get(name)
-        if tensor is None or name in self._exact or names.count(name) != 1 or other == name:
+        if tensor is None or name in reading or names.count(name) != 1 or other == name:
             return None
         if tensor.dtype not in _FLOAT_DTYPES or not reader.takes_rank(len(tuple(tensor.shape))):
             return None
@@ -239,35 +249,58 @@ class Float64Model:
     def run_many(
         self, feeds_list: list[dict[str, np.ndarray]], deadline: Deadline | None = None
     ) -> list[dict[str, np.ndarray]]:
-        """The outputs on each input set, the sets evaluated together node by node: each weight is
-        read once for all of them. `deadline`: its pace is checked as the nodes run; where all the
-        sets would not fit, the first goes on alone (fewer outputs are returned), and where it would
-        not either, `Float64Unavailable` is raised."""
-        sets: list[dict[str, Any]] = [{"": None, **float64_feeds(feeds)} for feeds in feeds_list]
+        """The outputs on each input set, the model as written, the sets evaluated together node by
+        node: each weight is read once for all of them. `deadline`: its pace is checked as the nodes
+        run; where all the sets would not fit, the first goes on alone (fewer outputs are returned),
+        and where it would not either, `Float64Unavailable` is raised."""
+        return self._evaluate(feeds_list, [{}], self._evaluator, deadline)[0]
+
+    def run_as_written_and_exact(
+        self, feeds_list: list[dict[str, np.ndarray]]
+    ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+        """The outputs on each input set with the constants as written and with the `exact` ones at
+        their exact values: both readings in one pass node by node, each weight they share (all but
+        the exact ones) read once for both."""
+        if self._exact_evaluator is None:
+            written, exact = self._evaluate(feeds_list, [{}, self._exact], self._evaluator)
+            return written, exact
+        return self.run_many(feeds_list), self._evaluate(feeds_list, [self._exact], self._exact_evaluator)[0]
+
+    def _evaluate(
+        self,
+        feeds_list: list[dict[str, np.ndarray]],
+        readings: list[dict[str, Any]],
+        evaluator: Evaluator,
+        deadline: Deadline | None = None,
+    ) -> list[list[dict[str, np.ndarray]]]:
+        """Each reading's outputs on each input set (a reading: the tensors that replace constants
+        by name), every set of every reading evaluated together node by node. A node reading none
+        of the replaced constants runs once on all the sets, its weights read once."""
+        assert deadline is None or len(readings) == 1, "a deadline drops sets: one reading only"
+        sets: list[dict[str, Any]] = [{"": None, **float64_feeds(feeds)} for feeds in feeds_list for _ in readings]
+        reading_of = [r for _ in feeds_list for r in range(len(readings))]  # each set's reading, by index
+        replaced = set().union(*readings)
         weight_total = sum(getattr(t, "nbytes", 0) or 0 for t in self._weights.values())
         weight_done, told = 0, 0
         keep = set(self.output_names)
         self.peak_bytes = sum(map(_bytes, sets))
-        for index, (node, names) in enumerate(zip(self._evaluator.rt_nodes_, self._reads)):
-            in_part = self._read_in_part(node.onnx_node, names)
-            weights = {n: self._weight(n) for n in names if n in self._weights and n not in sets[0] and n != in_part}
-            stacked = _PART_READERS[node.op_type].read(node.onnx_node, self._weights[in_part], sets) if in_part else None
-            if in_part and stacked is None:  # inputs it does not take: the weight is read whole
-                weights[in_part] = self._weight(in_part)
-            if stacked is None:
-                stacked = _stacked_matmul(node.onnx_node, weights, sets)
-            current = sum(a.nbytes for a in weights.values())
-            weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in {*weights, *([in_part] if in_part else [])})
-            for number, results in enumerate(sets):
-                results.update(weights)
-                if stacked is not None:
-                    outputs = [stacked[number]]
-                else:
-                    inputs = [results[n] for n in node.input]
-                    outputs = node.run(*inputs, context=results) if node.need_context() else node.run(*inputs)
-                results.update((name, value) for name, value in zip(node.output, outputs) if name)
-                current += _bytes(results) - sum(a.nbytes for a in weights.values())
-            del stacked
+        for index, (node, names) in enumerate(zip(evaluator.rt_nodes_, self._reads)):
+            if replaced.intersection(names):
+                groups = [[i for i, r in enumerate(reading_of) if r == number] for number in range(len(readings))]
+            else:
+                groups = [list(range(len(sets)))]
+            current, read = 0, set()
+            for group in groups:
+                reading, members = readings[reading_of[group[0]]], [sets[i] for i in group]
+                weights, in_part, outputs = self._run_node(node, names, members, reading)
+                read.update(n for n in (*weights, *([in_part] if in_part else [])) if n not in reading)
+                current += sum(a.nbytes for a in weights.values())
+                for results, produced in zip(members, outputs):
+                    results.update(weights)
+                    results.update((name, value) for name, value in zip(node.onnx_node.output, produced) if name)
+                    current += _bytes(results) - sum(a.nbytes for a in weights.values())
+                del weights, outputs
+            weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in read)
             self.peak_bytes = max(self.peak_bytes, current)
             done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
             if done * 10 >= told + 1:
@@ -275,7 +308,7 @@ class Float64Model:
                 say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
             if deadline is not None:
                 if deadline.keeps(done, len(sets)) < len(sets):
-                    del sets[1:]
+                    del sets[1:], reading_of[1:]
             if self.memory_budget is not None and current > self.memory_budget:
                 label = node.onnx_node.name or node.op_type
                 raise Float64Unavailable(
@@ -286,14 +319,32 @@ class Float64Model:
                 if self._last_use.get(name) == index and name not in keep:
                     for results in sets:
                         results.pop(name, None)
-            del weights
-        outputs = []
-        for results in sets:
+        outputs: list[list[dict[str, np.ndarray]]] = [[] for _ in readings]
+        for results, number in zip(sets, reading_of):
             for name in self.output_names:  # an output that is a weight no node reads
                 if name not in results:
-                    results[name] = self._weight(name)
-            outputs.append({name: np.asarray(results[name]) for name in self.output_names})
+                    results[name] = self._weight(name, readings[number])
+            outputs[number].append({name: np.asarray(results[name]) for name in self.output_names})
         return outputs
+
+    def _run_node(self, node, names: list[str], sets: list[dict[str, Any]], reading: dict[str, Any]):
+        """One node on `sets` (all of one reading): the weights it was given whole, the weight it
+        read in part (or None), and each set's outputs."""
+        in_part = self._read_in_part(node.onnx_node, names, reading)
+        weights = {n: self._weight(n, reading) for n in names if n in self._weights and n not in sets[0] and n != in_part}
+        stacked = _PART_READERS[node.op_type].read(node.onnx_node, self._weights[in_part], sets) if in_part else None
+        if in_part and stacked is None:  # inputs it does not take: the weight is read whole
+            weights[in_part] = self._weight(in_part, reading)
+        if stacked is None:
+            stacked = _stacked_matmul(node.onnx_node, weights, sets)
+        if stacked is not None:
+            return weights, in_part, [[out] for out in stacked]
+        outputs = []
+        for results in sets:
+            scope = {**results, **weights}
+            inputs = [scope[n] for n in node.input]
+            outputs.append(node.run(*inputs, context=scope) if node.need_context() else node.run(*inputs))
+        return weights, in_part, outputs
 
 
 _STREAM_BYTES = 16 << 20
@@ -416,14 +467,14 @@ def _load_ir(model: bytes | str | Path) -> ir.Model:
 
 
 def failing_node(error: BaseException) -> str | None:
-    """`Pad 'time_shift'`: the node whose evaluation raised `error` inside `Float64Model.run_many`
+    """`Pad 'time_shift'`: the node whose evaluation raised `error` inside a `Float64Model` run
     (its loop variable `node`, read from the traceback: onnx.reference's own messages, numpy's
     mostly, name no op); None where the error came from elsewhere."""
     found = None
     tb = error.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        if frame.f_code is Float64Model.run_many.__code__:
+        if frame.f_code in _RUN_CODE:
             proto = getattr(frame.f_locals.get("node"), "onnx_node", None)
             if proto is not None:
                 domain = f"{proto.domain}::" if proto.domain not in ("", "ai.onnx") else ""
@@ -431,6 +482,8 @@ def failing_node(error: BaseException) -> str | None:
         tb = tb.tb_next
     return found
 
+
+_RUN_CODE = (Float64Model._evaluate.__code__, Float64Model._run_node.__code__)
 
 @dataclass(frozen=True)
 class _PartReader:
