@@ -28,6 +28,7 @@ def test_the_sweep_writes_every_variant_and_the_verdict(tmp_path):
     assert sorted(runs) == ["baseline", "default", "no_verify"]
     for r in runs.values():
         assert r["rc"] == 0 and r["wall_s"] > 0 and r["output_written"]  # (deleted after the run)
+        assert r["durable_s"] >= r["wall_s"]  # until its output is on disk
         assert r["tree_peak_bound_bytes"] >= r["tree_peak_rss_bytes"] >= r["peak_rss_bytes"] > 0
         assert 0 < r["tree_peak_rss_anon_bytes"] <= r["tree_peak_rss_bytes"]
         assert 0 < r["tree_peak_rss_file_bytes"] <= r["tree_peak_rss_bytes"]
@@ -39,9 +40,10 @@ def test_the_sweep_writes_every_variant_and_the_verdict(tmp_path):
     summary = size["summary"]
     assert summary["default_vs_baseline_wall"] > 0 and summary["no_verify_vs_baseline_wall"] > 0
     assert summary["rss_target_met"] is not None and summary["wall_target_met"] is not None
+    assert summary["default_vs_baseline_durable"] > 0 and summary["durable_target_met"] is not None
     md = (out / "FOLD_COST.md").read_text()
     for title in ("onnx.load + onnx.save", "fold (default, verified)", "fold --no-verify"):
         assert f"| {title} |" in md
-    assert "| peak RssAnon GB | peak RssFile GB |" in md
+    assert "| peak RssAnon GB | peak RssFile GB |" in md and "| on disk s | x baseline |" in md
     assert "judged on: float64 reference" in md and "## Against the targets (default run)" in md
     assert list((tmp_path / "models").glob("cost_*")) == []  # outputs, reports and logs removed
