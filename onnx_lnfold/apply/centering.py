@@ -258,12 +258,15 @@ class BiasPlusBeta(ir.LazyTensor):
             shape = (weight.shape[0] if trans else weight.shape[1],)
         super().__init__(self._materialize, dtype=dtype, shape=ir.Shape(shape), name=name, cache=True)
         self._bias, self._beta, self._weight, self._trans, self._scale = bias, beta, weight, trans, scale
+        self._delta: np.ndarray | None = None  # scale * (beta @ W) in float64, where W is no computed tensor
 
     def __repr__(self) -> str:  # LazyTensor's would print its function, a method of this very object
         return f"{self._repr_base()}(weight={self._weight!r}, trans={self._trans}, name={self.name!r})"
 
     def _materialize(self) -> ir.Tensor:
         delta = self._scale * _times_weight(self._beta, self._weight, self._trans)
+        if not hasattr(self._weight, "exact_float64"):  # W as written is W exactly: kept for `exact_float64`
+            self._delta = delta
         if self._bias is None:
             return ir.Tensor(delta.astype(self.dtype.numpy()), dtype=self.dtype, name=self.name)
         data = np.asarray(self._bias.numpy())
@@ -271,8 +274,10 @@ class BiasPlusBeta(ir.LazyTensor):
         return ir.Tensor(summed, dtype=self.dtype, name=self.name)
 
     def exact_float64(self) -> np.ndarray:
-        weight = exact_float64(self._weight)
-        delta = self._scale * (weight @ self._beta if self._trans else self._beta @ weight)
+        delta = self._delta
+        if delta is None:  # not written yet, or W computed here: its unrounded values
+            weight = exact_float64(self._weight)
+            delta = self._scale * (weight @ self._beta if self._trans else self._beta @ weight)
         if self._bias is None:
             return delta
         bias = exact_float64(self._bias)

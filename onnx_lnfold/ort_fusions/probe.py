@@ -29,7 +29,7 @@ from pathlib import Path
 
 import onnx
 
-from onnx_lnfold.ort_fusions import light
+from onnx_lnfold.ort_fusions import light, session_save
 from onnx_lnfold.ort_fusions.weightless import (
     INTEGER_TYPES,
     KEEP_BYTES,
@@ -68,26 +68,27 @@ def _graph_only(path: Path) -> onnx.GraphProto:
 
 def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Path:
     """The model an ONNX Runtime CPU session at optimization `level` (a GraphOptimizationLevel
-    name) writes back for `path`: its initializers go to /dev/null where links are possible."""
-    import onnxruntime as ort
-
+    name) writes back for `path` (`ort_fusions.session_save`): its initializers go to /dev/null where
+    links are possible. Past `SESSION_CHILD_ABOVE_BYTES` of zeros, in a child process that asks for
+    huge pages."""
     optimized = folder.path / f"{path.stem}.{tag}.onnx"
     data_name = f"{path.stem}.{tag}.data"
     sink = folder.path / data_name
     if os.path.exists(os.devnull) and not sink.exists():
         with contextlib.suppress(OSError):
             sink.symlink_to(os.devnull)  # the weights ORT writes back are not wanted
-    options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.optimized_model_filepath = str(optimized)
-    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_name)
-    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    kwargs = {"disabled_optimizers": list(disabled)} if disabled else {}
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], **kwargs)
+    job = [str(path), str(optimized), data_name, level, list(disabled)]
+    if folder.stripped_bytes <= SESSION_CHILD_ABOVE_BYTES:
+        session_save.write_optimized(*job)
+        return optimized
+    name, value = session_save.HUGE_PAGES_ENV
+    env = {**os.environ, name: ":".join(filter(None, (os.environ.get(name), value)))}
+    done = subprocess.run(
+        [sys.executable, session_save.__file__, json.dumps(job)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"the session's process exited with {done.returncode}")
     return optimized
 
 
@@ -236,6 +237,11 @@ class OptimizerProcess:
 # of CPU per run) against 0.2-0.5 GB and 1-2 s in the child, whose start costs about 2 s of CPU
 # once per analysis.
 CHILD_ABOVE_BYTES = 64 << 20
+
+# Zeros above which a session's optimized model is written in a child process (`session_save`):
+# writing a 10 GB weightless copy's took 7-8 s here, 4.6 s in a child asking for huge pages, whose
+# start costs about half a second.
+SESSION_CHILD_ABOVE_BYTES = 1 << 30
 
 # `optimize_model`'s own settings for opt_level 1 (ConstantSharing disabled, CPU).
 _LEVEL1_DISABLED = ["ConstantSharing"]

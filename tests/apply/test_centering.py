@@ -125,6 +125,27 @@ def test_bias_plus_beta_is_float64_and_lazy(tmp_path, trans, with_bias):
     np.testing.assert_allclose(tensor.numpy(), expected.astype(np.float32), rtol=1e-6)  # summed in another order
 
 
+def test_an_exact_bias_plus_beta_reuses_the_product_of_a_weight_it_did_not_compute(tmp_path, monkeypatch):
+    """Once written, its exact value does not read a plain W again (the product was float64 from
+    the stored values); over a W this module centered it does, for the unrounded values."""
+    from onnx_lnfold.apply import centering
+
+    w = RNG.standard_normal((48, 24)).astype(np.float32)
+    beta, b = RNG.standard_normal(48), RNG.standard_normal(24).astype(np.float32)
+    weight, source = _external(tmp_path, w), _external(tmp_path, w)
+    plain = bias_plus_beta(ir.Tensor(b), beta, weight, scale=0.5, dtype=ir.DataType.FLOAT, name="b")
+    over_centered = bias_plus_beta(None, beta, CenteredTensor(source, 1, "w"), dtype=ir.DataType.FLOAT, name="c")
+    plain.numpy(), over_centered.numpy()  # written
+    reads = []
+    rows = centering.row_blocks
+    monkeypatch.setattr(centering, "row_blocks", lambda tensor, *a: reads.append(tensor) or rows(tensor, *a))
+    np.testing.assert_allclose(plain.exact_float64(), 0.5 * (beta @ w.astype(np.float64)) + b, rtol=1e-12)
+    assert not any(t is weight for t in reads)  # the bias alone
+    w64 = w.astype(np.float64)
+    np.testing.assert_allclose(over_centered.exact_float64(), beta @ (w64 - w64.mean(axis=1, keepdims=True)), rtol=1e-12)
+    assert any(t is source for t in reads)
+
+
 def test_in_memory_tensors_are_cut_into_views():
     array = RNG.standard_normal((7, 3)).astype(np.float32)
     blocks = list(row_blocks(ir.Tensor(array), 12))

@@ -474,3 +474,26 @@ def test_the_optimizer_child_answers_jobs_sent_ahead_in_any_order(monkeypatch, t
     child.close()  # returns though that answer is unread
     with pytest.raises(RuntimeError, match="without an answer"):
         child.result(5)
+
+
+def test_a_large_copys_session_graph_is_written_by_a_child_asking_for_huge_pages(monkeypatch):
+    """Past `SESSION_CHILD_ABOVE_BYTES` of zeros the session's optimized model is written by a child
+    process (`session_save`, glibc told to madvise huge pages): the same graph as in this process,
+    and a session that fails there raises here with ONNX Runtime's own message."""
+    from onnx_lnfold.ort_fusions import probe
+
+    model, _ = load_model(MODELS / "whisper_encoder_torchscript.onnx")
+    runs = []
+    run = probe.subprocess.run
+    monkeypatch.setattr(probe.subprocess, "run", lambda cmd, **k: runs.append(k["env"]) or run(cmd, **k))
+    with WeightlessFolder() as folder:
+        path = folder.write(weightless_clone(model, folder), "copy.onnx")
+        here = probe.session_graph(path, folder)
+        assert runs == []
+        monkeypatch.setattr(probe, "SESSION_CHILD_ABOVE_BYTES", 0)
+        there = probe._graph_only(probe._optimized_by_session(path, folder, "ORT_ENABLE_ALL", "child"))
+        assert [n.SerializeToString() for n in there.node] == [n.SerializeToString() for n in here.node]
+        assert len(runs) == 1 and "glibc.malloc.hugetlb=1" in runs[0]["GLIBC_TUNABLES"]
+        (folder.path / "broken.onnx").write_bytes(b"not a model")
+        with pytest.raises(RuntimeError, match="INVALID_PROTOBUF|protobuf"):
+            probe._optimized_by_session(folder.path / "broken.onnx", folder, "ORT_ENABLE_ALL", "broken")
