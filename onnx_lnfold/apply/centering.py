@@ -164,6 +164,16 @@ class CenteredTensor(ir.LazyTensor):
             out[rows] = wide
         return out
 
+    def exact_float64_rows(self, indices: np.ndarray) -> np.ndarray | None:
+        """`np.take(self.exact_float64(), indices, axis=0)` with only those rows read and centered
+        (an embedding table's few gathered rows); None where the mean runs over the rows (axis 0)."""
+        if self._axis is None or self._axis == 0:
+            return None
+        indices = np.asarray(indices)
+        rows = np.take(np.asarray(self._source.numpy()), indices.reshape(-1), axis=0)  # the table's rank
+        gathered = CenteredTensor(ir.Tensor(rows), self._axis, self.name or "", self._weights, self._block, self._blocks)
+        return gathered.exact_float64().reshape(*indices.shape, *rows.shape[1:])
+
     def _materialize(self) -> ir.Tensor:
         out = np.empty(tuple(self.shape), dtype=np.dtype(self.dtype.numpy()))
         for rows, block in self.row_blocks():

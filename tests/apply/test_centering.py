@@ -146,6 +146,19 @@ def test_an_exact_bias_plus_beta_reuses_the_product_of_a_weight_it_did_not_compu
     assert any(t is source for t in reads)
 
 
+@pytest.mark.parametrize("block, blocks", [(None, None), (4, [0, 2])])
+def test_exact_rows_of_a_centered_table_are_its_exact_values_at_those_rows(tmp_path, block, blocks):
+    """An embedding table's gathered rows, centered alone (ids of any shape, negative ones counting
+    from the end), are the whole table's exact values there; a mean over the rows gives None."""
+    table = RNG.standard_normal((30, 12)).astype(np.float32)
+    centered = CenteredTensor(_external(tmp_path, table), 1, "wte", block=block, blocks=blocks)
+    ids = np.array([[0, 29, -1], [7, 7, 3]])
+    rows = centered.exact_float64_rows(ids)
+    assert rows.shape == (2, 3, 12)
+    np.testing.assert_array_equal(rows, np.take(centered.exact_float64(), ids, axis=0))
+    assert CenteredTensor(_external(tmp_path, table), 0, "t").exact_float64_rows(ids) is None
+
+
 def test_in_memory_tensors_are_cut_into_views():
     array = RNG.standard_normal((7, 3)).astype(np.float32)
     blocks = list(row_blocks(ir.Tensor(array), 12))

@@ -230,14 +230,17 @@ class Float64Model:
         return out
 
     def _read_in_part(self, node: onnx.NodeProto, names: list[str], reading: dict[str, Any]) -> str | None:
-        """The weight of a node that needs only part of it (`_PART_READERS`), read once and not an
-        exact value in this `reading` (which is computed whole): never held whole in float64."""
+        """The weight of a node that needs only part of it (`_PART_READERS`), read once: never held
+        whole in float64. An exact value in this `reading` is computed whole, unless the reader can
+        ask for its part (`_PartReader.exact_in_part`)."""
         reader = _PART_READERS.get(node.op_type) if node.domain in ("", "ai.onnx") and len(node.input) == 2 else None
         if reader is None:
             return None
         name, other = node.input[reader.weight], node.input[1 - reader.weight]
         tensor = self._weights.get(name)
-        if tensor is None or name in reading or names.count(name) != 1 or other == name:
+        if tensor is None or names.count(name) != 1 or other == name:
+            return None
+        if name in reading and not hasattr(reading[name], reader.exact_in_part):
             return None
         if tensor.dtype not in _FLOAT_DTYPES or not reader.takes_rank(len(tuple(tensor.shape))):
             return None
@@ -332,7 +335,8 @@ class Float64Model:
         read in part (or None), and each set's outputs."""
         in_part = self._read_in_part(node.onnx_node, names, reading)
         weights = {n: self._weight(n, reading) for n in names if n in self._weights and n not in sets[0] and n != in_part}
-        stacked = _PART_READERS[node.op_type].read(node.onnx_node, self._weights[in_part], sets) if in_part else None
+        part_of = (self._weights[in_part] if reading.get(in_part) is None else reading[in_part]) if in_part else None
+        stacked = _PART_READERS[node.op_type].read(node.onnx_node, part_of, sets) if in_part else None
         if in_part and stacked is None:  # inputs it does not take: the weight is read whole
             weights[in_part] = self._weight(in_part, reading)
         if stacked is None:
@@ -383,6 +387,10 @@ def _gathered_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> 
     indices = [results.get(node.input[1]) for results in sets]
     if axis != 0 or any(not isinstance(i, np.ndarray) or i.dtype.kind not in "iu" for i in indices):
         return None
+    exact_rows = getattr(tensor, "exact_float64_rows", None)
+    if exact_rows is not None:  # a table the fold computed: its exact values, at those rows
+        rows = [exact_rows(i) for i in indices]
+        return None if any(r is None for r in rows) else rows
     table = np.asarray(tensor.numpy())
     return [_widened(np.take(table, i, axis=0)) for i in indices]  # negative indices count from the end, as in ONNX
 
@@ -490,11 +498,13 @@ class _PartReader:
     weight: int  # the input that is the weight
     takes_rank: Callable[[int], bool]  # the weight ranks it reads in part
     read: Callable[..., list | None]  # (node, weight tensor, sets) -> each set's output, or None
+    exact_in_part: str = ""  # the method by which a computed weight gives `read` its exact part, if any
 
 
 # The nodes whose weight `Float64Model._read_in_part` reads in part, and how: a MatMul's 2-D weight
-# streamed through the product by blocks of rows; a Gather's table, only the rows it gathers.
+# streamed through the product by blocks of rows; a Gather's table, only the rows it gathers (of a
+# table the fold centered, those rows' exact values: `CenteredTensor.exact_float64_rows`).
 _PART_READERS = {
     "MatMul": _PartReader(1, lambda rank: rank == 2, _streamed_matmul),
-    "Gather": _PartReader(0, lambda rank: rank >= 1, _gathered_rows),
+    "Gather": _PartReader(0, lambda rank: rank >= 1, _gathered_rows, "exact_float64_rows"),
 }
