@@ -240,7 +240,7 @@ class Float64Model:
         tensor = self._weights.get(name)
         if tensor is None or names.count(name) != 1 or other == name:
             return None
-        if name in reading and not hasattr(reading[name], reader.exact_in_part):
+        if name in reading and reader.read_exact is None:
             return None
         if tensor.dtype not in _FLOAT_DTYPES or not reader.takes_rank(len(tuple(tensor.shape))):
             return None
@@ -335,8 +335,13 @@ class Float64Model:
         read in part (or None), and each set's outputs."""
         in_part = self._read_in_part(node.onnx_node, names, reading)
         weights = {n: self._weight(n, reading) for n in names if n in self._weights and n not in sets[0] and n != in_part}
-        part_of = (self._weights[in_part] if reading.get(in_part) is None else reading[in_part]) if in_part else None
-        stacked = _PART_READERS[node.op_type].read(node.onnx_node, part_of, sets) if in_part else None
+        stacked = None
+        if in_part:
+            reader = _PART_READERS[node.op_type]
+            if in_part in reading:  # a computed weight: its exact values, where it gives them in part
+                stacked = reader.read_exact(node.onnx_node, reading[in_part], sets)  # type: ignore[misc]
+            else:
+                stacked = reader.read(node.onnx_node, self._weights[in_part], sets)
         if in_part and stacked is None:  # inputs it does not take: the weight is read whole
             weights[in_part] = self._weight(in_part, reading)
         if stacked is None:
@@ -387,12 +392,20 @@ def _gathered_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> 
     indices = [results.get(node.input[1]) for results in sets]
     if axis != 0 or any(not isinstance(i, np.ndarray) or i.dtype.kind not in "iu" for i in indices):
         return None
-    exact_rows = getattr(tensor, "exact_float64_rows", None)
-    if exact_rows is not None:  # a table the fold computed: its exact values, at those rows
-        rows = [exact_rows(i) for i in indices]
-        return None if any(r is None for r in rows) else rows
     table = np.asarray(tensor.numpy())
     return [_widened(np.take(table, i, axis=0)) for i in indices]  # negative indices count from the end, as in ONNX
+
+
+def _gathered_exact_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
+    """`_gathered_rows` of a table the fold computed, at its exact values (`exact_float64_rows`: only
+    the rows gathered are computed); None where it cannot give them so (the table is then computed whole)."""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    indices = [results.get(node.input[1]) for results in sets]
+    exact_rows = getattr(tensor, "exact_float64_rows", None)
+    if axis != 0 or exact_rows is None or any(not isinstance(i, np.ndarray) or i.dtype.kind not in "iu" for i in indices):
+        return None
+    rows = [exact_rows(i) for i in indices]
+    return None if any(r is None for r in rows) else rows
 
 
 def _stacked_matmul(node: onnx.NodeProto, weights: dict[str, np.ndarray], sets: list[dict[str, Any]]) -> list | None:
@@ -498,7 +511,8 @@ class _PartReader:
     weight: int  # the input that is the weight
     takes_rank: Callable[[int], bool]  # the weight ranks it reads in part
     read: Callable[..., list | None]  # (node, weight tensor, sets) -> each set's output, or None
-    exact_in_part: str = ""  # the method by which a computed weight gives `read` its exact part, if any
+    # The same for a weight the fold computed, from its exact values (None: it is computed whole).
+    read_exact: Callable[..., list | None] | None = None
 
 
 # The nodes whose weight `Float64Model._read_in_part` reads in part, and how: a MatMul's 2-D weight
@@ -506,5 +520,5 @@ class _PartReader:
 # table the fold centered, those rows' exact values: `CenteredTensor.exact_float64_rows`).
 _PART_READERS = {
     "MatMul": _PartReader(1, lambda rank: rank == 2, _streamed_matmul),
-    "Gather": _PartReader(0, lambda rank: rank >= 1, _gathered_rows, "exact_float64_rows"),
+    "Gather": _PartReader(0, lambda rank: rank >= 1, _gathered_rows, _gathered_exact_rows),
 }
