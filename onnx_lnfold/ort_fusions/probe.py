@@ -78,7 +78,7 @@ def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag:
         with contextlib.suppress(OSError):
             sink.symlink_to(os.devnull)  # the weights ORT writes back are not wanted
     job = [str(path), str(optimized), data_name, level, list(disabled)]
-    if folder.stripped_bytes <= SESSION_CHILD_ABOVE_BYTES:
+    if _zero_bytes(path) <= SESSION_CHILD_ABOVE_BYTES:
         session_save.write_optimized(*job)
         return optimized
     name, value = session_save.HUGE_PAGES_ENV
@@ -95,6 +95,14 @@ def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag:
 def session_graph(path: Path, folder: WeightlessFolder) -> onnx.GraphProto:
     """The graph an ONNX Runtime session on the CPU runs `path` as (ORT_ENABLE_ALL, the default)."""
     return _graph_only(_optimized_by_session(path, folder, "ORT_ENABLE_ALL", "session"))
+
+
+def _zero_bytes(path: Path) -> int:
+    """Bytes of the weightless copy `path` that are references into the zero file."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+
+    model = onnx.load(str(path), load_external_data=False)
+    return sum(ExternalDataInfo(t).length for t in _get_all_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL)
 
 
 def _pointed_at_zeros(path: Path, folder: WeightlessFolder) -> Path:

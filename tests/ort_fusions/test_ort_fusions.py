@@ -494,6 +494,9 @@ def test_a_large_copys_session_graph_is_written_by_a_child_asking_for_huge_pages
         there = probe._graph_only(probe._optimized_by_session(path, folder, "ORT_ENABLE_ALL", "child"))
         assert [n.SerializeToString() for n in there.node] == [n.SerializeToString() for n in here.node]
         assert len(runs) == 1 and "glibc.malloc.hugetlb=1" in runs[0]["GLIBC_TUNABLES"]
-        (folder.path / "broken.onnx").write_bytes(b"not a model")
-        with pytest.raises(RuntimeError, match="INVALID_PROTOBUF|protobuf"):
+        monkeypatch.setattr(probe, "SESSION_CHILD_ABOVE_BYTES", -1)  # a copy without zeros too
+        x, y = (onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2]) for n in "xy")
+        unknown = onnx.helper.make_graph([onnx.helper.make_node("NoSuchOp", ["x"], ["y"])], "g", [x], [y])
+        onnx.save(onnx.helper.make_model(unknown), folder.path / "broken.onnx")
+        with pytest.raises(RuntimeError, match="NoSuchOp"):
             probe._optimized_by_session(folder.path / "broken.onnx", folder, "ORT_ENABLE_ALL", "broken")

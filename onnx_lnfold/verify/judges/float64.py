@@ -92,10 +92,9 @@ def float64_figures(case: Case, compared: list[Compared], budget: float) -> int:
         compared = compared[: len(truths)]  # the sets that fit
         feeds = [run.feeds for run in compared]
         if exact is not None:
-            written, exact_outputs = folded.run_as_written_and_exact(feeds)
-            exactly = [exact_outputs]
+            written, exactly = folded.run_as_written_and_exact(feeds)
         else:
-            written, exactly = folded.run_many(feeds), []
+            written, exactly = folded.run_many(feeds), None
         figures: list[dict[str, OutputDiff]] = []
         for number, (run, truth) in enumerate(zip(compared, truths)):
             per_output = {}
@@ -106,7 +105,7 @@ def float64_figures(case: Case, compared: list[Compared], budget: float) -> int:
                     )
                 diff = OutputDiff(name, ref.shape, 0.0, 1.0)
                 diff.written = relative(ref, written[number][name])
-                diff.exact = relative(ref, exactly[0][number][name]) if exactly else None
+                diff.exact = relative(ref, exactly[number][name]) if exactly is not None else None
                 diff.original_error = relative(ref, run.original[name])
                 diff.fold_error = relative(ref, run.fold[name])
                 per_output[name] = diff

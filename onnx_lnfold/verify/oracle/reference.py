@@ -266,8 +266,9 @@ class Float64Model:
         the exact ones) read once for both."""
         if self._exact_evaluator is None:
             written, exact = self._evaluate(feeds_list, [{}, self._exact], self._evaluator)
-            return written, exact
-        return self.run_many(feeds_list), self._evaluate(feeds_list, [self._exact], self._exact_evaluator)[0]
+        else:
+            written, exact = self.run_many(feeds_list), self._evaluate(feeds_list, [self._exact], self._exact_evaluator)[0]
+        return written, exact
 
     def _evaluate(
         self,
@@ -383,14 +384,22 @@ def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -
     return out
 
 
-def _gathered_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
-    """A Gather along axis 0 of a float table on every input set, only the rows its indices name read
-    (the table mapped, its pages read where gathered) and widened to float64: an embedding table's few
-    rows, not the whole table in float64. None where it gathers along another axis or its indices are
-    not integers at hand."""
+def _row_indices(node: onnx.NodeProto, sets: list[dict[str, Any]]) -> list[np.ndarray] | None:
+    """Each set's indices of a Gather along axis 0; None where it gathers along another axis or its
+    indices are not integers at hand."""
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
     indices = [results.get(node.input[1]) for results in sets]
     if axis != 0 or any(not isinstance(i, np.ndarray) or i.dtype.kind not in "iu" for i in indices):
+        return None
+    return indices  # type: ignore[return-value]
+
+
+def _gathered_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
+    """A Gather along axis 0 of a float table on every input set, only the rows its indices name read
+    (the table mapped, its pages read where gathered) and widened to float64: an embedding table's few
+    rows, not the whole table in float64. None where `_row_indices` has none."""
+    indices = _row_indices(node, sets)
+    if indices is None:
         return None
     table = np.asarray(tensor.numpy())
     return [_widened(np.take(table, i, axis=0)) for i in indices]  # negative indices count from the end, as in ONNX
@@ -399,10 +408,9 @@ def _gathered_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> 
 def _gathered_exact_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
     """`_gathered_rows` of a table the fold computed, at its exact values (`exact_float64_rows`: only
     the rows gathered are computed); None where it cannot give them so (the table is then computed whole)."""
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-    indices = [results.get(node.input[1]) for results in sets]
+    indices = _row_indices(node, sets)
     exact_rows = getattr(tensor, "exact_float64_rows", None)
-    if axis != 0 or exact_rows is None or any(not isinstance(i, np.ndarray) or i.dtype.kind not in "iu" for i in indices):
+    if indices is None or exact_rows is None:
         return None
     rows = [exact_rows(i) for i in indices]
     return None if any(r is None for r in rows) else rows
