@@ -14,7 +14,12 @@ roles of `benchmarks.latency.norm_groups`. Printed:
 - each normalization node's own time, paired by position (the n-th norm node of each graph), with
   the shape of its input as ORT ran it: where a folded node costs more than its original, it shows;
 - the op types whose total time changed most outside the group (a fold can move ORT's other
-  fusions: a Reshape kept or removed, a MatMul+Add that no longer fuses).
+  fusions: a Reshape kept or removed, a MatMul+Add that no longer fuses);
+- the run split in two: what the fold changed (the group, and every node outside it that only one
+  of the two graphs runs, matched by name and op) and the nodes both run. The first is the fold's
+  effect; the second runs the same kernels on the same shapes in both, so what moves it is the
+  machine, and its ratio's interval says how far a whole-run figure can be trusted. Each ratio is a
+  median of paired runs with a bootstrap 95% interval.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ import argparse
 import json
 import os
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.common import ensure_exported, session_options
 from benchmarks.latency import feeds_for, norm_groups
+from onnx_lnfold.bench.stats import fmt_ratio, ratio_of_medians
 
 
 def _prepare(name: str) -> dict[str, str]:
@@ -77,7 +83,7 @@ def profile_files(name: str, paths: dict[str, str], feeds: dict, runs: int, thre
 
     out: dict = {"model": name, "batch": batch, "seq": seq, "runs": runs, "threads": threads}
     with tempfile.TemporaryDirectory(prefix="lnfold-pdiff-") as tmp:
-        sessions, roles, order = {}, {}, {}
+        sessions, roles, order, nodes = {}, {}, {}, {}
         for v in ("original", "folded"):
             opt = os.path.join(tmp, f"{v}.opt.onnx")
             so = session_options(threads=threads, profile_prefix=os.path.join(tmp, v), optimized_path=opt)
@@ -85,6 +91,7 @@ def profile_files(name: str, paths: dict[str, str], feeds: dict, runs: int, thre
             roles[v] = norm_groups(opt)
             g = onnx.load(opt, load_external_data=False).graph
             order[v] = [n.name for n in g.node if roles[v].get(n.name) == "norm_op"]
+            nodes[v] = {n.name: n.op_type for n in g.node}
         warm = 3
         for _ in range(warm):
             for v in sessions:
@@ -132,7 +139,46 @@ def profile_files(name: str, paths: dict[str, str], feeds: dict, runs: int, thre
         pairs.append({"i": i, "original": [a, opa, ta, sa], "folded": [b, opb, tb, sb],
                       "ratio": ta / tb if tb else float("inf")})
     out["norm_nodes"] = pairs
+    out.update(_split_by_change(per_run, nodes, roles))
     return out
+
+
+def changed_nodes(nodes: dict[str, dict[str, str]], roles: dict[str, dict[str, str]]) -> tuple[set[str], dict]:
+    """(the shared nodes' names, per variant the op counts of the nodes it alone runs) of two graphs
+    as ONNX Runtime runs them: `nodes[v]` name -> op, `roles[v]` its normalization group
+    (`norm_groups`). A node is shared when it is outside both groups and the other graph runs a node
+    of its name and op: ONNX Runtime keeps a node's name through the optimizations both graphs go
+    through. A node alone is one outside its group that the other graph does not run."""
+    other = {"original": nodes["folded"], "folded": nodes["original"]}
+    matched = {v: {name for name, op in nodes[v].items() if other[v].get(name) == op} for v in nodes}
+    shared = {name for name in matched["original"] if name not in roles["original"] and name not in roles["folded"]}
+    alone = {v: dict(sorted(Counter(op for name, op in nodes[v].items()
+                                    if name not in matched[v] and name not in roles[v]).items())) for v in nodes}
+    return shared, alone
+
+
+def _split_by_change(per_run: dict[str, list[dict]], nodes: dict[str, dict[str, str]],
+                     roles: dict[str, dict[str, str]]) -> dict:
+    """The run split into the nodes the fold changed and those both graphs run (`changed_nodes`)."""
+    shared, alone = changed_nodes(nodes, roles)
+    us: dict[str, dict[str, list[float]]] = {}
+    for v, runs in per_run.items():
+        both = [sum(t for name, (_, t, _) in run.items() if name in shared) for run in runs]
+        total = [sum(t for _, t, _ in run.values()) for run in runs]
+        us[v] = {"changed": [a - b for a, b in zip(total, both)], "shared": both, "total": total}
+    moved = []
+    for name in shared:
+        a, b = (float(np.median([run[name][1] for run in per_run[v] if name in run] or [0.0])) for v in ("original", "folded"))
+        moved.append((name, nodes["original"][name], a, b))
+    moved.sort(key=lambda m: -abs(m[3] - m[2]))
+    return {
+        "shared_moved_most": [list(m) for m in moved[:8]],
+        "shared_nodes": len(shared),
+        "only_original": alone["original"],
+        "only_folded": alone["folded"],
+        "split_us": {part: [float(np.median(us[v][part])) for v in ("original", "folded")] for part in us["original"]},
+        "split_ratio": {part: ratio_of_medians(us["original"][part], us["folded"][part]) for part in us["original"]},
+    }
 
 
 def print_report(r: dict) -> None:
@@ -147,6 +193,20 @@ def print_report(r: dict) -> None:
     for p in r["norm_nodes"]:
         a, b = p["original"], p["folded"]
         print(f"    {p['i']:2d} {a[1]:34s} {a[2]:7.0f} us {str(a[3]):40s} -> {b[1]:34s} {b[2]:7.0f} us  x{p['ratio']:.2f}")
+    if "split_ratio" in r:
+        def ops(counts):
+            return ", ".join(f"{n} {op}" for op, n in counts.items()) or "none"
+
+        us, ratio = r["split_us"], r["split_ratio"]
+        print(f"  what the fold changed (the group; outside it, only the original runs {ops(r['only_original'])}; "
+              f"only the fold, {ops(r['only_folded'])}): {us['changed'][0]:.0f} -> {us['changed'][1]:.0f} us "
+              f"x{fmt_ratio(ratio['changed'])}")
+        print(f"  the {r['shared_nodes']} nodes both run: {us['shared'][0]:.0f} -> {us['shared'][1]:.0f} us "
+              f"x{fmt_ratio(ratio['shared'])} (the same kernels on the same shapes: the machine's noise)")
+        print(f"  the whole run: {us['total'][0]:.0f} -> {us['total'][1]:.0f} us x{fmt_ratio(ratio['total'])}")
+        print("  shared nodes that moved most (original, folded us):")
+        for name, op, a, b in r["shared_moved_most"]:
+            print(f"    {name[:60]:60s} {op:14s} {a:9.0f} {b:9.0f}  ({b - a:+.0f})")
     print("  op types whose total moved most (original, folded us):")
     moved = sorted(r["by_op_us"].items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))
     for op, (a, b) in moved[:10]:

@@ -1,7 +1,7 @@
 """`python -m benchmarks.profile_diff --files ORIGINAL FOLDED FEEDS` on a real model's files cannot
 rot between its runs: here it profiles a tiny GELU-stem stream (an explicit centering, as the
 Whisper encoder's fold has) and its fold. No timing is asserted: only that every normalization
-node, the centering and the whole run are accounted for on both sides."""
+node, the centering and the whole run are accounted for on both sides, the nodes both run apart."""
 
 from __future__ import annotations
 
@@ -43,3 +43,9 @@ def test_two_files_are_profiled_node_by_node(tmp_path):
     assert "centering:ReduceMean" not in report["group_us"]["original"]
     assert report["by_op_us"]["SimplifiedLayerNormalization"][0] == 0 < report["by_op_us"]["SimplifiedLayerNormalization"][1]
     assert "normalization group" in proc.stdout and "paired by position" in proc.stdout
+    # the run split into what the fold changed and what both run: outside the group, the MLP's bias
+    # Add, which the original's SkipLayerNormalization takes in and the fold runs apart
+    assert report["only_original"] == {} and report["only_folded"] == {"Add": 1}
+    assert report["shared_nodes"] > 0 and "what the fold changed" in proc.stdout
+    shared = {name for name, *_ in report["shared_moved_most"]}
+    assert shared and not shared & {p["folded"][0] for p in report["norm_nodes"]}

@@ -251,6 +251,42 @@ def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
     assert before["com.microsoft::Gelu"] == after["com.microsoft::Gelu"] == 2
 
 
+def _session_nodes(model: str | onnx.ModelProto, tmp_path, tag: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(name -> op of every node, the normalization group's roles) of the graph ONNX Runtime runs
+    (ORT_ENABLE_ALL, CPU)."""
+    from benchmarks.latency import norm_groups
+
+    if isinstance(model, onnx.ModelProto):
+        onnx.save(model, tmp_path / f"{tag}.onnx")
+        model = str(tmp_path / f"{tag}.onnx")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / f"{tag}.optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    graph = onnx.load(options.optimized_model_filepath).graph
+    return {n.name: n.op_type for n in graph.node}, norm_groups(options.optimized_model_filepath)
+
+
+def test_onnx_runtime_runs_every_node_outside_the_norms_as_it_did(tmp_path):
+    """What a fold changes in the graph ONNX Runtime runs is what it prices: outside the
+    normalization group the fold's session runs the original's nodes, by name and op. The shapes
+    the fold declares for its new tensors had carried the input's symbolic batch dim: ReshapeFusion
+    then folded the attention's Reshape shapes in the fold only, and the memory plan that followed
+    slowed the trained encoder's MatMuls (benchmarks/results/profile_diff/WHOLE_RUN.md)."""
+    from benchmarks.profile_diff import changed_nodes
+
+    path = MODELS / "whisper_encoder_torchscript.onnx"
+    result = onnx_lnfold.fold(path, fold_costly=True, verify=False)
+    assert result.plan.folded and result.plan.centerings
+    nodes, roles = {}, {}
+    nodes["original"], roles["original"] = _session_nodes(str(path), tmp_path, "original")
+    nodes["folded"], roles["folded"] = _session_nodes(result.model_proto, tmp_path, "folded")
+    shared, alone = changed_nodes(nodes, roles)
+    assert alone == {"original": {}, "folded": {}}
+    matmuls = {name for name, op in nodes["original"].items() if op == "MatMul"}
+    assert matmuls and matmuls <= shared
+
+
 def _ran_reduce_mean(model: onnx.ModelProto, tmp_path) -> tuple[onnx.GraphProto, list[str], list[int]]:
     """The session's optimized graph (ORT_ENABLE_ALL, CPU) of `model`, and the input and axes of its
     one ReduceMean."""
