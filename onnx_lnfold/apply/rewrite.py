@@ -27,15 +27,16 @@ def new_constant(graph: ir.Graph, tensor: ir.TensorProtocol) -> ir.Value:
     return value
 
 
-def value_like(value: ir.Value, name: str, inferred=(None, None)) -> ir.Value:
-    """A new tensor with the type and shape of `value` (they become its value_info), or the
-    inferred ones where the model declares none: shape inference cannot see through the new ops."""
-    shape, dtype = value.shape, value.type
-    if shape is None and inferred[0] is not None:
-        shape = ir.Shape(list(inferred[0]))
-    if dtype is None and inferred[1] is not None:
-        dtype = ir.TensorType(inferred[1])
-    return ir.Value(name=name, shape=shape, type=dtype)
+def value_like(value: ir.Value, name: str, dtype: ir.DataType | None = None) -> ir.Value:
+    """A new tensor declared as the model declares `value` (its value_info), or, where it declares
+    no type, of `dtype`: ONNX's type inference cannot see through the new ops. Never with a shape
+    the model does not declare: ONNX Runtime infers the new ops' shapes itself, and a declared one
+    tells its optimizer more than it knew of the original, which it acts on outside what the fold
+    prices (docs/DESIGN.md section 10)."""
+    declared = value.type
+    if declared is None and dtype is not None:
+        declared = ir.TensorType(dtype)
+    return ir.Value(name=name, shape=value.shape, type=declared)
 
 
 def _read(slots) -> list[ir.Value]:
@@ -55,7 +56,7 @@ def _scale(graph: ir.Graph, rewrite: Rewrite, taken: set[str]) -> ir.Value:
 def _rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> ir.Node:
     """SimplifiedLayerNormalization (or RMSNormalization, same inputs and attributes)."""
     cand = rewrite.cand
-    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
+    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_dtype)
     # Every folded LN normalizes its last axis (the forms keep the others: several-axes,
     # not-last-axis), written -1 as exporters write it: OpenVINO cannot read a
     # SimplifiedLayerNormalization whose axis is written non-negative (its translator builds
@@ -81,7 +82,7 @@ def _skip_rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: se
         inputs += _read((site.skip_bias,))
     old_sum, replaced = site.old_sum, rewrite.replaced
     keep_sum = old_sum is not None and (old_sum.is_graph_output() or any(n not in replaced for n, _ in old_sum.uses()))
-    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
+    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_dtype)
     outputs = [y]
     if keep_sum:  # outputs 1 and 2 (mean, inv_std_var) stay unnamed: not computed
         outputs += [ir.Value(), ir.Value(), value_like(old_sum, fresh_name(f"{old_sum.name}.sum", taken))]  # type: ignore[union-attr]
@@ -108,8 +109,8 @@ def _primitive(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: s
     pow_, reduce_mean, add, sqrt, div, mul = PRIMITIVE_OPS
     cand = rewrite.cand
     (x,) = _read(rewrite.site.inputs)
-    shape, dtype = rewrite.out_type
-    dtype = dtype or (x.type.dtype if x.type is not None else ir.DataType.FLOAT)
+    shape = tuple(cand.out.shape) if cand.out.shape is not None else None
+    dtype = rewrite.out_dtype or (x.type.dtype if x.type is not None else ir.DataType.FLOAT)
     numpy_type = dtype.numpy()
     base = cand.name
 
@@ -127,7 +128,7 @@ def _primitive(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: s
     with_eps = tensor("mean_square_eps", rows)
     rms = tensor("rms", rows)
     normalized = tensor("normalized", shape)
-    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_type)
+    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_dtype)
     opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 18))
     if opset >= 18:
         axes = constant("axes", np.array([-1], dtype=np.int64), ir.DataType.INT64)
@@ -237,7 +238,7 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, 
     y = rms.outputs[0]
     final = y
     if rewrite.beta.how == "add":
-        final = value_like(out, fresh_name(f"{out_name}.beta", taken), rewrite.out_type)
+        final = value_like(out, fresh_name(f"{out_name}.beta", taken), rewrite.out_dtype)
         new_nodes.append(ir.Node("", "Add", [y, cand.bias], outputs=[final], name=fresh_name(f"{cand.name}/beta", taken)))
     elif rewrite.beta.how == "consumers":
         beta = np.asarray(constant_of(cand.bias).numpy()).astype(np.float64)  # type: ignore[union-attr]

@@ -61,7 +61,7 @@ class Rewrite:
     residual_add: ir.Node | None  # the Add folded into a SkipSimplifiedLayerNormalization
     taken_in: tuple[ir.Node, ...]  # nodes outside the LN the op replaces too (that Add, a bias Add)
     beta: BetaPlacement  # where beta goes
-    out_type: tuple  # inferred (shape, dtype) of the LN output, for tensors the model declares none of
+    out_dtype: ir.DataType | None  # the LN output's inferred element type, for new tensors where the model declares none
     pricing: Pricing  # the cost table and the token count this LN's fold is judged at
 
     @property
@@ -339,10 +339,10 @@ def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, 
     """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in."""
     pricing = pricing_for(cand, shapes, table_for(options))
     beta = beta_placement(cand, shapes, pricing)
-    out_type = (shapes.declarable(shapes.shape(cand.out)), shapes.dtype(cand.out))
+    out_dtype = shapes.dtype(cand.out)
 
     def rewrite(op: str, site: RewriteSite, add: ir.Node | None = None, taken_in: tuple = ()) -> Rewrite:
-        return Rewrite(cand, op, site, add, taken_in, beta, out_type, pricing)
+        return Rewrite(cand, op, site, add, taken_in, beta, out_dtype, pricing)
 
     if cand.form.has_skip:
         return rewrite(SKIP_RMS_OP, cand.form.site(cand))

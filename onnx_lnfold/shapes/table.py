@@ -237,15 +237,6 @@ class ShapeTable:
             self._session = session_view(self._model)
         return self._session.get(self._key(value), (None, 0))[0]
 
-    def declarable(self, shape: Shape | None) -> Shape | None:
-        """`shape` as it may be declared for a tensor the model declares none of: its numbers. A
-        symbol, the model's own included, tells ONNX Runtime's optimizer that two dims are equal where
-        the export said nothing of the kind, and the optimizer acts on it outside what the fold
-        prices (ReshapeFusion: docs/DESIGN.md section 10)."""
-        if shape is None:
-            return None
-        return tuple(None if isinstance(d, str) else d for d in shape)
-
     def rank(self, value: ir.Value | None, _depth: int = 0) -> int | None:
         shape = self.shape(value)
         if shape is not None:
