@@ -56,6 +56,7 @@ from benchmarks.common import (
     session_options,
     wait_for_quiet,
 )
+from onnx_lnfold.bench import session_graph
 
 NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
             "SkipSimplifiedLayerNormalization"}
@@ -176,33 +177,7 @@ def time_model(meta: dict, paths: dict[str, str], configs: list[tuple[int, int]]
 # --------------------------------------------------------------------------- #
 def norm_groups(optimized_model: str) -> dict[str, str]:
     """node name -> 'norm_op' / 'residual_add' / 'beta_add' / 'centering' in the graph ORT executes."""
-    import onnx
-
-    m = onnx.load(optimized_model, load_external_data=False)
-    nodes = list(m.graph.node)
-    consts = {i.name for i in m.graph.initializer}
-    consts |= {o for n in nodes if n.op_type == "Constant" for o in n.output}
-    producer = {o: n for n in nodes for o in n.output}
-    roles = {}
-    for n in nodes:
-        if n.op_type in NORM_OPS:
-            roles[n.name] = "norm_op"
-    norm_outputs = {n.output[0] for n in nodes if n.op_type in NORM_OPS}
-    for n in nodes:
-        if n.op_type in NORM_OPS:
-            for x in n.input[:2]:  # data input and, for the Skip variants, the skip input
-                p = producer.get(x)
-                if p is not None and p.op_type == "Add":
-                    roles.setdefault(p.name, "residual_add")
-    for n in nodes:  # an explicit centering the fold inserted (`x - ReduceMean(x)`) is normalization work
-        if (n.op_type, n.name.rpartition("/center/")[2]) in (("ReduceMean", "mean"), ("Sub", "sub")) and "/center/" in n.name:
-            roles[n.name] = "centering"
-    for n in nodes:
-        if n.op_type == "Add" and n.name not in roles and len(n.input) == 2:
-            a, b = n.input
-            if (a in norm_outputs and b in consts) or (b in norm_outputs and a in consts):
-                roles[n.name] = "beta_add"
-    return roles
+    return session_graph.norm_roles(session_graph.read(optimized_model))
 
 
 def graph_op_counts(optimized_model: str) -> dict[str, int]:

@@ -28,13 +28,14 @@ import argparse
 import json
 import os
 import tempfile
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.common import ensure_exported, session_options
 from benchmarks.latency import feeds_for, norm_groups
+from onnx_lnfold.bench.session_graph import split_nodes
 from onnx_lnfold.bench.stats import fmt_ratio, ratio_of_medians
 
 
@@ -146,24 +147,11 @@ def profile_files(name: str, paths: dict[str, str], feeds: dict, runs: int, thre
     return out
 
 
-def changed_nodes(nodes: dict[str, dict[str, str]], roles: dict[str, dict[str, str]]) -> tuple[set[str], dict]:
-    """(the shared nodes' names, per variant the op counts of the nodes it alone runs) of two graphs
-    as ONNX Runtime runs them: `nodes[v]` name -> op, `roles[v]` its normalization group
-    (`norm_groups`). A node is shared when it is outside both groups and the other graph runs a node
-    of its name and op: ONNX Runtime keeps a node's name through the optimizations both graphs go
-    through. A node alone is one outside its group that the other graph does not run."""
-    other = {"original": nodes["folded"], "folded": nodes["original"]}
-    matched = {v: {name for name, op in nodes[v].items() if other[v].get(name) == op} for v in nodes}
-    shared = {name for name in matched["original"] if name not in roles["original"] and name not in roles["folded"]}
-    alone = {v: dict(sorted(Counter(op for name, op in nodes[v].items()
-                                    if name not in matched[v] and name not in roles[v]).items())) for v in nodes}
-    return shared, alone
-
-
 def _split_by_change(per_run: dict[str, list[dict]], nodes: dict[str, dict[str, str]],
                      roles: dict[str, dict[str, str]]) -> dict:
-    """The run split into the nodes the fold changed and those both graphs run (`changed_nodes`)."""
-    shared, alone = changed_nodes(nodes, roles)
+    """The run split into the nodes the fold changed and those both graphs run
+    (`onnx_lnfold.bench.session_graph.split_nodes`)."""
+    shared, alone = split_nodes(nodes, roles)
     us: dict[str, dict[str, list[float]]] = {}
     for v, runs in per_run.items():
         both = [sum(t for name, (_, t, _) in run.items() if name in shared) for run in runs]

@@ -221,7 +221,7 @@ def main(argv=None) -> int:
                 result = {"model": name, "what": MODELS[name][1], "precision": precision, "threads": args.threads,
                           "timing": timing}
                 if not args.no_profile:
-                    result["profile"] = profile_variants(sessions, f"{name}.{int8}")
+                    result["profile"] = profile_variants(sessions, f"{name}.{int8}").ops
                 results.append(result)
                 machine = machine_info()
                 (out / "trained.json").write_text(json.dumps({"command": command, "machine": machine,

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 
-from onnx_lnfold.bench import stats
+from onnx_lnfold.bench import session_graph, stats
 from onnx_lnfold.bench.placement import CPU, PlacementError, check_profile
 from onnx_lnfold.bench.process import run_child
-from onnx_lnfold.bench.profile import load, op_profile
+from onnx_lnfold.bench.profile import load, node_profile, op_profile
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ops import NORM_OPS
 
@@ -83,17 +84,51 @@ def time_variants(sessions: Sessions, tag: str, processes: int) -> dict:
             "times_s": {v: [[round(x, 7) for x in t] for t in ts] for v, ts in times.items()}}
 
 
-def profile_variants(sessions: Sessions, tag: str, variants: tuple[str, ...] = ("original", "folded")) -> dict:
-    """Kernel time per op type (us per run) of each of `variants`, one profiled process each; None
-    for a variant whose profile holds no kernel time. Placement is checked from the same profile."""
-    out = {}
+@dataclass(frozen=True)
+class Profiled:
+    """What the profiled processes give: kernel time per op type of each variant (None where its
+    profile holds no kernel time), and the run split into what the fold changed and the nodes both
+    run (`split_kernel_time`; None where the profile names no node)."""
+
+    ops: dict[str, dict[str, float] | None] | None
+    split: dict | None
+
+
+def profile_variants(sessions: Sessions, tag: str, variants: tuple[str, ...] = ("original", "folded")) -> Profiled:
+    """One profiled process per variant; on the CPU EP, whose profile names each node, each also
+    writes the graph its session runs (an EP that compiles nodes may not write one). Placement is
+    checked from the same profile."""
+    ops, per_node, graphs = {}, {}, {}
     for variant in variants:
         prefix = str(sessions.work / f"prof.{tag}.{variant}")
-        res = run_child(sessions.child_plan("profile", [variant], profile=prefix), sessions.work, f"{tag}.prof.{variant}")
+        optimized = sessions.work / f"prof.{tag}.{variant}.optimized.onnx" if sessions.provider == CPU else None
+        res = run_child(sessions.child_plan("profile", [variant], profile=prefix, optimized=optimized and str(optimized)),
+                        sessions.work, f"{tag}.prof.{variant}")
         events = load(res["profile"])
         check_profile(events, sessions.provider, variant)
-        out[variant] = op_profile(events, sessions.rounds, sessions.provider)
-    return out
+        ops[variant] = op_profile(events, sessions.rounds, sessions.provider)
+        per_node[variant] = node_profile(events, sessions.rounds, sessions.provider)
+        if optimized is not None:
+            graphs[variant] = session_graph.read(optimized)
+            for written in (optimized, optimized.with_name(f"{optimized.name}.data")):
+                written.unlink(missing_ok=True)
+    both = set(graphs) >= {"original", "folded"}
+    return Profiled(ops, split_kernel_time(graphs, per_node) if both else None)
+
+
+def split_kernel_time(graphs: dict[str, onnx.GraphProto], per_node: dict[str, dict[str, float] | None]) -> dict | None:
+    """The kernel time of the original's and the fold's runs split into what the fold changed (the
+    normalization group, and every node outside it that only one graph runs) and the nodes both run
+    (`session_graph.split_nodes`), us per run; None where a profile names no node."""
+    if per_node["original"] is None or per_node["folded"] is None:
+        return None
+    variants = ("original", "folded")
+    nodes = {v: {n.name: n.op_type for n in graphs[v].node} for v in variants}
+    shared, alone = session_graph.split_nodes(nodes, {v: session_graph.norm_roles(graphs[v]) for v in variants})
+    both = {v: sum(t for name, t in per_node[v].items() if name in shared) for v in variants}
+    return {"shared_nodes": len(shared), "only_original": alone["original"], "only_folded": alone["folded"],
+            "changed_us": [sum(per_node[v].values()) - both[v] for v in variants],
+            "shared_us": [both[v] for v in variants]}
 
 
 # --------------------------------------------------------------------------- #
@@ -143,6 +178,7 @@ class BenchResult:
     rounds: int
     timing: dict
     profile: dict | None = None
+    split: dict | None = None  # `split_kernel_time`
     verdict: str = ""
     why: str = ""
     notes: list[str] = field(default_factory=list)
@@ -193,7 +229,23 @@ class BenchResult:
             lines.append(f"  {op:<{width}} {before.get(op, 0.0):10.1f} -> {after.get(op, 0.0):10.1f}")
         lines.append(f"  {'all kernels':<{width}} {total_b:10.1f} -> {total_a:10.1f}  (single-process figures: "
                      "several percent of noise per op type)")
-        return lines
+        return lines + self._split_lines()
+
+    def _split_lines(self) -> list[str]:
+        if self.split is None:
+            return []
+        sp = self.split
+
+        def ops(counts: dict[str, int]) -> str:
+            return ", ".join(f"{n} {op}" for op, n in counts.items()) or "none"
+
+        return [
+            f"the graphs ONNX Runtime runs: {sp['shared_nodes']} nodes in both; outside the normalizations, only the "
+            f"original runs {ops(sp['only_original'])}; only the fold, {ops(sp['only_folded'])}",
+            f"  what the fold changed   {sp['changed_us'][0]:10.1f} -> {sp['changed_us'][1]:10.1f} us",
+            f"  the nodes both run      {sp['shared_us'][0]:10.1f} -> {sp['shared_us'][1]:10.1f} us  (the same kernels "
+            "on the same shapes: what moves them is the machine)",
+        ]
 
 
 def _feeds(model_path: str, inputs: dict[str, np.ndarray] | None, shapes: dict[str, tuple[int, ...]] | None):
@@ -263,9 +315,9 @@ def bench(original: str, folded: str, *, provider: str = CPU, provider_options: 
         files = {"original": str(Path(original).resolve()), "resaved": str(resaved), "folded": str(Path(folded).resolve())}
         sessions = Sessions(files, str(feeds_path), work, rounds, warmup, threads, provider, provider_options)
         timing = time_variants(sessions, "bench", processes)
-        profiled = profile_variants(sessions, "bench") if profile else None
+        profiled = profile_variants(sessions, "bench") if profile else Profiled(None, None)
     result = BenchResult(original, folded, provider, threads, {k: list(v.shape) for k, v in feeds.items()},
-                         inputs_from, processes, rounds, timing, profiled)
+                         inputs_from, processes, rounds, timing, profiled.ops, profiled.split)
     result.verdict, result.why = verdict(timing["ratios"], processes, rounds)
     control = timing["ratios"]["original/resaved"]
     if control["lo"] > 1 or control["hi"] < 1:

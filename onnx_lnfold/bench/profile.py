@@ -58,9 +58,9 @@ def kernel_us_per_run(events: list[dict], windows: list[tuple[float, float]], ca
     return total / runs if found else None
 
 
-def op_profile(events: list[dict], runs: int, provider: str = CPU) -> dict[str, float] | None:
-    """Kernel time per op type, microseconds per run (median over the last `runs` runs); None when
-    the profile holds no kernel time (CUDA without CUPTI records)."""
+def _kernel_time_by(events: list[dict], runs: int, provider: str, key) -> dict[str, float] | None:
+    """Kernel time per `key(event, name suffix)`, microseconds per run (median over the last `runs`
+    runs); None when the profile holds no kernel time."""
     kinds = kernel_events(events, provider)
     if kinds is None:
         return None
@@ -73,7 +73,22 @@ def op_profile(events: list[dict], runs: int, provider: str = CPU) -> dict[str, 
         ts = float(e.get("ts", 0))
         for i, (lo, hi) in enumerate(model_runs):
             if lo <= ts <= hi:
-                per_run[i][e.get("args", {}).get("op_name", "?")] += float(e["dur"])
+                per_run[i][key(e, suffix)] += float(e["dur"])
                 break
-    ops = sorted({op for r in per_run for op in r})
-    return {op: float(np.median([r.get(op, 0.0) for r in per_run])) for op in ops}
+    keys = sorted({k for r in per_run for k in r})
+    return {k: float(np.median([r.get(k, 0.0) for r in per_run])) for k in keys}
+
+
+def op_profile(events: list[dict], runs: int, provider: str = CPU) -> dict[str, float] | None:
+    """Kernel time per op type, microseconds per run (median over the last `runs` runs); None when
+    the profile holds no kernel time (CUDA without CUPTI records)."""
+    return _kernel_time_by(events, runs, provider, lambda e, _: e.get("args", {}).get("op_name", "?"))
+
+
+def node_profile(events: list[dict], runs: int, provider: str = CPU) -> dict[str, float] | None:
+    """Kernel time per node, by the name the session's graph gives it, microseconds per run (median
+    over the last `runs` runs); None where the profile names no node's kernels (CPU EP only: CUPTI's
+    records name the op, not the node)."""
+    if provider != CPU:
+        return None
+    return _kernel_time_by(events, runs, provider, lambda e, suffix: str(e["name"]).removesuffix(suffix))

@@ -5,7 +5,8 @@ A plan (JSON) names the model files by variant, the inputs (.npz), the order the
 created in, the rounds, warm-up runs, intra-op threads and the execution provider. Mode "time":
 every session created in that order, warmed up, then run in interleaved rounds, the order rotated
 every round; it prints the wall time of every run. Mode "profile": one variant with ONNX Runtime's
-profiler on; it prints the profile's path. Sessions run on the provider asked for and no other
+profiler on; it prints the profile's path, and writes the graph the session runs where the plan
+names a file for it ("optimized"). Sessions run on the provider asked for and no other
 (`placement`); on a provider with its own memory the inputs and outputs are bound there (IO
 binding), so a run times the model, not copies to and from the host.
 """
@@ -27,10 +28,16 @@ from onnx_lnfold.bench.process import DEVICE_OF, rotated, session_options
 class Runner:
     """One session and its inputs: `run()` is one synchronized Run()."""
 
-    def __init__(self, ort, path: str, feeds: dict[str, np.ndarray], plan: dict, label: str, profile: str | None = None):
+    def __init__(self, ort, path: str, feeds: dict[str, np.ndarray], plan: dict, label: str, profile: str | None = None,
+                 optimized: str | None = None):
         provider = plan.get("provider", CPU)
-        self.sess = create_session(ort, path, session_options(plan["threads"], profile), provider,
-                                   plan.get("provider_options"), label)
+        options = session_options(plan["threads"], profile)
+        if optimized:  # its weights in a file beside it: a graph over 2 GB cannot be one protobuf
+            options.optimized_model_filepath = optimized
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                             f"{Path(optimized).name}.data")
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        self.sess = create_session(ort, path, options, provider, plan.get("provider_options"), label)
         device = DEVICE_OF.get(provider)
         if device is None:
             self.feeds = feeds
@@ -73,7 +80,8 @@ def _child(plan_path: str) -> int:
         feeds = {k: z[k] for k in z.files}
     order = plan["order"]
     if plan["mode"] == "profile":  # one variant, profiled
-        runner = Runner(ort, plan["files"][order[0]], feeds, plan, order[0], profile=plan["profile"])
+        runner = Runner(ort, plan["files"][order[0]], feeds, plan, order[0], profile=plan["profile"],
+                        optimized=plan.get("optimized"))
         for _ in range(plan["warmup"] + plan["rounds"]):
             runner.run()
         print(json.dumps({"profile": runner.sess.end_profiling(), "providers": runner.sess.get_providers()}))

@@ -56,6 +56,11 @@ def test_bench_on_gpt2_reports_both_controls_a_verdict_and_the_norms_kernel_time
     assert all(len(t) == 3 for ts in result["timing"]["times_s"].values() for t in ts)  # 2 processes x 3 rounds
     assert result["profile"]["folded"].get("LayerNormalization", 0.0) == 0.0  # every LN folded
     assert result["profile"]["folded"]["SimplifiedLayerNormalization"] > 0
+    # the graphs ONNX Runtime runs: outside the normalizations, the fold runs the original's nodes
+    split = result["split"]
+    assert split["only_original"] == split["only_folded"] == {} and split["shared_nodes"] > 0
+    assert all(us > 0 for us in split["changed_us"] + split["shared_us"])
+    assert f"the graphs ONNX Runtime runs: {split['shared_nodes']} nodes in both" in out
 
 
 def test_synthesized_inputs_say_so_and_how_to_give_real_ones(gpt2_pair, tmp_path):

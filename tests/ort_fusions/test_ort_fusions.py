@@ -24,6 +24,7 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold.analysis import edits
+from onnx_lnfold.bench import session_graph
 from onnx_lnfold.load.model import load_model
 from onnx_lnfold.ort_fusions import fusion_cost
 from onnx_lnfold.ort_fusions.session_layout import moved_centerings
@@ -254,8 +255,6 @@ def test_the_torchscript_whisper_encoder_keeps_its_gelu_fusions(tmp_path):
 def _session_nodes(model: str | onnx.ModelProto, tmp_path, tag: str) -> tuple[dict[str, str], dict[str, str]]:
     """(name -> op of every node, the normalization group's roles) of the graph ONNX Runtime runs
     (ORT_ENABLE_ALL, CPU)."""
-    from benchmarks.latency import norm_groups
-
     if isinstance(model, onnx.ModelProto):
         onnx.save(model, tmp_path / f"{tag}.onnx")
         model = str(tmp_path / f"{tag}.onnx")
@@ -264,7 +263,7 @@ def _session_nodes(model: str | onnx.ModelProto, tmp_path, tag: str) -> tuple[di
     options.log_severity_level = 3
     ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     graph = onnx.load(options.optimized_model_filepath).graph
-    return {n.name: n.op_type for n in graph.node}, norm_groups(options.optimized_model_filepath)
+    return {n.name: n.op_type for n in graph.node}, session_graph.norm_roles(graph)
 
 
 @pytest.mark.parametrize("name", ["whisper_encoder_torchscript", "stablelm_qk_torchscript"])
@@ -276,15 +275,13 @@ def test_onnx_runtime_runs_every_node_outside_the_norms_as_it_did(name, tmp_path
     the fold only (and the memory plan that followed slowed the trained encoder's MatMuls:
     benchmarks/results/profile_diff/WHOLE_RUN.md); with dims as numbers, StableLM's q/k Slices
     became Splits in the fold only."""
-    from benchmarks.profile_diff import changed_nodes
-
     path = MODELS / f"{name}.onnx"
     result = onnx_lnfold.fold(path, fold_costly=True, verify=False)
     assert result.plan.folded
     nodes, roles = {}, {}
     nodes["original"], roles["original"] = _session_nodes(str(path), tmp_path, "original")
     nodes["folded"], roles["folded"] = _session_nodes(result.model_proto, tmp_path, "folded")
-    shared, alone = changed_nodes(nodes, roles)
+    shared, alone = session_graph.split_nodes(nodes, roles)
     assert alone == {"original": {}, "folded": {}}
     matmuls = {name for name, op in nodes["original"].items() if op == "MatMul"}
     assert matmuls and matmuls <= shared
