@@ -58,8 +58,6 @@ from benchmarks.common import (
 )
 from onnx_lnfold.bench import session_graph
 
-NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-            "SkipSimplifiedLayerNormalization"}
 LABELS = ["original", "folded", "original_2", "resaved"]
 
 

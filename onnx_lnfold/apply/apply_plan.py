@@ -17,7 +17,7 @@ from onnx_lnfold.analysis.bound import BoundCentering, BoundEdit, BoundPlan
 from onnx_lnfold.apply.centering import CenteredTensor, RowMeans
 from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like
 from onnx_lnfold.core.ir import constant_of, set_constant_value
-from onnx_lnfold.core.names import fresh_name, taken_names
+from onnx_lnfold.core.names import CENTERING_NODES, CENTERING_STEM, fresh_name, taken_names
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.decide.targets import SKIP_RMS_OP
 
@@ -68,15 +68,16 @@ def _apply_centering(graph: ir.Graph, bound: BoundCentering, opset: int, taken: 
         dims[centering.axis] = 1
         mean_shape = ir.Shape(dims)
     mean = ir.Value(name=fresh_name(f"{x.name}.mean", taken), shape=mean_shape, type=x.type)
-    stem = fresh_name(f"{x.name}/center", taken)
+    stem = fresh_name(f"{x.name}/{CENTERING_STEM}", taken)
+    part = dict(CENTERING_NODES)
     if opset >= 18:
         axes = new_constant(graph, ir.Tensor(np.array([centering.axis], dtype=np.int64), name=fresh_name(f"{stem}/axes", taken)))
-        reduce = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean], name=f"{stem}/mean")
+        reduce = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean], name=f"{stem}/{part['ReduceMean']}")
     else:
         attrs = [ir.AttrInt64s("axes", [centering.axis]), ir.AttrInt64("keepdims", 1)]
-        reduce = ir.Node("", "ReduceMean", [x], attrs, outputs=[mean], name=f"{stem}/mean")
+        reduce = ir.Node("", "ReduceMean", [x], attrs, outputs=[mean], name=f"{stem}/{part['ReduceMean']}")
     centered = value_like(x, centering.new_name)
-    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/sub")
+    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/{part['Sub']}")
     producer = x.producer()
     if producer is None:
         owner = x.graph or graph

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import onnx
 
+from onnx_lnfold.core.names import CENTERING_NODES, CENTERING_STEM
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
-
-# The two nodes of an explicit centering, `x - ReduceMean(x)`, as `apply.apply_plan` names them.
-_CENTERING = (("ReduceMean", "mean"), ("Sub", "sub"))
 
 
 def read(optimized_model: str | Path) -> onnx.GraphProto:
@@ -36,8 +34,8 @@ def norm_roles(graph: onnx.GraphProto) -> dict[str, str]:
             if p is not None and p.op_type == "Add":
                 roles.setdefault(p.name, "residual_add")
     for n in nodes:  # an explicit centering the fold inserted is normalization work
-        stem, _, part = n.name.rpartition("/center/")
-        if stem and (n.op_type, part) in _CENTERING:
+        stem, _, part = n.name.rpartition(f"/{CENTERING_STEM}/")
+        if stem and (n.op_type, part) in CENTERING_NODES:
             roles[n.name] = "centering"
     for n in nodes:
         if n.op_type == "Add" and n.name not in roles and len(n.input) == 2:

@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_lnfold.analysis.plan import AuxCentering
+from onnx_lnfold.core.names import centering_node_name
 from onnx_lnfold.decide.costs import OrtLayout
 from onnx_lnfold.forms import LnCandidate
 
@@ -85,13 +86,13 @@ def _removed_transposes(cand: LnCandidate, produced: set[str]) -> int:
 
 
 def moved_centerings(centerings: list[AuxCentering], session: onnx.GraphProto) -> set[str]:
-    """The tensors of `centerings` whose ReduceMean (`apply.apply_plan` names it `<tensor>/center/mean`)
-    the session runs on another tensor or over other axes than written."""
+    """The tensors of `centerings` whose ReduceMean (`core.names.centering_node_name`) the session
+    runs on another tensor or over other axes than written."""
     by_name = {node.name: node for node in session.node if node.op_type == "ReduceMean"}
     constants = _constants(session)
     moved = set()
     for centering in centerings:
-        ran = by_name.get(f"{centering.tensor}/center/mean")
+        ran = by_name.get(centering_node_name(centering.tensor, "ReduceMean"))
         if ran is None:
             continue  # fused into something else: not a centering's reduction any more
         axes = _axes(ran, constants)
