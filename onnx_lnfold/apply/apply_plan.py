@@ -69,15 +69,14 @@ def _apply_centering(graph: ir.Graph, bound: BoundCentering, opset: int, taken: 
         mean_shape = ir.Shape(dims)
     mean = ir.Value(name=fresh_name(f"{x.name}.mean", taken), shape=mean_shape, type=x.type)
     stem = fresh_name(f"{x.name}/{CENTERING_STEM}", taken)
-    part = dict(CENTERING_NODES)
     if opset >= 18:
         axes = new_constant(graph, ir.Tensor(np.array([centering.axis], dtype=np.int64), name=fresh_name(f"{stem}/axes", taken)))
-        reduce = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean], name=f"{stem}/{part['ReduceMean']}")
+        reduce = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean], name=f"{stem}/{CENTERING_NODES['ReduceMean']}")
     else:
         attrs = [ir.AttrInt64s("axes", [centering.axis]), ir.AttrInt64("keepdims", 1)]
-        reduce = ir.Node("", "ReduceMean", [x], attrs, outputs=[mean], name=f"{stem}/{part['ReduceMean']}")
+        reduce = ir.Node("", "ReduceMean", [x], attrs, outputs=[mean], name=f"{stem}/{CENTERING_NODES['ReduceMean']}")
     centered = value_like(x, centering.new_name)
-    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/{part['Sub']}")
+    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/{CENTERING_NODES['Sub']}")
     producer = x.producer()
     if producer is None:
         owner = x.graph or graph

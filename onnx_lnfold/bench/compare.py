@@ -96,7 +96,8 @@ class Profiled:
 
 def profile_variants(sessions: Sessions, tag: str, variants: tuple[str, ...] = ("original", "folded")) -> Profiled:
     """One profiled process per variant; on the CPU EP, whose profile names each node, each also
-    writes the graph its session runs (an EP that compiles nodes may not write one). Placement is
+    writes the graph its session runs, its weights discarded (an EP that compiles nodes may not
+    write one). Placement is
     checked from the same profile."""
     ops, per_node, graphs = {}, {}, {}
     for variant in variants:
@@ -110,8 +111,6 @@ def profile_variants(sessions: Sessions, tag: str, variants: tuple[str, ...] = (
         per_node[variant] = node_profile(events, sessions.rounds, sessions.provider)
         if optimized is not None:
             graphs[variant] = session_graph.read(optimized)
-            for written in (optimized, optimized.with_name(f"{optimized.name}.data")):
-                written.unlink(missing_ok=True)
     both = set(graphs) >= {"original", "folded"}
     return Profiled(ops, split_kernel_time(graphs, per_node) if both else None)
 

@@ -23,6 +23,7 @@ import numpy as np
 from onnx_lnfold.bench.calibrate import measure_child
 from onnx_lnfold.bench.placement import CPU, PlacementError, create_session
 from onnx_lnfold.bench.process import DEVICE_OF, rotated, session_options
+from onnx_lnfold.ort_fusions import session_save
 
 
 class Runner:
@@ -32,11 +33,8 @@ class Runner:
                  optimized: str | None = None):
         provider = plan.get("provider", CPU)
         options = session_options(plan["threads"], profile)
-        if optimized:  # its weights in a file beside it: a graph over 2 GB cannot be one protobuf
-            options.optimized_model_filepath = optimized
-            options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
-                                             f"{Path(optimized).name}.data")
-            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        if optimized:
+            session_save.write_back(options, optimized, session_save.discard_weights(Path(optimized)))
         self.sess = create_session(ort, path, options, provider, plan.get("provider_options"), label)
         device = DEVICE_OF.get(provider)
         if device is None:

@@ -35,7 +35,7 @@ def norm_roles(graph: onnx.GraphProto) -> dict[str, str]:
                 roles.setdefault(p.name, "residual_add")
     for n in nodes:  # an explicit centering the fold inserted is normalization work
         stem, _, part = n.name.rpartition(f"/{CENTERING_STEM}/")
-        if stem and (n.op_type, part) in CENTERING_NODES:
+        if stem and CENTERING_NODES.get(n.op_type) == part:
             roles[n.name] = "centering"
     for n in nodes:
         if n.op_type == "Add" and n.name not in roles and len(n.input) == 2:

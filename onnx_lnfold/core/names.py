@@ -63,9 +63,9 @@ def fresh_name(base: str, taken: set[str]) -> str:
 # (`apply.apply_plan`); ONNX Runtime's session keeps their names, which is how what reads its
 # graph finds them (`ort_fusions.session_layout`, `bench.session_graph`).
 CENTERING_STEM = "center"
-CENTERING_NODES = (("ReduceMean", "mean"), ("Sub", "sub"))  # (op, the name's last part)
+CENTERING_NODES = {"ReduceMean": "mean", "Sub": "sub"}  # op -> the name's last part
 
 
 def centering_node_name(tensor: str, op: str) -> str:
     """The name the centering of `tensor` gives its node of `op` where no other name was taken."""
-    return f"{tensor}/{CENTERING_STEM}/{dict(CENTERING_NODES)[op]}"
+    return f"{tensor}/{CENTERING_STEM}/{CENTERING_NODES[op]}"

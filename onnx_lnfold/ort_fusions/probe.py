@@ -72,11 +72,7 @@ def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag:
     links are possible. Past `SESSION_CHILD_ABOVE_BYTES` of zeros, in a child process that asks for
     huge pages."""
     optimized = folder.path / f"{path.stem}.{tag}.onnx"
-    data_name = f"{path.stem}.{tag}.data"
-    sink = folder.path / data_name
-    if os.path.exists(os.devnull) and not sink.exists():
-        with contextlib.suppress(OSError):
-            sink.symlink_to(os.devnull)  # the weights ORT writes back are not wanted
+    data_name = session_save.discard_weights(optimized)
     job = [str(path), str(optimized), data_name, level, list(disabled)]
     if _zero_bytes(path) <= SESSION_CHILD_ABOVE_BYTES:
         session_save.write_optimized(*job)
