@@ -2,9 +2,11 @@
 
 For each committed model (models/*.onnx) that folds, the real pipeline runs (analyze -> apply),
 then ONE fault is injected into the folded model (`run_pipeline(after_apply=...)`) before the
-tool's own verification sees it, through both judgments: the default (float64 where it fits) and
-`float64_budget=0` (the path every model past the float64 budget takes: the read-back and the
-original's sensitivity). Each mutant is also judged independently in float64
+tool's own verification sees it, through each judgment path (`JUDGMENTS`): the default (float64
+where it fits), `float64_budget=0` (the path every model past the float64 budget takes: the
+read-back and the original's sensitivity), and the default block by block (the path of a model
+larger than memory: both models in ONNX Runtime, their float64 twins and the read-back side by
+side, `verify.side_by_side`). Each mutant is also judged independently in float64
 (`verify.oracle.reference.Float64Model`, first verification input set): the fault *matters* when it moves
 some output by more than MATTERS relative against the same fold without the fault, as written.
 
@@ -29,6 +31,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,13 +46,21 @@ from onnx_lnfold.core.ops import RMS_OPS
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions
 from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.load.model import load_model
+from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import Float64Model
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 OUT = ROOT / "benchmarks" / "results" / "mutation"
 MATTERS = 1e-7  # float64 effect on the outputs, relative, above which a fault matters
-JUDGMENTS = {"default": FLOAT64_BUDGET_S, "float64_budget=0": 0.0}
+# Each judgment path: its float64 budget, and whether the models run block by block (as a model
+# larger than memory does: both models' passes and the read-back side by side, verify.side_by_side).
+JUDGMENTS = {
+    "default": (FLOAT64_BUDGET_S, False),
+    "float64_budget=0": (0.0, False),
+    "default, block by block": (FLOAT64_BUDGET_S, True),
+}
+BLOCK_BYTES = 50_000  # small blocks: a committed model's few hundred kB of weights in several
 
 Injector = Callable[[ir.Model, CenteringPlan], str | None]  # what it changed, or None: no site
 
@@ -251,7 +262,20 @@ class Mutant:
         return self.status in ("passed", "skipped")
 
 
-def _fold(path: Path, budget: float, inject: Injector | None) -> tuple[_pipeline.FoldRun, str | None]:
+@contextmanager
+def _block_by_block():
+    """Within it every model the check runs is run block by block, in small blocks."""
+    above, size = blockwise.blockwise_above, blockwise.block_bytes
+    blockwise.blockwise_above, blockwise.block_bytes = (lambda: 0), (lambda: BLOCK_BYTES)
+    try:
+        yield
+    finally:
+        blockwise.blockwise_above, blockwise.block_bytes = above, size
+
+
+def _fold(
+    path: Path, budget: float | None, inject: Injector | None, by_blocks: bool = False
+) -> tuple[_pipeline.FoldRun, str | None]:
     """The pipeline on `path` with one fault injected after the apply step."""
     injected: list[str | None] = [None]
 
@@ -259,7 +283,9 @@ def _fold(path: Path, budget: float, inject: Injector | None) -> tuple[_pipeline
         injected[0] = inject(model, plan) if inject is not None else "none"
 
     model, _ = load_model(path)
-    run = _pipeline.run_pipeline(model, path, FoldOptions(), _pipeline.VerifyRequest(float64_budget=budget), after_apply=after_apply)
+    with _block_by_block() if by_blocks else nullcontext():
+        request = _pipeline.VerifyRequest(float64_budget=budget)
+        run = _pipeline.run_pipeline(model, path, FoldOptions(), request, after_apply=after_apply)
     return run, injected[0]
 
 
@@ -286,7 +312,7 @@ def _figure(effect: float | None) -> str:
 
 
 def campaign_for(path: Path, faults: list[str], log=print) -> list[Mutant]:
-    """Every fault of `faults` on one model, through both judgments."""
+    """Every fault of `faults` on one model, through every judgment path (`JUDGMENTS`)."""
     results: list[Mutant] = []
     control, _ = _fold(path, 0.0, None)
     if not control.report.plan.folded:
@@ -296,9 +322,9 @@ def campaign_for(path: Path, faults: list[str], log=print) -> list[Mutant]:
     for fault in faults:
         inject = FAULTS[fault]
         effect: float | None = 0.0
-        for judgment, budget in JUDGMENTS.items():
+        for judgment, (budget, by_blocks) in JUDGMENTS.items():
             started = time.perf_counter()
-            run, injected = _fold(path, budget, inject)
+            run, injected = _fold(path, budget, inject, by_blocks)
             mutant = Mutant(path.stem, fault, judgment, injected)
             if injected is not None:
                 v = run.report.verification
@@ -310,7 +336,7 @@ def campaign_for(path: Path, faults: list[str], log=print) -> list[Mutant]:
             mutant.seconds = time.perf_counter() - started
             results.append(mutant)
             log(
-                f"{path.stem:32s} {fault:18s} {judgment:17s} "
+                f"{path.stem:32s} {fault:18s} {judgment:23s} "
                 + ("not injectable" if injected is None else f"{mutant.status:8s} effect {_figure(mutant.effect)} {mutant.reason[:90]}")
             )
     return results
@@ -353,7 +379,8 @@ def write(mutants: list[Mutant], out: Path, command: str, seconds: float) -> Non
     lines += [
         f"A fault *matters* when its float64 effect on some output exceeds {MATTERS:g} relative (against the same fold",
         "without it, as written); it is *caught* when the tool refuses the fold. The default judgment is float64",
-        "where it fits; `float64_budget=0` is the path every model past the float64 budget takes.",
+        "where it fits; `float64_budget=0` is the path every model past the float64 budget takes; block by block, the",
+        "path of a model larger than memory (its passes side by side).",
         "",
         "| judgment | faults that matter | caught | passed as verified | not injectable | faults that do not matter (refused) | controls passed |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -380,7 +407,7 @@ def write(mutants: list[Mutant], out: Path, command: str, seconds: float) -> Non
         )
     unjudged = [m for m in mutants if m.fault != "control" and m.injected is not None and m.effect is None]
     models = sorted({m.model for m in unjudged})
-    lines += ["", f"{len(unjudged) // 2} mutants could not be run in float64 (on {', '.join(models) or 'no model'}): "
+    lines += ["", f"{len(unjudged) // len(JUDGMENTS)} mutants could not be run in float64 (on {', '.join(models) or 'no model'}): "
               f"counted as mattering; {sum(not m.verified for m in unjudged)} of their {len(unjudged)} verdicts refused."]
     passed = [m for m in mutants if m.fault != "control" and m.injected is not None and m.matters and m.verified]
     lines += ["", "## Faults that matter and passed", ""]

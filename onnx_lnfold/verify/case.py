@@ -7,7 +7,7 @@ report. `Case.verdict` makes the `Verification` from it; a judge that cannot jud
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from onnx_lnfold.feeds.sets import InputSet
 from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.sessions import ModelBytesOrPath
 from onnx_lnfold.verify.verdict import Judgment, OutputDiff, Status, Verification, WayOut
+
+if TYPE_CHECKING:
+    from onnx_lnfold.verify.side_by_side import SideBySide
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Case:
     compared: list[Compared] = field(default_factory=list)
     worst: dict[str, OutputDiff] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    side: SideBySide | None = None  # both models' passes run side by side, where they were
 
     def __post_init__(self) -> None:
         self.labels = self.labels or [s.label for s in self.input_sets]

@@ -92,13 +92,23 @@ def check_equivalence(
     verification = run_both(case)
     if verification is not None:
         return verification
-    read = read_back(folded, request.planned) if request.planned is not None else None
+    read = _read(case)
     if read is not None and read.problem:
         return case.verdict("failed", f"the folded model is not what the plan wrote: {read.problem}")
     verification = _read_back(judge(case), read)
     if case.shadow and request.plan is not None and verification.status == "passed":
         verification.notes.extend(bfloat16_rounding(model, request.plan))
     return verification
+
+
+def _read(case: Case) -> ReadBack | None:
+    """The fold read back against its plan: beside the other passes where they ran so, else now."""
+    side, planned = case.side, case.request.planned
+    if side is not None and (side.read is not None or side.read_error is not None):
+        if side.read_error is not None:
+            raise side.read_error
+        return side.read
+    return read_back(case.folded, planned) if planned is not None else None
 
 
 def _read_back(verification: Verification, read: ReadBack | None) -> Verification:

@@ -8,6 +8,7 @@ is left out, with a note, where none runs.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -24,7 +25,10 @@ from onnx_lnfold.verify.sessions import (
     run_sets,
     session_for,
 )
+from onnx_lnfold.verify.side_by_side import side_by_side
 from onnx_lnfold.verify.verdict import Verification, rtol_for
+
+logger = logging.getLogger(__name__)
 
 # (number from 1, feeds as given, as ONNX Runtime took them, the original's outputs, seconds)
 _Run = tuple[int, dict, dict, dict, float]
@@ -43,6 +47,12 @@ def run_both(case: Case) -> Verification | None:
         ort_folded = float32_shadow(case.folded) if case.shadow else case.folded
     except Exception as e:  # noqa: BLE001 - e.g. a shadow over 2 GB
         return case.verdict("unverified", f"cannot build the float32 shadows: {first_line(e)}", way_out="decline")
+    if not case.shadow:
+        try:
+            feeds = [s.feeds for s in case.input_sets]
+            case.side = side_by_side(case.original, ort_folded, feeds, case.request, case.request.computed)
+        except Exception as e:  # noqa: BLE001 - a model whose blocks cannot be made: each alone says so below
+            logger.info("the passes do not run side by side: %s", first_line(e))
     runs = _run_original(case)
     if isinstance(runs, Verification):
         return runs
@@ -56,7 +66,9 @@ def _run_original(case: Case) -> list[_Run] | Verification:
         reason = f"the original model does not load in onnxruntime: {first_line(e)}"
         return case.verdict("unverified", reason, way_out="decline")
     runs: list[_Run] = []
-    ahead = _Ahead(session, [widen_feeds(s.feeds) if case.shadow else s.feeds for s in case.input_sets])
+    side = case.side
+    ready = (side.original, side.original_seconds) if side is not None else None
+    ahead = _Ahead(session, [widen_feeds(s.feeds) if case.shadow else s.feeds for s in case.input_sets], ready)
     for number, input_set in enumerate(case.input_sets, 1):
         where = case.where(number)
         error: Exception | None = None
@@ -89,7 +101,10 @@ def _run_folded(case: Case, folded: ModelBytesOrPath, runs: list[_Run]) -> Verif
     except Exception as e:  # noqa: BLE001
         return case.verdict("failed", f"the folded model does not load in onnxruntime: {first_line(e)}")
     rtol = case.request.rtol
-    ahead = _Ahead(session, [feeds for _, _, feeds, _, _ in runs])
+    side, given = case.side, [feeds for _, feeds, _, _, _ in runs]
+    same_sets = side is not None and len(given) == len(side.feeds) and all(a is b for a, b in zip(given, side.feeds))
+    ready = (side.fold, side.fold_seconds) if same_sets else None  # type: ignore[union-attr]
+    ahead = _Ahead(session, [feeds for _, _, feeds, _, _ in runs], ready)
     for index, (number, given, feeds, reference, seconds) in enumerate(runs):
         try:
             candidate = ahead(index)
@@ -110,12 +125,15 @@ def _run_folded(case: Case, folded: ModelBytesOrPath, runs: list[_Run]) -> Verif
 
 class _Ahead:
     """A `BlockwiseSession`'s runs of every input set, made at once (each block's weights read once
-    for all sets): `ahead(i)` is set i's outputs (raising what its run raised), None where the
+    for all sets), or `ready`, the runs made side by side with the twins (`verify.side_by_side`,
+    with their seconds): `ahead(i)` is set i's outputs (raising what its run raised), None where the
     session runs sets one by one or `first` is false (another reading of the shapes is tried)."""
 
-    def __init__(self, session, feeds_list: list[dict[str, np.ndarray]]):
+    def __init__(self, session, feeds_list: list[dict[str, np.ndarray]], ready: tuple[list, float] | None = None):
         self._results, self.seconds = None, 0.0
-        if is_blockwise(session):
+        if ready is not None:
+            self._results, self.seconds = ready[0], ready[1] / max(len(feeds_list), 1)
+        elif is_blockwise(session):
             started = time.perf_counter()
             self._results = run_sets(session, feeds_list)
             self.seconds = (time.perf_counter() - started) / max(len(feeds_list), 1)

@@ -23,6 +23,7 @@ Tensors are read a block of rows at a time, external data unmapped once read.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -35,6 +36,7 @@ from onnx_lnfold.core.ops import PRIMITIVE_OPS
 from onnx_lnfold.decide.targets import PRIMITIVE_RMS_OP, SKIP_RMS_OP, bias_slot
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify import tensor_checks
+from onnx_lnfold.verify.oracle.paced import drain
 from onnx_lnfold.verify.sessions import ModelBytesOrPath
 
 logger = logging.getLogger(__name__)
@@ -346,6 +348,19 @@ class ReadBack:
     problem: str = ""  # the first difference the plan does not account for, named
 
 
+@dataclass(frozen=True)
+class _TensorCheck:
+    position: tuple[str, int]  # where the written tensor's values are: file and offset ("", -1 in the model)
+    nbytes: int
+    run: Callable[[], None]
+
+
+def _file_position(tensor: ir.TensorProtocol) -> tuple[str, int]:
+    if isinstance(tensor, ir.ExternalTensor):
+        return str(tensor.location), int(tensor.offset or 0)
+    return "", -1
+
+
 class _Differs(Exception):
     """A difference from the plan: its message is the reason the fold is refused."""
 
@@ -372,6 +387,13 @@ class _Folded:
         self.constants = _constants(self.scopes)
         self.claimed_nodes: set[str] = set()
         self.claimed_tensors: set[str] = set()
+        # The checks that read tensors' values, run after the structure in the order of the file
+        # (`_TensorCheck`): each tensor's pages read once, in step with the check's other passes.
+        self.tensor_checks: list[_TensorCheck] = []
+
+    def later(self, written: ir.TensorProtocol, check: Callable[[], None]) -> None:
+        """Run `check` (which raises `_Differs`) with the tensor checks, at `written`'s place."""
+        self.tensor_checks.append(_TensorCheck(_file_position(written), int(written.nbytes or 0), check))
 
     def node_making(self, graph: int, name: str, what: str) -> ir.Node:
         node = self.scopes.find(self.producer, graph, name)
@@ -553,10 +575,14 @@ def _check_edit(folded: _Folded, changes: PlannedChanges, e: PlannedEdit) -> int
     if scoped in folded.claimed_tensors:  # a bias centered and given a beta: read back with its beta
         return 0
     written = folded.tensor(e.graph, e.written, "")
-    problem = tensor_checks.check_centered(original, written, e.axis, e.weights, e.block, e.blocks)
-    if problem:
-        along = "made zero" if e.axis is None else f"centered along axis {e.axis}" + (" in blocks" if e.block else "")
-        raise _Differs(f"the written '{e.written}' is not '{e.tensor}' {along}: it {problem}")
+
+    def check() -> None:
+        problem = tensor_checks.check_centered(original, written, e.axis, e.weights, e.block, e.blocks)
+        if problem:
+            along = "made zero" if e.axis is None else f"centered along axis {e.axis}" + (" in blocks" if e.block else "")
+            raise _Differs(f"the written '{e.written}' is not '{e.tensor}' {along}: it {problem}")
+
+    folded.later(written, check)
     return 1
 
 
@@ -594,15 +620,19 @@ def _check_beta(folded: _Folded, changes: PlannedChanges, b: PlannedBeta) -> int
     weight = folded.constants.get(folded.scoped(b.graph, b.weight) or "")
     if beta is None or weight is None:
         raise _Differs(f"{what}: beta '{b.beta}' or the weight '{b.weight}' is not a constant")
-    row = np.broadcast_to(np.asarray(beta.numpy()).astype(np.float64).reshape(-1), (b.rows,))
-    delta, bound = tensor_checks.beta_through(np.ascontiguousarray(row), weight, b.trans)
-    base = np.zeros_like(delta)
-    if b.bias is not None:
-        original = np.asarray(folded.scopes.find(changes.constants, b.graph, b.bias).numpy())
-        base = (tensor_checks.centered_float64(original, *b.bias_edit) if b.bias_edit else original.astype(np.float64)).reshape(-1)
-    problem = tensor_checks.check_bias_with_beta(base, b.scale * delta, abs(b.scale) * bound, written)
-    if problem:
-        raise _Differs(f"{what}: '{bias_name}' {problem}")
+
+    def check() -> None:
+        row = np.broadcast_to(np.asarray(beta.numpy()).astype(np.float64).reshape(-1), (b.rows,))
+        delta, bound = tensor_checks.beta_through(np.ascontiguousarray(row), weight, b.trans)
+        base = np.zeros_like(delta)
+        if b.bias is not None:
+            original = np.asarray(folded.scopes.find(changes.constants, b.graph, b.bias).numpy())
+            base = (tensor_checks.centered_float64(original, *b.bias_edit) if b.bias_edit else original.astype(np.float64)).reshape(-1)
+        problem = tensor_checks.check_bias_with_beta(base, b.scale * delta, abs(b.scale) * bound, written)
+        if problem:
+            raise _Differs(f"{what}: '{bias_name}' {problem}")
+
+    folded.later(weight, check)  # the weight is what it reads most of
     return 1
 
 
@@ -642,17 +672,32 @@ def _check_rest(folded: _Folded, changes: PlannedChanges) -> ReadBack:
         original = changes.constants.get(scoped)
         if original is None:
             raise _Differs(f"the tensor '{name}' is not in the original and the plan does not add it")
-        problem = tensor_checks.check_unchanged(original, tensor)
-        if problem:
-            raise _Differs(f"the tensor '{name}' {problem}, and no edit of the plan accounts for it")
+        folded.later(tensor, _unchanged_check(name, original, tensor))
         done.unchanged += 1
     return done
+
+
+def _unchanged_check(name: str, original: ir.TensorProtocol, written: ir.TensorProtocol) -> Callable[[], None]:
+    def check() -> None:
+        problem = tensor_checks.check_unchanged(original, written)
+        if problem:
+            raise _Differs(f"the tensor '{name}' {problem}, and no edit of the plan accounts for it")
+
+    return check
 
 
 def read_back(folded: ModelBytesOrPath, changes: PlannedChanges) -> ReadBack:
     """Account for every difference between the model as it was (`changes`) and `folded`, as
     written: the number of planned changes read back, or the first difference the plan does not
     account for."""
+    return drain(read_back_steps(folded, changes))
+
+
+def read_back_steps(folded: ModelBytesOrPath, changes: PlannedChanges) -> Generator[float, None, ReadBack]:
+    """`read_back` a tensor at a time: the structure first, then the tensor checks in the order of
+    the file, yielding the share of their bytes read after each (the check advances its passes over
+    a file together, `verify.oracle.paced`). A difference in the structure is reported before one
+    in the values."""
     model = _model(folded)
     view = _Folded(model)
     checked = 0
@@ -672,6 +717,11 @@ def read_back(folded: ModelBytesOrPath, changes: PlannedChanges) -> ReadBack:
         for e in changes.edits:
             checked += _check_edit(view, changes, e)
         rest = _check_rest(view, changes)
+        total, done = max(sum(c.nbytes for c in view.tensor_checks), 1), 0
+        for tensor_check in sorted(view.tensor_checks, key=lambda c: c.position):
+            tensor_check.run()
+            done += tensor_check.nbytes
+            yield done / total
     except _Differs as e:
         return ReadBack(checked, 0, str(e))
     rest.checked = checked

@@ -48,21 +48,44 @@ def session_options():
 
 def session_for(model: ModelBytesOrPath, perturbed: bool = False):
     """A session of `model`: one ONNX Runtime session, or, for a model whose weights would not sit
-    comfortably in the memory available, a `BlockwiseSession` (block by block, each block's
-    weights read from the model's file in place). `perturbed`: the model with its weights moved by
-    one rounding step, block by block (`verify.judges.sensitivity.measure_sensitivity`); a single session of it
-    is not made here."""
+    comfortably in the memory available, a `BlockwiseSession` (`blockwise_session`). `perturbed`:
+    the model with its weights moved by one rounding step, block by block
+    (`verify.judges.sensitivity.measure_sensitivity`); a single session of it is not made here."""
     import onnxruntime as ort
 
-    above = blockwise.blockwise_above()
-    if perturbed or (above is not None and not (isinstance(model, bytes) and len(model) <= above)):
+    if perturbed:
         proto, folder = blockwise.load_structure(model)
-        if perturbed or blockwise.runs_blockwise(proto):
-            label = Path(model).name if not isinstance(model, bytes) else "the model"
-            return blockwise.BlockwiseSession(proto, folder, session_options, perturbed=perturbed, label=label)
-        del proto
+        return blockwise.BlockwiseSession(proto, folder, session_options, perturbed=True, label=_label(model))
+    found = blockwise_session(model)
+    if found is not None:
+        return found
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, session_options(), providers=["CPUExecutionProvider"])
+
+
+def blockwise_session(model: ModelBytesOrPath) -> blockwise.BlockwiseSession | None:
+    """`model` run block by block, each block's weights read from the model's file in place, where
+    its weights would not sit comfortably in the memory available; else None."""
+    above = blockwise.blockwise_above()
+    if above is None or (isinstance(model, bytes) and len(model) <= above):
+        return None
+    proto, folder = blockwise.load_structure(model)
+    if not blockwise.runs_blockwise(proto):
+        return None
+    return blockwise.BlockwiseSession(proto, folder, session_options, label=_label(model))
+
+
+def _label(model: ModelBytesOrPath) -> str:
+    return Path(model).name if not isinstance(model, bytes) else "the model"
+
+
+def ort_run_options():
+    """Run options that keep ONNX Runtime's own log quiet (a failed run raises, with its message)."""
+    import onnxruntime as ort
+
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4
+    return run_options
 
 
 def is_blockwise(session) -> bool:
@@ -70,23 +93,15 @@ def is_blockwise(session) -> bool:
 
 
 def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    run_options = ort.RunOptions()
-    run_options.log_severity_level = 4
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds, run_options)))
+    return dict(zip(names, session.run(names, feeds, ort_run_options())))
 
 
 def run_sets(session, feeds_list: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
     """Each input set's outputs, or the exception its run raised: a `BlockwiseSession` runs every
     set through each block in turn (its weights read once), a session the sets one by one."""
     if is_blockwise(session):
-        import onnxruntime as ort
-
-        run_options = ort.RunOptions()
-        run_options.log_severity_level = 4
-        return session.run_many(feeds_list, run_options)
+        return session.run_many(feeds_list, ort_run_options())
     results: list[dict[str, np.ndarray] | Exception] = []
     for feeds in feeds_list:
         try:

@@ -13,7 +13,8 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold._cli import main
 from onnx_lnfold.io import scratch
-from onnx_lnfold.verify import check
+from onnx_lnfold.verify import check, side_by_side
+from onnx_lnfold.verify.judges import float64
 from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.cut import cut, node_reads
 from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
@@ -106,12 +107,18 @@ def test_a_wrong_fold_is_refused_block_by_block(monkeypatch, forced, budget):
     assert "the folded model is not what the plan wrote" in str(info.value)  # the read-back, first
     # The judge on its own, block by block: with the read-back out of the way it refuses the fold too.
     monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    monkeypatch.setattr(side_by_side, "read_back_steps", _no_read_back)  # where it runs beside the others
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
         onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=budget)
     verification = info.value.report.verification
     assert forced and verification.status == "failed"
     assert verification.judgment == (SENSITIVITY if budget == 0 else FLOAT64)
     assert "output 'logits' differs" in str(info.value)
+
+
+def _no_read_back(*args):
+    return check.ReadBack()
+    yield
 
 
 def test_the_check_of_a_model_with_external_data_writes_no_copy(tmp_path, monkeypatch, forced):
@@ -135,3 +142,75 @@ def test_the_check_of_a_model_with_external_data_writes_no_copy(tmp_path, monkey
         assert sorted(p.name for p in destination.parent.iterdir()) == ["folded.onnx", "folded.onnx.data"]
     assert {label for label, _ in forced} >= {"gpt2.onnx", "gpt2.onnx, its weights perturbed"}
     assert sorted(p.name for p in source.parent.iterdir()) == ["gpt2.onnx", "gpt2.onnx.data"]
+
+
+def _recorded(label, steps, log):
+    """`steps` with each share it yields logged as (label, share)."""
+    try:
+        while True:
+            share = next(steps)
+            log.append((label, share))
+            yield share
+    except StopIteration as stop:
+        return stop.value
+
+
+def _recording(monkeypatch) -> list[tuple[str, float]]:
+    log: list[tuple[str, float]] = []
+    together = side_by_side.run_together
+
+    def recording(passes):
+        for p in passes:
+            p.steps = _recorded(p.label, p.steps, log)
+        together(passes)
+
+    monkeypatch.setattr(side_by_side, "run_together", recording)
+    return log
+
+
+def test_the_passes_over_a_model_run_side_by_side(monkeypatch, forced):
+    """Block by block, both models in ONNX Runtime and their float64 twins step through the weights
+    together (verify.oracle.paced): each pass reads a block while the others are within a block of
+    it, and the judge takes the twins those passes gave (it runs none of its own)."""
+    log = _recording(monkeypatch)
+    monkeypatch.setattr(float64, "_twins", lambda *args: pytest.fail("the twins ran again"))
+    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
+    assert verification.status == "passed" and verification.judgment == FLOAT64
+    labels = [
+        "the original in onnxruntime",
+        "the fold in onnxruntime",
+        "the original in float64",
+        "the fold in float64",
+        "the read-back",
+    ]
+    assert sorted({label for label, _ in log}) == sorted(labels)
+    # The widest step of any pass: how far apart they may be when one steps.
+    shares: dict[str, float] = dict.fromkeys(labels, 0.0)
+    widest = 0.0
+    for label, share in log:
+        widest = max(widest, share - shares[label])
+        shares[label] = share
+    shares = dict.fromkeys(labels, 0.0)
+    for label, share in log:
+        behind = min((s for s in shares.values() if s < 1.0), default=1.0)  # those at 1.0 are done
+        assert shares[label] <= behind + 1e-12  # the one furthest behind steps
+        shares[label] = share
+    assert all(abs(s - 1.0) < 1e-9 for s in shares.values())
+    last_ort = max(i for i, (label, _) in enumerate(log) if label == "the original in onnxruntime")
+    first_twin = min(i for i, (label, _) in enumerate(log) if label == "the original in float64")
+    assert first_twin < last_ort and widest < 0.5
+
+
+def test_side_by_side_the_twins_keep_their_deadline(monkeypatch, forced):
+    """Beside ONNX Runtime's passes the original's twin is paced by its own time: over the allowance
+    for all input sets it goes on with the first, over the first's it stops and the fold is judged
+    without float64, the reason given."""
+    monkeypatch.setattr(float64, "_twins", lambda *args: pytest.fail("the twins ran again"))
+    monkeypatch.setattr(side_by_side, "float64_allowance", lambda *args: 1e-6)
+    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
+    assert verification.status == "passed" and verification.judgment == FLOAT64
+    assert any(note.startswith("judged in float64 on the first 1 of 3 input sets") for note in verification.notes)
+    monkeypatch.setattr(side_by_side, "first_allowance", lambda *args: 1e-6)
+    verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
+    assert verification.status == "passed" and verification.judgment == SENSITIVITY
+    assert "over its allowance" in verification.judgment_reason

@@ -51,6 +51,8 @@ def judge(case: Case, why: str = "") -> Verification | Declined:
     # The first set's twins are timed as they run when no budget was asked for (ONNX Runtime's time
     # for a model run block by block is mostly its weights being read, no guide to float64's).
     chosen = within(case.compared, allowance, first if budget is not None else math.inf)
+    if case.side is not None and case.side.twins_for([run.feeds for run in case.compared]):
+        chosen = case.compared  # the twins ran beside ONNX Runtime, their deadline choosing the sets
     if budget is not None and budget <= 0:
         return Declined("none asked for (a float64 budget of 0 s)")
     if not chosen:
@@ -81,20 +83,14 @@ def float64_figures(case: Case, compared: list[Compared], budget: float) -> int:
     take more than `budget` seconds (the first set alone is judged where all would not fit: the
     number of sets judged is returned)."""
     try:
-        exact = case.request.computed
-        original, folded = Float64Model(case.original), Float64Model(case.folded, exact)
-        original.label = "the original"
-        folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
-        started = time.perf_counter()
-        # The fold's two readings share one pass (each weight read once), at most twice the
-        # original's work: three of its passes bound all.
-        truths = original.run_many([run.feeds for run in compared], Deadline(started, budget, 3))
-        compared = compared[: len(truths)]  # the sets that fit
-        feeds = [run.feeds for run in compared]
-        if exact is not None:
-            written, exactly = folded.run_as_written_and_exact(feeds)
+        side = case.side
+        if side is not None and side.twins_for([run.feeds for run in compared]):  # run beside ONNX Runtime's
+            if side.twin_error is not None:
+                raise side.twin_error
+            truths, written, exactly = side.truths, side.written, side.exactly
         else:
-            written, exactly = folded.run_many(feeds), None
+            truths, written, exactly = _twins(case, compared, budget)
+        compared = compared[: len(truths)]  # the sets that fit
         figures: list[dict[str, OutputDiff]] = []
         for number, (run, truth) in enumerate(zip(compared, truths)):
             per_output = {}
@@ -120,6 +116,23 @@ def float64_figures(case: Case, compared: list[Compared], budget: float) -> int:
         for name, diff in per_output.items():
             case.worst[name].merge(diff)
     return len(figures)
+
+
+def _twins(case: Case, compared: list[Compared], budget: float) -> tuple[list, list, list | None]:
+    """The original's twin on the sets `compared` (as many as fit `budget`), then the fold's on
+    those, as written and, where the fold's computed constants are at hand, exact."""
+    exact = case.request.computed
+    original, folded = Float64Model(case.original), Float64Model(case.folded, exact)
+    original.label = "the original"
+    folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
+    started = time.perf_counter()
+    # The fold's two readings share one pass (each weight read once), at most twice the
+    # original's work: three of its passes bound all.
+    truths = original.run_many([run.feeds for run in compared], Deadline(started, budget, 3))
+    feeds = [run.feeds for run in compared[: len(truths)]]
+    if exact is not None:
+        return truths, *folded.run_as_written_and_exact(feeds)
+    return truths, folded.run_many(feeds), None
 
 
 def twin_disagrees(outputs: list[OutputDiff], output_types: dict[str, int]) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from onnx_lnfold.verify.oracle.cut import Cut, cut, tensor_bytes
+from onnx_lnfold.verify.oracle.paced import drain
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +139,15 @@ class BlockwiseSession:
 
     def run_many(self, feeds_list: list[dict[str, np.ndarray]], run_options=None) -> list[dict | Exception]:
         """Each input set's outputs by name, or the exception it raised (the others go on)."""
+        return drain(self.steps(feeds_list, run_options))
+
+    def steps(self, feeds_list: list[dict[str, np.ndarray]], run_options=None) -> Generator[float, None, list]:
+        """`run_many` a block at a time: yields the share of the weights read after each block (the
+        check advances its passes over a file together, `verify.oracle.paced`) and returns what
+        `run_many` returns."""
         values: list[dict | Exception] = [dict(feeds) for feeds in feeds_list]
         blocks = self.cut.blocks
+        total, done = max(sum(b.weight_bytes for b in blocks), 1), 0
         for number, block in enumerate(blocks):
             say(
                 f"Verifying in onnxruntime: {self.label}, block {number + 1} of {len(blocks)} ({block.weight_bytes / 1e9:.2f} GB)"
@@ -176,6 +184,8 @@ class BlockwiseSession:
                     if self._last.get(name) == number:
                         current.pop(name, None)
             del session, overrides
+            done += block.weight_bytes
+            yield done / total
         return [v if isinstance(v, Exception) else {n: self._output(v, n) for n in self._outputs} for v in values]
 
     def _output(self, values: dict, name: str) -> np.ndarray:

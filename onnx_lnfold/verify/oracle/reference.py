@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.oracle.blockwise import available_memory, say
 from onnx_lnfold.verify.oracle.cut import body_reads, topological
 from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
+from onnx_lnfold.verify.oracle.paced import drain
 from onnx_lnfold.verify.oracle.shadow import float64_feeds, widen_to_float64
 
 
@@ -256,7 +257,15 @@ class Float64Model:
         node: each weight is read once for all of them. `deadline`: its pace is checked as the nodes
         run; where all the sets would not fit, the first goes on alone (fewer outputs are returned),
         and where it would not either, `Float64Unavailable` is raised."""
-        return self._evaluate(feeds_list, [{}], self._evaluator, deadline)[0]
+        return drain(self.steps(feeds_list, deadline))
+
+    def steps(
+        self, feeds_list: list[dict[str, np.ndarray]], deadline: Deadline | None = None
+    ) -> Generator[float, None, list[dict[str, np.ndarray]]]:
+        """`run_many` a node at a time: yields the share of the weights read after each node (the
+        check advances its passes over a file together, `verify.oracle.paced`)."""
+        outputs = yield from self._steps(feeds_list, [{}], self._evaluator, deadline)
+        return outputs[0]
 
     def run_as_written_and_exact(
         self, feeds_list: list[dict[str, np.ndarray]]
@@ -264,29 +273,39 @@ class Float64Model:
         """The outputs on each input set with the constants as written and with the `exact` ones at
         their exact values: both readings in one pass node by node, each weight they share (all but
         the exact ones) read once for both."""
+        return drain(self.written_and_exact_steps(feeds_list))
+
+    def written_and_exact_steps(
+        self, feeds_list: list[dict[str, np.ndarray]], keep: Callable[[], int] | None = None
+    ) -> Generator[float, None, tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]]:
+        """`run_as_written_and_exact` a node at a time, as `steps`; `keep`: how many of the input sets
+        to go on with, asked after each node (the original's twin's deadline, where they run side by
+        side)."""
         if self._exact_evaluator is None:
-            written, exact = self._evaluate(feeds_list, [{}, self._exact], self._evaluator)
+            written, exact = yield from self._steps(feeds_list, [{}, self._exact], self._evaluator, keep=keep)
         else:
-            written, exact = self.run_many(feeds_list), self._evaluate(feeds_list, [self._exact], self._exact_evaluator)[0]
+            (written,) = yield from self._steps(feeds_list, [{}], self._evaluator, keep=keep)
+            (exact,) = yield from self._steps(feeds_list, [self._exact], self._exact_evaluator, keep=keep)
         return written, exact
 
-    def _evaluate(
+    def _steps(
         self,
         feeds_list: list[dict[str, np.ndarray]],
         readings: list[dict[str, Any]],
         evaluator: Evaluator,
         deadline: Deadline | None = None,
-    ) -> list[list[dict[str, np.ndarray]]]:
+        keep: Callable[[], int] | None = None,
+    ) -> Generator[float, None, list[list[dict[str, np.ndarray]]]]:
         """Each reading's outputs on each input set (a reading: the tensors that replace constants
         by name), every set of every reading evaluated together node by node. A node reading none
-        of the replaced constants runs once on all the sets, its weights read once."""
-        assert deadline is None or len(readings) == 1, "a deadline drops sets: one reading only"
+        of the replaced constants runs once on all the sets, its weights read once. Yields the
+        share of the weights read after each node."""
         sets: list[dict[str, Any]] = [{"": None, **float64_feeds(feeds)} for feeds in feeds_list for _ in readings]
         reading_of = [r for _ in feeds_list for r in range(len(readings))]  # each set's reading, by index
         replaced = set().union(*readings)
         weight_total = sum(getattr(t, "nbytes", 0) or 0 for t in self._weights.values())
-        weight_done, told = 0, 0
-        keep = set(self.output_names)
+        weight_done, told, seen = 0, 0, set()
+        keep_names = set(self.output_names)
         self.peak_bytes = sum(map(_bytes, sets))
         for index, (node, names) in enumerate(zip(evaluator.rt_nodes_, self._reads)):
             if replaced.intersection(names):
@@ -304,15 +323,20 @@ class Float64Model:
                     results.update((name, value) for name, value in zip(node.onnx_node.output, produced) if name)
                     current += _bytes(results) - sum(a.nbytes for a in weights.values())
                 del weights, outputs
+            read -= seen  # a weight two nodes read counts once
+            seen |= read
             weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in read)
             self.peak_bytes = max(self.peak_bytes, current)
             done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
             if done * 10 >= told + 1:
                 told = int(done * 10)
                 say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
+            kept = len(sets) // len(readings)
             if deadline is not None:
-                if deadline.keeps(done, len(sets)) < len(sets):
-                    del sets[1:], reading_of[1:]
+                kept = deadline.keeps(done, kept)
+            if keep is not None:
+                kept = min(kept, keep())
+            del sets[kept * len(readings) :], reading_of[kept * len(readings) :]
             if self.memory_budget is not None and current > self.memory_budget:
                 label = node.onnx_node.name or node.op_type
                 raise Float64Unavailable(
@@ -320,9 +344,10 @@ class Float64Model:
                     f"memory budget of {self.memory_budget / 2**30:.1f} GiB"
                 )
             for name in names:
-                if self._last_use.get(name) == index and name not in keep:
+                if self._last_use.get(name) == index and name not in keep_names:
                     for results in sets:
                         results.pop(name, None)
+            yield done
         outputs: list[list[dict[str, np.ndarray]]] = [[] for _ in readings]
         for results, number in zip(sets, reading_of):
             for name in self.output_names:  # an output that is a weight no node reads
@@ -442,15 +467,30 @@ def _stacked_matmul(node: onnx.NodeProto, weights: dict[str, np.ndarray], sets: 
 
 class Deadline:
     """The pace of a float64 evaluation against its allowance: `twins` models to run on the same
-    sets, this one first, within `allowance` seconds from `started`. The work done is measured in
-    the share of the weights read (what the time follows in a large model)."""
+    sets, this one first, within `allowance` seconds from `started` (all the sets within
+    `all_sets_allowance`, where it is given; else the first goes on alone). The work done is measured
+    in the share of the weights read (what the time follows in a large model); the time, by `clock`
+    where given (the seconds of this evaluation's own work, where it runs beside other passes)."""
 
-    def __init__(self, started: float, allowance: float, twins: int):
+    def __init__(
+        self,
+        started: float,
+        allowance: float,
+        twins: int,
+        clock: Callable[[], float] | None = None,
+        all_sets_allowance: float | None = None,
+    ):
         self.started, self.allowance, self.twins = started, allowance, twins
+        self.all_sets_allowance = allowance if all_sets_allowance is None else all_sets_allowance
+        self._clock = clock
+        self.sets: int | None = None  # how many sets go on, once `keeps` was asked
         self._dropped: tuple[float, float] | None = None  # (elapsed, done) when the sets were cut to one
 
+    def elapsed(self) -> float:
+        return self._clock() if self._clock is not None else time.perf_counter() - self.started
+
     def projected(self, done: float) -> float:
-        elapsed = time.perf_counter() - self.started
+        elapsed = self.elapsed()
         if self._dropped is None:
             return self.twins * elapsed / max(done, 1e-9)
         at, was = self._dropped
@@ -459,13 +499,17 @@ class Deadline:
 
     def keeps(self, done: float, sets: int) -> int:
         """How many input sets go on, after `done` of the work on `sets`; raises where none fits."""
-        if done < 0.05 and time.perf_counter() - self.started < 0.1 * self.allowance:
+        self.sets = self._keeps(done, sets)
+        return self.sets
+
+    def _keeps(self, done: float, sets: int) -> int:
+        if done < 0.05 and self.elapsed() < 0.1 * self.allowance:
             return sets  # too early to tell
         projected = self.projected(done)
-        if projected <= self.allowance:
+        if projected <= (self.all_sets_allowance if sets > 1 else self.allowance):
             return sets
         if sets > 1:
-            self._dropped = (time.perf_counter() - self.started, done)
+            self._dropped = (self.elapsed(), done)
             return 1
         if self._dropped is not None and done - self._dropped[1] < 0.05:
             return sets  # the pace of one set is not known yet
@@ -512,7 +556,8 @@ def failing_node(error: BaseException) -> str | None:
     return found
 
 
-_RUN_CODE = (Float64Model._evaluate.__code__, Float64Model._run_node.__code__)
+_RUN_CODE = (Float64Model._steps.__code__, Float64Model._run_node.__code__)
+
 
 @dataclass(frozen=True)
 class _PartReader:

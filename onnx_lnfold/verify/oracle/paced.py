@@ -1,0 +1,66 @@
+"""The check's passes over models larger than memory, advanced together so that each file is read
+from disk about once (docs/DESIGN.md section 6).
+
+Each pass (ONNX Runtime's block-by-block run of a model, a float64 twin) is a generator that reads
+its model's weights in graph order and yields, after each step, the share of them it has read.
+`run_together` always steps the pass furthest behind: all of them move through the weights side
+by side, a block apart, so a block's pages read from disk by the first pass are still in the page
+cache when the others read them. Run one after the other, each pass over a model larger than the
+page cache reads the whole file from disk again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def drain(steps: Generator[Any, None, Any]) -> Any:
+    """Run a pass to its end alone: what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+@dataclass
+class Pass:
+    """One pass of `run_together`: its steps, then what it returned or the exception it raised, and
+    the seconds spent in its own steps."""
+
+    label: str
+    steps: Generator[float, None, Any]
+    result: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+    share: float = field(default=0.0, repr=False)  # of its weights read so far
+
+    def clock(self) -> float:
+        """Seconds spent in this pass's steps so far, the current one included: its own time, the
+        others' left out (a float64 twin's deadline is paced by its own work)."""
+        return self.seconds + (time.perf_counter() - self._started if self._started is not None else 0.0)
+
+    _started: float | None = field(default=None, repr=False)
+
+
+def run_together(passes: list[Pass]) -> None:
+    """Run `passes` to their ends, each step the pass that has read the smallest share of its
+    weights; a pass that raises stops there (its `error`), the others go on."""
+    live = list(passes)
+    while live:
+        current = min(live, key=lambda p: p.share)
+        current._started = time.perf_counter()
+        try:
+            current.share = next(current.steps)
+        except StopIteration as stop:
+            current.result = stop.value
+            live.remove(current)
+        except Exception as e:  # noqa: BLE001 - the pass's own failure, given to its reader
+            current.error = e
+            live.remove(current)
+        finally:
+            current.seconds += time.perf_counter() - current._started
+            current._started = None

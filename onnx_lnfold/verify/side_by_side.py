@@ -1,0 +1,129 @@
+"""The check of a model larger than memory, its passes side by side (docs/DESIGN.md section 6).
+
+Where both models run in ONNX Runtime block by block and the float64 judge is to run on its own
+allowance (no `--float64-budget` given), the five passes that read the weights (the original in
+ONNX Runtime and its float64 twin, the fold in ONNX Runtime and its twin as written and exact, the
+read-back of the fold against its plan) run together, a block apart (`verify.oracle.paced`): each
+file is read from disk about once, where one pass after another reads each model once a pass (the
+read-back both). What they give is kept (`SideBySide`) and read by `verify.ort_runs`, the check and
+the float64 judge as if each had run alone; they get the same figures.
+
+The original's twin keeps its deadline (`verify.oracle.reference.Deadline`), paced by its own time:
+where all the input sets would not fit, it and the fold's twin go on with the first alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from onnx_lnfold.verify.judges.allowance import first_allowance, float64_allowance
+from onnx_lnfold.verify.oracle.paced import Pass, run_together
+from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model, Float64Unavailable
+from onnx_lnfold.verify.readback import ReadBack, read_back_steps
+from onnx_lnfold.verify.sessions import ModelBytesOrPath, blockwise_session, ort_run_options
+
+logger = logging.getLogger(__name__)
+
+
+class _OriginalTwinStopped(Exception):
+    """The original's twin stopped: the fold's has nothing to be compared with."""
+
+
+@dataclass
+class SideBySide:
+    """What the passes gave on the input sets `feeds` (the sets as given, in order): each model's
+    ONNX Runtime outputs per set (or the exception its run raised) and the seconds of its pass;
+    the float64 twins' outputs on the first sets (as many as fitted), or why there are none."""
+
+    feeds: list[dict[str, np.ndarray]]
+    original: list[dict | Exception]
+    fold: list[dict | Exception]
+    original_seconds: float
+    fold_seconds: float
+    truths: list[dict[str, np.ndarray]] | None = None
+    written: list[dict[str, np.ndarray]] | None = None
+    exactly: list[dict[str, np.ndarray]] | None = None
+    twin_error: BaseException | None = None  # why the twins gave nothing (None: they ran, or were not asked for)
+    read: ReadBack | None = None  # the fold read back against its plan (`verify.readback`), where planned
+    read_error: BaseException | None = None  # what the read-back raised, for the check to raise
+
+    def twins_for(self, feeds: list[dict[str, np.ndarray]]) -> bool:
+        """Whether the twins ran on the sets `feeds`, these very sets first (none taken in another
+        reading of the shapes, none left out before them)."""
+        if self.truths is None and self.twin_error is None:
+            return False
+        return len(feeds) <= len(self.feeds) and all(a is b for a, b in zip(feeds, self.feeds))
+
+
+def side_by_side(
+    original: ModelBytesOrPath, folded: ModelBytesOrPath, feeds: list[dict[str, np.ndarray]], request, exact: Any
+) -> SideBySide | None:
+    """Run both models in ONNX Runtime and their float64 twins on `feeds`, side by side; None where
+    they do not run so (a model that runs in one session, a float64 budget asked for, none at all):
+    each then runs alone as before."""
+    budget = request.float64_budget
+    if budget is not None:  # an asked-for budget is estimated from ONNX Runtime's time before the twins
+        return None
+    sessions = blockwise_session(original), blockwise_session(folded)
+    if sessions[0] is None or sessions[1] is None:
+        return None
+    started = time.perf_counter()
+    passes = [
+        Pass("the original in onnxruntime", sessions[0].steps(feeds, ort_run_options())),
+        Pass("the fold in onnxruntime", sessions[1].steps(feeds, ort_run_options())),
+    ]
+    twins: list[Pass] = []
+    twin_error: BaseException | None = None
+    try:
+        truth_model = Float64Model(original)
+        fold_model = Float64Model(folded, exact)
+    except Float64Unavailable as e:
+        twin_error = e
+    except Exception as e:  # noqa: BLE001 - the judge words it (`float64_figures`)
+        twin_error = e
+    else:
+        truth_model.label, fold_model.label = "the original", "the fold, as written and exact"
+        fold_seconds = request.fold_seconds
+        truth_pass = Pass("the original in float64", iter(()))
+        deadline = Deadline(
+            started,
+            first_allowance(budget, fold_seconds),
+            3,
+            clock=truth_pass.clock,
+            all_sets_allowance=float64_allowance(budget, fold_seconds),
+        )
+        truth_pass.steps = truth_model.steps(feeds, deadline)
+
+        def keep() -> int:
+            if truth_pass.error is not None:
+                raise _OriginalTwinStopped()
+            return deadline.sets if deadline.sets is not None else len(feeds)
+
+        twins = [truth_pass, Pass("the fold in float64", fold_model.written_and_exact_steps(feeds, keep))]
+    reading = [Pass("the read-back", read_back_steps(folded, request.planned))] if request.planned is not None else []
+    run_together(passes + twins + reading)
+    for p in passes:
+        if p.error is not None:  # a failure of the driver itself, not of a set: raised as it was
+            raise p.error
+    found = SideBySide(feeds, passes[0].result, passes[1].result, passes[0].seconds, passes[1].seconds)
+    if twins:
+        truth_pass, fold_pass = twins
+        twin_error = truth_pass.error or fold_pass.error
+        if twin_error is None:
+            found.truths = truth_pass.result
+            found.written, found.exactly = fold_pass.result
+    found.twin_error = twin_error
+    if reading:
+        found.read, found.read_error = reading[0].result, reading[0].error
+    logger.info(
+        "side by side: onnxruntime %.1f s and %.1f s, float64 %s",
+        found.original_seconds,
+        found.fold_seconds,
+        ", ".join(f"{p.seconds:.1f} s" for p in twins) or "not run",
+    )
+    return found
