@@ -51,8 +51,9 @@ def judge(case: Case, why: str = "") -> Verification | Declined:
     # The first set's twins are timed as they run when no budget was asked for (ONNX Runtime's time
     # for a model run block by block is mostly its weights being read, no guide to float64's).
     chosen = within(case.compared, allowance, first if budget is not None else math.inf)
-    if case.side is not None and case.side.twins_for([run.feeds for run in case.compared]):
-        chosen = case.compared  # the twins ran beside ONNX Runtime, their deadline choosing the sets
+    beside = case.side is not None and case.side.twins_for([run.feeds for run in case.compared])
+    if beside:  # the twins ran beside ONNX Runtime's passes (`verify.side_by_side`), on the first set
+        chosen = case.compared
     if budget is not None and budget <= 0:
         return Declined("none asked for (a float64 budget of 0 s)")
     if not chosen:
@@ -66,11 +67,14 @@ def judge(case: Case, why: str = "") -> Verification | Declined:
         return Declined(disagrees)
     partial = len(chosen) < len(case.compared)
     if partial:
-        whole = float64_estimate(sum(run.seconds for run in case.compared))
+        if beside:
+            why = "the model runs block by block, its float64 twins on the first set beside onnxruntime's runs"
+        else:
+            whole = float64_estimate(sum(run.seconds for run in case.compared))
+            why = f"float64 on all would take about {whole:.0f} s, over its allowance of {allowance:.0f} s"
         case.notes.append(
             f"judged in float64 on the first {len(chosen)} of {len(case.compared)} input sets, the others in "
-            f"onnxruntime against the original: float64 on all would take about {whole:.0f} s, over "
-            f"its allowance of {allowance:.0f} s"
+            f"onnxruntime against the original: {why}"
         )
     reason = float64_failure(case.outputs, partial)
     return case.verdict("failed" if reason else "passed", reason, judgment=FLOAT64)

@@ -467,8 +467,7 @@ def _stacked_matmul(node: onnx.NodeProto, weights: dict[str, np.ndarray], sets: 
 
 class Deadline:
     """The pace of a float64 evaluation against its allowance: `twins` models to run on the same
-    sets, this one first, within `allowance` seconds from `started` (all the sets within
-    `all_sets_allowance`, where it is given; else the first goes on alone). The work done is measured
+    sets, this one first, within `allowance` seconds from `started`. The work done is measured
     in the share of the weights read (what the time follows in a large model); the time, by `clock`
     where given (the seconds of this evaluation's own work, where it runs beside other passes)."""
 
@@ -478,12 +477,9 @@ class Deadline:
         allowance: float,
         twins: int,
         clock: Callable[[], float] | None = None,
-        all_sets_allowance: float | None = None,
     ):
         self.started, self.allowance, self.twins = started, allowance, twins
-        self.all_sets_allowance = allowance if all_sets_allowance is None else all_sets_allowance
         self._clock = clock
-        self.sets: int | None = None  # how many sets go on, once `keeps` was asked
         self._dropped: tuple[float, float] | None = None  # (elapsed, done) when the sets were cut to one
 
     def elapsed(self) -> float:
@@ -499,14 +495,10 @@ class Deadline:
 
     def keeps(self, done: float, sets: int) -> int:
         """How many input sets go on, after `done` of the work on `sets`; raises where none fits."""
-        self.sets = self._keeps(done, sets)
-        return self.sets
-
-    def _keeps(self, done: float, sets: int) -> int:
         if done < 0.05 and self.elapsed() < 0.1 * self.allowance:
             return sets  # too early to tell
         projected = self.projected(done)
-        if projected <= (self.all_sets_allowance if sets > 1 else self.allowance):
+        if projected <= self.allowance:
             return sets
         if sets > 1:
             self._dropped = (self.elapsed(), done)
