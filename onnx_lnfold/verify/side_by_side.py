@@ -16,6 +16,7 @@ original's twin keeps its deadline (`verify.oracle.reference.Deadline`), timed b
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 # The input sets the twins run on beside ONNX Runtime's passes: the first.
 TWIN_SETS = 1
+# Steps of different passes run at once: ONNX Runtime, the products and the reads release the
+# interpreter, and one pass's single-threaded stretches (a block's session made, a tensor widened)
+# leave a core to another's.
+PASS_WORKERS = min(2, os.cpu_count() or 1)
 
 
 class _OriginalTwinStopped(Exception):
@@ -107,7 +112,7 @@ def side_by_side(
 
         twins = [truth_pass, Pass("the fold in float64", fold_model.written_and_exact_steps(first, keep))]
     reading = [Pass("the read-back", read_back_steps(folded, request.planned))] if request.planned is not None else []
-    run_together(passes + twins + reading)
+    run_together(passes + twins + reading, PASS_WORKERS)
     for p in passes:
         if p.error is not None:  # a failure of the driver itself, not of a set: raised as it was
             raise p.error

@@ -161,10 +161,10 @@ def _recording(monkeypatch) -> list[tuple[str, float]]:
     log: list[tuple[str, float]] = []
     together = side_by_side.run_together
 
-    def recording(passes):
+    def recording(passes, *args):
         for p in passes:
             p.steps = _recorded(p.label, p.steps, log)
-        together(passes)
+        together(passes, *args)
 
     monkeypatch.setattr(side_by_side, "run_together", recording)
     return log
@@ -176,6 +176,7 @@ def test_the_passes_over_a_model_run_side_by_side(monkeypatch, forced):
     it, and the judge takes the twins those passes gave (it runs none of its own)."""
     log = _recording(monkeypatch)
     monkeypatch.setattr(float64, "_twins", lambda *args: pytest.fail("the twins ran again"))
+    monkeypatch.setattr(side_by_side, "PASS_WORKERS", 1)  # one step at a time: the order is the pacing's
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.status == "passed" and verification.judgment == FLOAT64
     labels = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,10 +56,14 @@ def reporting(callback: Callable[[str], None]):
         _progress.remove(callback)
 
 
+_saying = threading.Lock()  # passes side by side report from their own threads (`verify.oracle.paced`)
+
+
 def say(text: str) -> None:
     logger.info(text)
-    for callback in _progress:
-        callback(text)
+    with _saying:
+        for callback in _progress:
+            callback(text)
 
 
 def load_structure(model: bytes | str | Path) -> tuple[onnx.ModelProto, str | None]:

@@ -11,6 +11,7 @@ page cache reads the whole file from disk again.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -46,21 +47,59 @@ class Pass:
     _started: float | None = field(default=None, repr=False)
 
 
-def run_together(passes: list[Pass]) -> None:
+def run_together(passes: list[Pass], workers: int = 1) -> None:
     """Run `passes` to their ends, each step the pass that has read the smallest share of its
-    weights; a pass that raises stops there (its `error`), the others go on."""
-    live = list(passes)
-    while live:
-        current = min(live, key=lambda p: p.share)
-        current._started = time.perf_counter()
-        try:
-            current.share = next(current.steps)
-        except StopIteration as stop:
-            current.result = stop.value
-            live.remove(current)
-        except Exception as e:  # noqa: BLE001 - the pass's own failure, given to its reader
-            current.error = e
-            live.remove(current)
-        finally:
-            current.seconds += time.perf_counter() - current._started
-            current._started = None
+    weights; a pass that raises stops there (its `error`), the others go on. With `workers` > 1,
+    that many steps run at once, each of another pass (a pass's steps one at a time, in order):
+    ONNX Runtime, the products and the reads release the interpreter while they run."""
+    if workers <= 1:
+        live = list(passes)
+        while live:
+            current = min(live, key=lambda p: p.share)
+            if _step(current):
+                live.remove(current)
+        return
+    state = threading.Condition()
+    waiting, busy = list(passes), set()
+
+    def work() -> None:
+        while True:
+            with state:
+                while True:
+                    if not waiting and not busy:
+                        return
+                    ready = [p for p in waiting if id(p) not in busy]
+                    if ready:
+                        break
+                    state.wait()
+                current = min(ready, key=lambda p: p.share)
+                busy.add(id(current))
+            finished = _step(current)
+            with state:
+                busy.discard(id(current))
+                if finished:
+                    waiting.remove(current)
+                state.notify_all()
+
+    threads = [threading.Thread(target=work, name=f"onnx-lnfold-pass-{i}", daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _step(current: Pass) -> bool:
+    """One step of `current`; whether it has ended (returned or raised)."""
+    current._started = time.perf_counter()
+    try:
+        current.share = next(current.steps)
+        return False
+    except StopIteration as stop:
+        current.result = stop.value
+        return True
+    except Exception as e:  # noqa: BLE001 - the pass's own failure, given to its reader
+        current.error = e
+        return True
+    finally:
+        current.seconds += time.perf_counter() - current._started
+        current._started = None
