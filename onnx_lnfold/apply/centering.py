@@ -164,6 +164,11 @@ class CenteredTensor(ir.LazyTensor):
             out[rows] = wide
         return out
 
+    def exact_float64_blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[Rows, np.ndarray]]:
+        """`exact_float64` a block of rows at a time, (rows, block) in order: a weight streamed
+        through a product is never held whole in float64."""
+        return self._float64_blocks(block_bytes)
+
     def exact_float64_rows(self, indices: np.ndarray) -> np.ndarray | None:
         """`np.take(self.exact_float64(), indices, axis=0)` with only those rows read and centered
         (an embedding table's few gathered rows); None where the mean runs over the rows (axis 0)."""

@@ -389,7 +389,35 @@ def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -
     """`_stacked_matmul` with the weight read from its file by blocks of rows, each widened to
     float64 and multiplied in as it comes (the product summed over the blocks): the weight is never
     held whole, in its type or in float64. None where the activations are not float64 rows of it."""
-    depth, width = (int(d) for d in tensor.shape)
+    widened: np.ndarray | None = None  # one buffer for every block: fresh memory costs its zeroing
+
+    def blocks():
+        nonlocal widened
+        for part, block in row_blocks(tensor, _STREAM_BYTES):
+            if widened is None:
+                widened = np.empty(block.shape, dtype=np.float64)
+            wide = widened[: len(block)]
+            wide[...] = block
+            yield part, wide
+
+    return _matmul_by_rows(node, tuple(tensor.shape), blocks(), sets)
+
+
+def _streamed_exact_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
+    """`_streamed_matmul` of a weight the fold computed, at its exact values, computed a block of
+    rows at a time (`exact_float64_blocks`); None where it cannot give them so (it is then computed
+    whole)."""
+    blocks = getattr(tensor, "exact_float64_blocks", None)
+    if blocks is None:
+        return None
+    return _matmul_by_rows(node, tuple(tensor.shape), blocks(_STREAM_BYTES), sets)
+
+
+def _matmul_by_rows(node: onnx.NodeProto, shape: tuple, blocks, sets: list[dict[str, Any]]) -> list | None:
+    """The product of each set's activations by a 2-D weight of `shape` given as float64 (rows,
+    block) pairs in order, summed over the blocks; None where the activations are not float64 rows
+    of it."""
+    depth, width = (int(d) for d in shape)
     lefts = [results.get(node.input[0]) for results in sets]
     if any(
         not isinstance(a, np.ndarray) or a.ndim < 2 or a.shape[-1] != depth or a.dtype != np.float64 for a in lefts
@@ -398,8 +426,8 @@ def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -
     rows = np.concatenate([a.reshape(-1, depth) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, depth)
     # As (W^T X^T)^T: OpenBLAS streams a wide weight by few rows 2-3x faster that way round.
     total = np.zeros((width, rows.shape[0]))
-    for part, block in row_blocks(tensor, _STREAM_BYTES):
-        total += block.astype(np.float64).T @ rows[:, part].T
+    for part, block in blocks:
+        total += block.T @ rows[:, part].T
     product = np.ascontiguousarray(total.T)
     out, start = [], 0
     for a in lefts:
@@ -561,9 +589,10 @@ class _PartReader:
 
 
 # The nodes whose weight `Float64Model._read_in_part` reads in part, and how: a MatMul's 2-D weight
-# streamed through the product by blocks of rows; a Gather's table, only the rows it gathers (of a
+# streamed through the product by blocks of rows (of a weight the fold centered, its exact values
+# computed a block at a time: `CenteredTensor.exact_float64_blocks`); a Gather's table, only the rows it gathers (of a
 # table the fold centered, those rows' exact values: `CenteredTensor.exact_float64_rows`).
 _PART_READERS = {
-    "MatMul": _PartReader(1, lambda rank: rank == 2, _streamed_matmul),
+    "MatMul": _PartReader(1, lambda rank: rank == 2, _streamed_matmul, _streamed_exact_matmul),
     "Gather": _PartReader(0, lambda rank: rank >= 1, _gathered_rows, _gathered_exact_rows),
 }
