@@ -25,8 +25,9 @@ import numpy as np
 
 from onnx_lnfold.verify.judges.allowance import first_allowance
 from onnx_lnfold.verify.oracle.paced import Pass, run_together
-from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model, Float64Unavailable
+from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
 from onnx_lnfold.verify.readback import ReadBack, read_back_steps
+from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.sessions import ModelBytesOrPath, blockwise_session, ort_run_options
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,11 @@ class SideBySide:
 
 
 def side_by_side(
-    original: ModelBytesOrPath, folded: ModelBytesOrPath, feeds: list[dict[str, np.ndarray]], request, exact: Any
+    original: ModelBytesOrPath,
+    folded: ModelBytesOrPath,
+    feeds: list[dict[str, np.ndarray]],
+    request: VerifyRequest,
+    exact: dict[str, Any] | None,
 ) -> SideBySide | None:
     """Run both models in ONNX Runtime and their float64 twins on `feeds`, side by side; None where
     they do not run so (a model that runs in one session, a float64 budget asked for, none at all):
@@ -91,9 +96,7 @@ def side_by_side(
     try:
         truth_model = Float64Model(original)
         fold_model = Float64Model(folded, exact)
-    except Float64Unavailable as e:
-        twin_error = e
-    except Exception as e:  # noqa: BLE001 - the judge words it (`float64_figures`)
+    except Exception as e:  # noqa: BLE001 - an op it cannot evaluate, or worse: the judge words it (`float64_figures`)
         twin_error = e
     else:
         truth_model.label, fold_model.label = "the original", "the fold, as written and exact"
@@ -101,7 +104,7 @@ def side_by_side(
         # ONNX Runtime against the original (`judges.float64`), which keeps the twins' time to
         # that of one set (a few rows per weight read).
         first = feeds[:TWIN_SETS]
-        truth_pass = Pass("the original in float64", iter(()))
+        truth_pass = Pass("the original in float64", iter(()))  # its steps need its clock: set below
         deadline = Deadline(started, first_allowance(budget, request.fold_seconds), 3, clock=truth_pass.clock)
         truth_pass.steps = truth_model.steps(first, deadline)
 
@@ -126,10 +129,5 @@ def side_by_side(
     found.twin_error = twin_error
     if reading:
         found.read, found.read_error = reading[0].result, reading[0].error
-    logger.info(
-        "side by side: onnxruntime %.1f s and %.1f s, float64 %s",
-        found.original_seconds,
-        found.fold_seconds,
-        ", ".join(f"{p.seconds:.1f} s" for p in twins) or "not run",
-    )
+    logger.info("side by side, each pass's own seconds: %s", ", ".join(f"{p.label} {p.seconds:.1f}" for p in passes + twins + reading))
     return found
