@@ -390,21 +390,19 @@ def write(mutants: list[Mutant], out: Path, command: str, seconds: float) -> Non
             f"| {judgment} | {row['matter']} | {row['caught']} | **{row['passed']}** | {row['not_injectable']} | "
             f"{row['do_not_matter']} ({row['do_not_matter_refused']}) | {row['controls_passed']}/{row['controls']} |"
         )
-    lines += ["", "## Per fault kind (float64_budget=0 | default)", "",
-              "| fault | injected | matter | caught (budget 0) | caught (default) | smallest effect that matters |", "| --- | --- | --- | --- | --- | --- |"]
+    caught_by = " | ".join(f"caught ({judgment})" for judgment in JUDGMENTS)
+    lines += ["", "## Per fault kind", "", f"| fault | injected | matter | {caught_by} | smallest effect that matters |",
+              "| --- | --- | --- | " + "--- | " * len(JUDGMENTS) + "--- |"]
     for fault in FAULTS:
         if fault == "control":
             continue
-        zero = [m for m in mutants if m.fault == fault and m.judgment == "float64_budget=0" and m.injected is not None]
-        default = [m for m in mutants if m.fault == fault and m.judgment == "default" and m.injected is not None]
-        matter = [m for m in zero if m.matters]
+        per_path = {j: [m for m in mutants if m.fault == fault and m.judgment == j and m.injected is not None] for j in JUDGMENTS}
+        first = next(iter(per_path.values()))
+        matter = [m for m in first if m.matters]
         effects = [m.effect for m in matter if m.effect is not None]
-        lines.append(
-            f"| {fault} | {len(zero)} | {len(matter)} | {sum(not m.verified for m in matter)} | "
-            f"{sum(not m.verified for m in default if m.matters)} | {min(effects):.2g} |" if effects else
-            f"| {fault} | {len(zero)} | {len(matter)} | {sum(not m.verified for m in matter)} | "
-            f"{sum(not m.verified for m in default if m.matters)} | - |"
-        )
+        caught = " | ".join(str(sum(not m.verified for m in rows if m.matters)) for rows in per_path.values())
+        lines.append(f"| {fault} | {len(first)} | {len(matter)} | {caught} | {min(effects):.2g} |" if effects else
+                     f"| {fault} | {len(first)} | {len(matter)} | {caught} | - |")
     unjudged = [m for m in mutants if m.fault != "control" and m.injected is not None and m.effect is None]
     models = sorted({m.model for m in unjudged})
     lines += ["", f"{len(unjudged) // len(JUDGMENTS)} mutants could not be run in float64 (on {', '.join(models) or 'no model'}): "
