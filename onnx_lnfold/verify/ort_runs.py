@@ -61,7 +61,7 @@ def run_both(case: Case) -> Verification | None:
 
 def _run_original(case: Case) -> list[_Run] | Verification:
     try:
-        session = session_for(case.ort_original)  # type: ignore[arg-type]
+        session = case.side.sessions[0] if case.side is not None else session_for(case.ort_original)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001
         reason = f"the original model does not load in onnxruntime: {first_line(e)}"
         return case.verdict("unverified", reason, way_out="decline")
@@ -97,12 +97,12 @@ def _run_original(case: Case) -> list[_Run] | Verification:
 
 def _run_folded(case: Case, folded: ModelBytesOrPath, runs: list[_Run]) -> Verification | None:
     try:
-        session = session_for(folded)
+        session = case.side.sessions[1] if case.side is not None else session_for(folded)
     except Exception as e:  # noqa: BLE001
         return case.verdict("failed", f"the folded model does not load in onnxruntime: {first_line(e)}")
     rtol = case.request.rtol
     side, given = case.side, [feeds for _, feeds, _, _, _ in runs]
-    same_sets = side is not None and len(given) == len(side.feeds) and all(a is b for a, b in zip(given, side.feeds))
+    same_sets = side is not None and len(given) == len(side.feeds) and side.ran_on(given)
     ready = (side.fold, side.fold_seconds) if same_sets else None  # type: ignore[union-attr]
     ahead = _Ahead(session, [feeds for _, _, feeds, _, _ in runs], ready)
     for index, (number, given, feeds, reference, seconds) in enumerate(runs):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from onnx_lnfold.verify.judges.allowance import first_allowance
+from onnx_lnfold.verify.oracle.blockwise import BlockwiseSession
 from onnx_lnfold.verify.oracle.paced import Pass, run_together
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
 from onnx_lnfold.verify.readback import ReadBack, read_back_steps
@@ -51,6 +52,7 @@ class SideBySide:
     the float64 twins' outputs on the first sets (as many as fitted), or why there are none."""
 
     feeds: list[dict[str, np.ndarray]]
+    sessions: tuple[BlockwiseSession, BlockwiseSession]  # the original's and the fold's, for their other runs
     original: list[dict | Exception]
     fold: list[dict | Exception]
     original_seconds: float
@@ -62,12 +64,14 @@ class SideBySide:
     read: ReadBack | None = None  # the fold read back against its plan (`verify.readback`), where planned
     read_error: BaseException | None = None  # what the read-back raised, for the check to raise
 
-    def twins_for(self, feeds: list[dict[str, np.ndarray]]) -> bool:
-        """Whether the twins ran on the sets `feeds`, these very sets first (none taken in another
-        reading of the shapes, none left out before them)."""
-        if self.truths is None and self.twin_error is None:
-            return False
+    def ran_on(self, feeds: list[dict[str, np.ndarray]]) -> bool:
+        """Whether these passes ran on the sets `feeds`: these very sets, in order, from the first
+        (none taken in another reading of the shapes, none left out before them)."""
         return len(feeds) <= len(self.feeds) and all(a is b for a, b in zip(feeds, self.feeds))
+
+    def twins_for(self, feeds: list[dict[str, np.ndarray]]) -> bool:
+        """Whether the twins ran, on the sets `feeds` (`ran_on`)."""
+        return (self.truths is not None or self.twin_error is not None) and self.ran_on(feeds)
 
 
 def side_by_side(
@@ -83,9 +87,10 @@ def side_by_side(
     budget = request.float64_budget
     if budget is not None:  # an asked-for budget is estimated from ONNX Runtime's time before the twins
         return None
-    sessions = blockwise_session(original), blockwise_session(folded)
-    if sessions[0] is None or sessions[1] is None:
+    made = blockwise_session(original), blockwise_session(folded)
+    if made[0] is None or made[1] is None:
         return None
+    sessions = (made[0], made[1])
     started = time.perf_counter()
     passes = [
         Pass("the original in onnxruntime", sessions[0].steps(feeds, ort_run_options())),
@@ -119,7 +124,7 @@ def side_by_side(
     for p in passes:
         if p.error is not None:  # a failure of the driver itself, not of a set: raised as it was
             raise p.error
-    found = SideBySide(feeds, passes[0].result, passes[1].result, passes[0].seconds, passes[1].seconds)
+    found = SideBySide(feeds, sessions, passes[0].result, passes[1].result, passes[0].seconds, passes[1].seconds)
     if twins:
         truth_pass, fold_pass = twins
         twin_error = truth_pass.error or fold_pass.error

@@ -50,10 +50,11 @@ def judge(case: Case, why: str = "") -> Verification | Declined:
     first = first_allowance(budget, fold_seconds)
     # The first set's twins are timed as they run when no budget was asked for (ONNX Runtime's time
     # for a model run block by block is mostly its weights being read, no guide to float64's).
-    chosen = within(case.compared, allowance, first if budget is not None else math.inf)
     beside = case.side is not None and case.side.twins_for([run.feeds for run in case.compared])
     if beside:  # the twins ran beside ONNX Runtime's passes (`verify.side_by_side`), on the first set
         chosen = case.compared
+    else:
+        chosen = within(case.compared, allowance, first if budget is not None else math.inf)
     if budget is not None and budget <= 0:
         return Declined("none asked for (a float64 budget of 0 s)")
     if not chosen:
