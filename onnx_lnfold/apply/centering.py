@@ -72,7 +72,8 @@ class CenteredTensor(ir.LazyTensor):
         return total / self._source.shape[0]
 
     def _float64_blocks(self, block_bytes: int) -> Iterator[tuple[Rows, np.ndarray]]:
-        """The centered (rows, block) pairs in float64, before any rounding."""
+        """The centered (rows, block) pairs in float64, before any rounding; a block may be a
+        reused buffer (`row_blocks`)."""
         shape = tuple(self._source.shape)
         if not shape:  # a scalar: its own mean
             yield ..., np.zeros((), dtype=np.float64)
@@ -89,8 +90,12 @@ class CenteredTensor(ir.LazyTensor):
                 yield slice(start, start + step), np.zeros((min(step, shape[0] - start), *shape[1:]))
             return
         row_mean = self._mean_over_rows(block_bytes) if axis == 0 else None
+        widened = None  # one buffer for every block: fresh memory costs its zeroing
         for rows, block in row_blocks(self._source, block_bytes):
-            wide = block.astype(np.float64)
+            if widened is None or widened.shape[0] < block.shape[0]:
+                widened = np.empty(block.shape, dtype=np.float64)
+            wide = widened[: block.shape[0]]
+            wide[...] = block
             if self._weights is None:
                 mean = row_mean if row_mean is not None else wide.mean(axis=axis, keepdims=True)
                 wide -= mean

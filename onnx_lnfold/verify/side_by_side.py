@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from onnx_lnfold.verify.judges.allowance import first_allowance
+from onnx_lnfold.verify.oracle.blas_threads import blas_threads_at_most
 from onnx_lnfold.verify.oracle.blockwise import BlockwiseSession
 from onnx_lnfold.verify.oracle.paced import Pass, run_together
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 TWIN_SETS = 1
 # Steps of different passes run at once: ONNX Runtime, the products and the reads release the
 # interpreter, and one pass's single-threaded stretches (a block's session made, a tensor widened)
-# leave a core to another's.
+# leave a core to another's. OpenBLAS then keeps to the cores left to each (`blas_threads_at_most`).
 PASS_WORKERS = min(2, os.cpu_count() or 1)
 
 
@@ -120,7 +121,8 @@ def side_by_side(
 
         twins = [truth_pass, Pass("the fold in float64", fold_model.written_and_exact_steps(first, keep))]
     reading = [Pass("the read-back", read_back_steps(folded, request.planned))] if request.planned is not None else []
-    run_together(passes + twins + reading, PASS_WORKERS)
+    with blas_threads_at_most(max(1, (os.cpu_count() or 1) // PASS_WORKERS)):
+        run_together(passes + twins + reading, PASS_WORKERS)
     for p in passes:
         if p.error is not None:  # a failure of the driver itself, not of a set: raised as it was
             raise p.error

@@ -382,7 +382,9 @@ class Float64Model:
         return weights, in_part, outputs
 
 
-_STREAM_BYTES = 16 << 20
+# Rows of a weight widened and multiplied at a time: a few MB, which OpenBLAS multiplies by few
+# rows faster than larger blocks.
+_STREAM_BYTES = 4 << 20
 
 
 def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
@@ -424,11 +426,12 @@ def _matmul_by_rows(node: onnx.NodeProto, shape: tuple, blocks, sets: list[dict[
     ):
         return None
     rows = np.concatenate([a.reshape(-1, depth) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, depth)
-    # As (W^T X^T)^T: OpenBLAS streams a wide weight by few rows 2-3x faster that way round.
-    total = np.zeros((width, rows.shape[0]))
+    # One product buffer for every block: a fresh one costs its pages' zeroing twice (the kernel's
+    # and OpenBLAS's own, as it clears its output) per block.
+    product, part_product = np.zeros((rows.shape[0], width)), np.empty((rows.shape[0], width))
     for part, block in blocks:
-        total += block.T @ rows[:, part].T
-    product = np.ascontiguousarray(total.T)
+        np.matmul(rows[:, part], block, out=part_product)
+        product += part_product
     out, start = [], 0
     for a in lefts:
         count = math.prod(a.shape[:-1])
