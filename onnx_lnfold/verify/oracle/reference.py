@@ -383,7 +383,7 @@ class Float64Model:
 
 
 # Rows of a weight widened and multiplied at a time: a few MB, which OpenBLAS multiplies by few
-# rows faster than larger blocks.
+# rows faster than larger blocks (benchmarks/float64_products.py).
 _STREAM_BYTES = 4 << 20
 
 
