@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.io.tensor_io import BLOCK_BYTES, Rows, raw_dtype, row_blocks, rows_per_block
+from onnx_lnfold.io.tensor_io import BLOCK_BYTES, Rows, float64_row_blocks, raw_dtype, row_blocks, rows_per_block
 
 
 def _broadcast(weights: Sequence[float], ndim: int, axis: int) -> np.ndarray:
@@ -62,8 +62,7 @@ class CenteredTensor(ir.LazyTensor):
     def _mean_over_rows(self, block_bytes: int) -> np.ndarray:
         """The float64 mean along axis 0 (of source * weights), summed block by block."""
         total = None
-        for rows, block in row_blocks(self._source, block_bytes):
-            wide = block.astype(np.float64)
+        for rows, wide in float64_row_blocks(self._source, block_bytes):
             if self._weights is not None:
                 wide *= _broadcast(self._weights[rows], wide.ndim, 0)
             part = wide.sum(axis=0, keepdims=True)
@@ -90,17 +89,12 @@ class CenteredTensor(ir.LazyTensor):
                 yield slice(start, start + step), np.zeros((min(step, shape[0] - start), *shape[1:]))
             return
         row_mean = self._mean_over_rows(block_bytes) if axis == 0 else None
-        widened = None  # one buffer for every block: fresh memory costs its zeroing
-        for rows, block in row_blocks(self._source, block_bytes):
-            if widened is None or widened.shape[0] < block.shape[0]:
-                widened = np.empty(block.shape, dtype=np.float64)
-            wide = widened[: block.shape[0]]
-            wide[...] = block
+        for rows, wide in float64_row_blocks(self._source, block_bytes):
             if self._weights is None:
                 mean = row_mean if row_mean is not None else wide.mean(axis=axis, keepdims=True)
                 wide -= mean
             else:
-                w = _broadcast(self._weights[rows] if axis == 0 else self._weights, block.ndim, axis)
+                w = _broadcast(self._weights[rows] if axis == 0 else self._weights, wide.ndim, axis)
                 mean = row_mean if row_mean is not None else (wide * w).mean(axis=axis, keepdims=True)
                 wide -= mean / w
             yield rows, wide
@@ -138,17 +132,15 @@ class CenteredTensor(ir.LazyTensor):
         means = None
         if axis == 0:  # the blocks run across rows: their means need every row first
             sums = np.zeros((count, *shape[1:]), dtype=np.float64)
-            for rows, part in row_blocks(self._source, block_bytes):
-                wide = part.astype(np.float64)
+            for rows, wide in float64_row_blocks(self._source, block_bytes):
                 if weights is not None:
                     wide *= _broadcast(weights[rows], wide.ndim, 0)
-                np.add.at(sums, np.arange(rows.start, rows.start + len(part)) // size, wide)
+                np.add.at(sums, np.arange(rows.start, rows.start + len(wide)) // size, wide)
             means = sums / size
             means[~chosen] = 0.0
-        for rows, part in row_blocks(self._source, block_bytes):
-            wide = part.astype(np.float64)
+        for rows, wide in float64_row_blocks(self._source, block_bytes):
             if axis == 0:
-                index = np.arange(rows.start, rows.start + len(part)) // size
+                index = np.arange(rows.start, rows.start + len(wide)) // size
                 shift = means[index]  # type: ignore[index]
                 if weights is not None:
                     shift = shift / _broadcast(weights[rows], wide.ndim, 0)

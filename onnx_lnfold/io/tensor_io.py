@@ -187,3 +187,18 @@ def row_blocks(tensor: ir.TensorProtocol, block_bytes: int = BLOCK_BYTES) -> Ite
             view = buffer[: min(step, shape[0] - start)]
             _read_into(file, view, f"{tensor.path} ({tensor.name})")
             yield slice(start, start + len(view)), view
+
+
+def float64_row_blocks(tensor: ir.TensorProtocol, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[Rows, np.ndarray]]:
+    """`row_blocks` widened to float64, every block in one reused buffer (fresh memory costs its
+    pages' zeroing, block after block): use a block before asking for the next."""
+    widened: np.ndarray | None = None
+    for rows, block in row_blocks(tensor, block_bytes):
+        if not block.ndim:  # a scalar
+            yield rows, block.astype(np.float64)
+            continue
+        if widened is None or widened.shape[0] < block.shape[0]:
+            widened = np.empty(block.shape, dtype=np.float64)
+        wide = widened[: block.shape[0]]
+        wide[...] = block
+        yield rows, wide

@@ -136,9 +136,13 @@ def test_an_exact_bias_plus_beta_reuses_the_product_of_a_weight_it_did_not_compu
     plain = bias_plus_beta(ir.Tensor(b), beta, weight, scale=0.5, dtype=ir.DataType.FLOAT, name="b")
     over_centered = bias_plus_beta(None, beta, CenteredTensor(source, 1, "w"), dtype=ir.DataType.FLOAT, name="c")
     plain.numpy(), over_centered.numpy()  # written
+    from onnx_lnfold.io import tensor_io
+
     reads = []
-    rows = centering.row_blocks
-    monkeypatch.setattr(centering, "row_blocks", lambda tensor, *a: reads.append(tensor) or rows(tensor, *a))
+    rows = tensor_io.row_blocks
+    recorded = lambda tensor, *a: reads.append(tensor) or rows(tensor, *a)  # noqa: E731
+    monkeypatch.setattr(centering, "row_blocks", recorded)
+    monkeypatch.setattr(tensor_io, "row_blocks", recorded)  # read to be widened (`float64_row_blocks`)
     np.testing.assert_allclose(plain.exact_float64(), 0.5 * (beta @ w.astype(np.float64)) + b, rtol=1e-12)
     assert not any(t is weight for t in reads)  # the bias alone
     w64 = w.astype(np.float64)

@@ -230,9 +230,13 @@ def test_the_folds_two_readings_share_one_pass_and_each_weight_read_once(tmp_pat
     h = g.node("Add", [g.node("MatMul", [x, g.const("w1", value=w1)]), g.const("bias", value=bias)])
     g.output(g.node("MatMul", [g.node("Relu", [h]), g.const("w2", value=w2)]))
     onnx.save(g.model(), tmp_path / "m.onnx", save_as_external_data=True, size_threshold=0)
+    from onnx_lnfold.io import tensor_io
+
     reads = []
-    read_rows = reference.row_blocks
-    monkeypatch.setattr(reference, "row_blocks", lambda tensor, *a: reads.append(tensor.name) or read_rows(tensor, *a))
+    read_rows = tensor_io.row_blocks
+    counted = lambda tensor, *a: reads.append(tensor.name) or read_rows(tensor, *a)  # noqa: E731
+    monkeypatch.setattr(reference, "row_blocks", counted)  # a weight read whole
+    monkeypatch.setattr(tensor_io, "row_blocks", counted)  # a weight streamed through a product (`float64_row_blocks`)
     sets = [{"x": RNG.standard_normal((3, 16)).astype(np.float32)} for _ in range(2)]
     written, exact = Float64Model(str(tmp_path / "m.onnx"), {"bias": _Exact(exact_bias)}).run_as_written_and_exact(sets)
     assert sorted(reads) == ["bias", "w1", "w2"]

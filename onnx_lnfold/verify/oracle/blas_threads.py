@@ -41,15 +41,17 @@ def _loaded_openblas() -> tuple[Callable[[], int], Callable[[int], None]] | None
 
 @contextlib.contextmanager
 def blas_threads_at_most(count: int) -> Iterator[None]:
-    """OpenBLAS runs each product on at most `count` threads within the block, as it did after."""
+    """OpenBLAS runs each product on at most `count` threads inside the `with` block; its thread
+    count is given back after."""
     found = _loaded_openblas()
-    before = found[0]() if found is not None else 0
-    if found is None or before <= count:
+    if found is None or found[0]() <= count:
         yield
         return
-    found[1](count)
+    get, set_ = found
+    before = get()
+    set_(count)
     logger.debug("OpenBLAS threads %d -> %d", before, count)
     try:
         yield
     finally:
-        found[1](before)
+        set_(before)

@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.core.ops import MS_DOMAIN
-from onnx_lnfold.io.tensor_io import row_blocks
+from onnx_lnfold.io.tensor_io import float64_row_blocks, row_blocks
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.oracle.blockwise import available_memory, say
 from onnx_lnfold.verify.oracle.cut import body_reads, topological
@@ -391,18 +391,7 @@ def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -
     """`_stacked_matmul` with the weight read from its file by blocks of rows, each widened to
     float64 and multiplied in as it comes (the product summed over the blocks): the weight is never
     held whole, in its type or in float64. None where the activations are not float64 rows of it."""
-    widened: np.ndarray | None = None  # one buffer for every block: fresh memory costs its zeroing
-
-    def blocks():
-        nonlocal widened
-        for part, block in row_blocks(tensor, _STREAM_BYTES):
-            if widened is None:
-                widened = np.empty(block.shape, dtype=np.float64)
-            wide = widened[: len(block)]
-            wide[...] = block
-            yield part, wide
-
-    return _matmul_by_rows(node, tuple(tensor.shape), blocks(), sets)
+    return _matmul_by_rows(node, tuple(tensor.shape), float64_row_blocks(tensor, _STREAM_BYTES), sets)
 
 
 def _streamed_exact_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
@@ -425,17 +414,27 @@ def _matmul_by_rows(node: onnx.NodeProto, shape: tuple, blocks, sets: list[dict[
         not isinstance(a, np.ndarray) or a.ndim < 2 or a.shape[-1] != depth or a.dtype != np.float64 for a in lefts
     ):
         return None
-    rows = np.concatenate([a.reshape(-1, depth) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, depth)
+    rows = _stacked_rows(lefts, depth)
     # One product buffer for every block: a fresh one costs its pages' zeroing twice (the kernel's
     # and OpenBLAS's own, as it clears its output) per block.
     product, part_product = np.zeros((rows.shape[0], width)), np.empty((rows.shape[0], width))
     for part, block in blocks:
         np.matmul(rows[:, part], block, out=part_product)
         product += part_product
+    return _split_rows(product, lefts)
+
+
+def _stacked_rows(lefts: list[np.ndarray], depth: int) -> np.ndarray:
+    """Every set's activations as rows of `depth` entries, one set after another."""
+    return np.concatenate([a.reshape(-1, depth) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, depth)
+
+
+def _split_rows(product: np.ndarray, lefts: list[np.ndarray]) -> list[np.ndarray]:
+    """The rows of a product of `_stacked_rows(lefts)`, given back to each set in its own shape."""
     out, start = [], 0
     for a in lefts:
         count = math.prod(a.shape[:-1])
-        out.append(product[start : start + count].reshape(*a.shape[:-1], width))
+        out.append(product[start : start + count].reshape(*a.shape[:-1], product.shape[-1]))
         start += count
     return out
 
@@ -485,15 +484,9 @@ def _stacked_matmul(node: onnx.NodeProto, weights: dict[str, np.ndarray], sets: 
         for a in lefts
     ):
         return None
-    rows = np.concatenate([a.reshape(-1, weight.shape[0]) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, weight.shape[0])
+    rows = _stacked_rows(lefts, weight.shape[0])
     # As (weight^T rows^T)^T: OpenBLAS streams a wide weight by few rows 2-3x faster that way round.
-    product = np.ascontiguousarray((weight.T @ rows.T).T)
-    out, start = [], 0
-    for a in lefts:
-        count = math.prod(a.shape[:-1])
-        out.append(product[start : start + count].reshape(*a.shape[:-1], weight.shape[1]))
-        start += count
-    return out
+    return _split_rows(np.ascontiguousarray((weight.T @ rows.T).T), lefts)
 
 
 class Deadline:
