@@ -69,18 +69,19 @@ def _graph_only(path: Path) -> onnx.GraphProto:
 def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Path:
     """The model an ONNX Runtime CPU session at optimization `level` (a GraphOptimizationLevel
     name) writes back for `path` (`ort_fusions.session_save`): its initializers go to /dev/null where
-    links are possible. Past `SESSION_CHILD_ABOVE_BYTES` of zeros, in a child process that asks for
-    huge pages."""
+    links are possible. Past `SESSION_CHILD_ABOVE_BYTES` of zeros, in a child process whose allocator
+    keeps the pages it frees (`session_save.child_env`)."""
     optimized = folder.path / f"{path.stem}.{tag}.onnx"
     data_name = session_save.discard_weights(optimized)
     job = [str(path), str(optimized), data_name, level, list(disabled)]
     if _zero_bytes(path) <= SESSION_CHILD_ABOVE_BYTES:
         session_save.write_optimized(*job)
         return optimized
-    name, value = session_save.HUGE_PAGES_ENV
-    env = {**os.environ, name: ":".join(filter(None, (os.environ.get(name), value)))}
     done = subprocess.run(
-        [sys.executable, session_save.__file__, json.dumps(job)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [sys.executable, session_save.__file__, json.dumps(job)],
+        env=session_save.child_env(dict(os.environ)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     if done.returncode != 0:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
@@ -242,9 +243,9 @@ class OptimizerProcess:
 # once per analysis.
 CHILD_ABOVE_BYTES = 64 << 20
 
-# Zeros above which a session's optimized model is written in a child process (`session_save`):
-# writing a 10 GB weightless copy's took 7-8 s here, 4.6 s in a child asking for huge pages, whose
-# start costs about half a second.
+# Zeros above which a session's optimized model is written in a child process (`session_save`),
+# whose allocator reuses what it frees; below, the child's start (about half a second) costs more
+# than it saves (benchmarks/results/weightless_session).
 SESSION_CHILD_ABOVE_BYTES = 1 << 30
 
 # `optimize_model`'s own settings for opt_level 1 (ConstantSharing disabled, CPU).

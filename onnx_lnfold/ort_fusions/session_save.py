@@ -3,10 +3,11 @@ copy (`ort_fusions.probe`) and for the profiled sessions of `bench`: its initial
 `data_name` beside it (a link to /dev/null, `discard_weights`: only the graph is read back), and,
 for the copy, no weight is prepacked.
 
-Writing the optimized model copies every initializer through fresh memory, so on a model of many GB
-the session's time is mostly the kernel faulting in and zeroing that memory page by page, 4 KB at a
-time. `probe` runs it in a child process of its own for large copies, with glibc's allocator told to
-ask for transparent huge pages (`HUGE_PAGES_ENV`): the same graph, written in about half the time.
+Writing the optimized model reads every initializer into a fresh buffer, so on a model of many GB
+the session's time was mostly the kernel handing out and zeroing new pages, tensor after tensor.
+`probe` runs it in a child process of its own for large copies, with glibc's allocator told to
+keep what it frees (`ALLOCATOR_TUNABLES`): each initializer's buffer reuses the pages of the one
+before (`python -m benchmarks.weightless_session` measures it).
 This module imports onnxruntime and the standard library alone, so that the child, which need not
 find the package, runs it by its path.
 """
@@ -19,8 +20,18 @@ import os
 import sys
 from pathlib import Path
 
-# glibc (2.35 and later; older ones ignore it) madvises its large allocations for transparent huge pages.
-HUGE_PAGES_ENV = ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+# glibc's allocator in the child (2.26 and later; older ones ignore it): no allocation of its own
+# mapping (`mmap_max=0`: a freed one would go back to the kernel) and the heap never trimmed, so
+# the next initializer's buffer reuses the pages of the last instead of faulting in zeroed ones.
+ALLOCATOR_TUNABLES = ("glibc.malloc.mmap_max=0", f"glibc.malloc.trim_threshold={1 << 46}")
+
+
+def child_env(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` with `ALLOCATOR_TUNABLES` added to the tunables it already sets (theirs win)."""
+    given = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
+    names = {t.split("=", 1)[0] for t in given}
+    ours = [t for t in ALLOCATOR_TUNABLES if t.split("=", 1)[0] not in names]
+    return {**environ, "GLIBC_TUNABLES": ":".join(ours + given)}
 
 
 def discard_weights(optimized: Path) -> str:

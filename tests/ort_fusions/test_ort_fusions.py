@@ -512,11 +512,22 @@ def test_the_optimizer_child_answers_jobs_sent_ahead_in_any_order(monkeypatch, t
         child.result(5)
 
 
-def test_a_large_copys_session_graph_is_written_by_a_child_asking_for_huge_pages(monkeypatch):
+def test_the_childs_allocator_settings_join_the_tunables_already_set():
+    """A user's own glibc tunables reach the child; where they name one of ours, theirs wins."""
+    from onnx_lnfold.ort_fusions.session_save import ALLOCATOR_TUNABLES, child_env
+
+    assert child_env({"A": "1"}) == {"A": "1", "GLIBC_TUNABLES": ":".join(ALLOCATOR_TUNABLES)}
+    theirs = "glibc.malloc.mmap_max=8:glibc.malloc.arena_max=2"
+    got = child_env({"GLIBC_TUNABLES": theirs})["GLIBC_TUNABLES"].split(":")
+    assert "glibc.malloc.mmap_max=8" in got and "glibc.malloc.arena_max=2" in got
+    assert "glibc.malloc.mmap_max=0" not in got and ALLOCATOR_TUNABLES[1] in got
+
+
+def test_a_large_copys_session_graph_is_written_by_a_child_whose_allocator_keeps_its_pages(monkeypatch):
     """Past `SESSION_CHILD_ABOVE_BYTES` of zeros the session's optimized model is written by a child
-    process (`session_save`, glibc told to madvise huge pages): the same graph as in this process,
+    process (`session_save`, glibc told to keep what it frees): the same graph as in this process,
     and a session that fails there raises here with ONNX Runtime's own message."""
-    from onnx_lnfold.ort_fusions import probe
+    from onnx_lnfold.ort_fusions import probe, session_save
 
     model, _ = load_model(MODELS / "whisper_encoder_torchscript.onnx")
     runs = []
@@ -529,7 +540,8 @@ def test_a_large_copys_session_graph_is_written_by_a_child_asking_for_huge_pages
         monkeypatch.setattr(probe, "SESSION_CHILD_ABOVE_BYTES", 0)
         there = probe._graph_only(probe._optimized_by_session(path, folder, "ORT_ENABLE_ALL", "child"))
         assert [n.SerializeToString() for n in there.node] == [n.SerializeToString() for n in here.node]
-        assert len(runs) == 1 and "glibc.malloc.hugetlb=1" in runs[0]["GLIBC_TUNABLES"]
+        assert len(runs) == 1
+        assert set(session_save.ALLOCATOR_TUNABLES) <= set(runs[0]["GLIBC_TUNABLES"].split(":"))
         monkeypatch.setattr(probe, "SESSION_CHILD_ABOVE_BYTES", -1)  # a copy without zeros too
         x, y = (onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2]) for n in "xy")
         unknown = onnx.helper.make_graph([onnx.helper.make_node("NoSuchOp", ["x"], ["y"])], "g", [x], [y])
