@@ -57,7 +57,7 @@ from onnx_lnfold.ort_fusions.probe import (
     OptimizerProcess,
     TransformersOptimizer,
     ort_version,
-    session_graph_started,
+    session_graph,
 )
 from onnx_lnfold.ort_fusions.session_layout import decomposed_layouts, moved_centerings
 from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, clone_model, weightless_clone
@@ -401,7 +401,6 @@ class FusionCheck:
     _original_bytes: int = 0  # weights the weightless original stands for
     _folded: Path | None = None
     _optimizers: dict[str, TransformersOptimizer] = field(default_factory=dict)  # by the file's digest
-    _started: dict[tuple, Callable[[], onnx.GraphProto]] = field(default_factory=dict)  # sessions not yet collected
     _process: OptimizerProcess | None = None  # the optimizer's child process, for a large model
     _made_by: dict[str, str] = field(default_factory=dict)
     _at: dict[str, str] = field(default_factory=dict)
@@ -428,10 +427,6 @@ class FusionCheck:
         return self
 
     def __exit__(self, *exc) -> None:
-        for started in self._started.values():  # a child left running would write into a removed folder
-            with contextlib.suppress(Exception):
-                started()
-        self._started.clear()
         if self._process is not None:
             self._process.close()
             self._process = None
@@ -490,23 +485,11 @@ class FusionCheck:
             self._optimizers[digest] = TransformersOptimizer(path, self._folder, self._process)
         return ("optimizer", digest, model_type, level, heads, hidden), self._optimizers[digest]
 
-    def _session_key(self, path: Path) -> tuple:
-        return ("session", hashlib.sha256(path.read_bytes()).hexdigest())
-
     def _session(self, path: Path) -> onnx.GraphProto:
-        key = self._session_key(path)
+        key = ("session", hashlib.sha256(path.read_bytes()).hexdigest())
         assert self._folder is not None
         folder = self._folder
-        started = self._started.pop(key, None)
-        return _cached(key, started or (lambda: session_graph_started(path, folder)()))  # type: ignore[return-value]
-
-    def _start_session(self, path: Path) -> None:
-        """Start `_session(path)` now, for a later call to collect: where the copy is large, its
-        child runs while this process runs the others (a small one runs here, at once)."""
-        key = self._session_key(path)
-        if key not in _CACHE and key not in self._started:
-            assert self._folder is not None
-            self._started[key] = session_graph_started(path, self._folder)
+        return _cached(key, lambda: session_graph(path, folder))  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ EmbedLayerNormalization
 
@@ -525,12 +508,12 @@ class FusionCheck:
         runs: dict[str, list[str]] = {}
         tables: dict[str, list[str]] = {}
         failed: list[Exception] = []
-        if self._process is not None:  # the session graph the later checks read, its child beside this work
-            with contextlib.suppress(Exception):  # they run it again, and say why it failed
-                self._start_session(path)
         # Sent ahead, opt_level 0 first: the child runs them while this process runs the session
         # that opt_level 1 starts from.
         ahead = {run: self._optimizer_ahead(path, *run, heads, size if heads else 0) for run in sorted(EMBED_RUNS, key=lambda r: r[1])}
+        if self._process is not None:  # while the child works: the session graph the later checks read
+            with contextlib.suppress(Exception):  # they run it again, and say why it failed
+                self._session(path)
         for model_type, level in EMBED_RUNS:
             try:
                 graph = ahead[(model_type, level)]().graph

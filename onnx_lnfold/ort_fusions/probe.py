@@ -66,50 +66,32 @@ def _graph_only(path: Path) -> onnx.GraphProto:
     return onnx.load(str(path), load_external_data=False).graph
 
 
-def _session_started(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Callable[[], Path]:
+def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Path:
     """The model an ONNX Runtime CPU session at optimization `level` (a GraphOptimizationLevel
-    name) writes back for `path` (`ort_fusions.session_save`), started now: call what this returns
-    for the written file (it raises what the session raised). Its initializers go to /dev/null where
-    links are possible. Past `SESSION_CHILD_ABOVE_BYTES` of zeros the session runs in a child process
-    whose allocator keeps the pages it frees (`session_save.child_env`), meanwhile this one goes on;
-    below, here and at once."""
+    name) writes back for `path` (`ort_fusions.session_save`): its initializers go to /dev/null where
+    links are possible. Past `SESSION_CHILD_ABOVE_BYTES` of zeros, in a child process whose allocator
+    keeps the pages it frees (`session_save.child_env`)."""
     optimized = folder.path / f"{path.stem}.{tag}.onnx"
     data_name = session_save.discard_weights(optimized)
     job = [str(path), str(optimized), data_name, level, list(disabled)]
     if _zero_bytes(path) <= SESSION_CHILD_ABOVE_BYTES:
         session_save.write_optimized(*job)
-        return lambda: optimized
-    child = subprocess.Popen(
+        return optimized
+    done = subprocess.run(
         [sys.executable, session_save.__file__, json.dumps(job)],
         env=session_save.child_env(dict(os.environ)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-
-    def written() -> Path:
-        _, stderr = child.communicate()
-        if child.returncode != 0:
-            lines = stderr.decode(errors="replace").strip().splitlines()
-            raise RuntimeError(lines[-1] if lines else f"the session's process exited with {child.returncode}")
-        return optimized
-
-    return written
-
-
-def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Path:
-    """`_session_started`, waited for."""
-    return _session_started(path, folder, level, tag, disabled)()
-
-
-def session_graph_started(path: Path, folder: WeightlessFolder) -> Callable[[], onnx.GraphProto]:
-    """`session_graph`, started now (`_session_started`): call what this returns for the graph."""
-    written = _session_started(path, folder, "ORT_ENABLE_ALL", "session")
-    return lambda: _graph_only(written())
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"the session's process exited with {done.returncode}")
+    return optimized
 
 
 def session_graph(path: Path, folder: WeightlessFolder) -> onnx.GraphProto:
     """The graph an ONNX Runtime session on the CPU runs `path` as (ORT_ENABLE_ALL, the default)."""
-    return session_graph_started(path, folder)()
+    return _graph_only(_optimized_by_session(path, folder, "ORT_ENABLE_ALL", "session"))
 
 
 def _zero_bytes(path: Path) -> int:
@@ -316,11 +298,4 @@ class TransformersOptimizer:
         return _light(optimized.model)
 
 
-__all__ = [
-    "CHILD_ABOVE_BYTES",
-    "OptimizerProcess",
-    "TransformersOptimizer",
-    "ort_version",
-    "session_graph",
-    "session_graph_started",
-]
+__all__ = ["CHILD_ABOVE_BYTES", "OptimizerProcess", "TransformersOptimizer", "ort_version", "session_graph"]

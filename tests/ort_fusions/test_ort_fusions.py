@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import sys
 import tempfile
 import uuid
@@ -358,8 +357,8 @@ def test_the_analysis_stays_pure_and_runs_onnx_runtime_once_per_graph(monkeypatc
     before = ir.to_proto(model).SerializeToString()
     fusion_cost.clear_cache()
     calls = []
-    session = fusion_cost.session_graph_started
-    monkeypatch.setattr(fusion_cost, "session_graph_started", lambda path, folder: calls.append(path.name) or session(path, folder))
+    session = fusion_cost.session_graph
+    monkeypatch.setattr(fusion_cost, "session_graph", lambda path, folder: calls.append(path.name) or session(path, folder))
     first = onnx_lnfold.analyze(model, fold_costly=True)
     assert calls == ["original.onnx", "folded.onnx"]
     assert onnx_lnfold.analyze(model, fold_costly=True).to_dict() == first.to_dict() and len(calls) == 2  # cached
@@ -513,40 +512,6 @@ def test_the_optimizer_child_answers_jobs_sent_ahead_in_any_order(monkeypatch, t
         child.result(5)
 
 
-def test_the_originals_session_runs_in_its_child_beside_the_optimizers_own_session(monkeypatch):
-    """Where the copies are large, the session graph of the original starts in its child before the
-    transformers optimizer's opt_level 1 session runs, and is waited for only after: the two children
-    run at once. The plan is the one the sessions in this process give, and each runs once."""
-    from onnx_lnfold.ort_fusions import probe, session_save
-
-    path = MODELS / "bert.onnx"
-    fusion_cost.clear_cache()
-    here = onnx_lnfold.analyze(path, fold_costly=True).to_dict()
-    fusion_cost.clear_cache()
-    events = []
-    popen = probe.subprocess.Popen
-
-    def recorded(cmd, **kwargs):
-        child = popen(cmd, **kwargs)
-        if cmd[1] != session_save.__file__:  # the transformers optimizer's own child
-            return child
-        source, _, _, level, _ = json.loads(cmd[-1])
-        events.append(("start", level, Path(source).name))
-        communicate = child.communicate
-        child.communicate = lambda *a, **k: events.append(("wait", level, Path(source).name)) or communicate(*a, **k)
-        return child
-
-    monkeypatch.setattr(probe.subprocess, "Popen", recorded)
-    monkeypatch.setattr(probe, "SESSION_CHILD_ABOVE_BYTES", -1)
-    monkeypatch.setattr(fusion_cost, "CHILD_ABOVE_BYTES", 0)
-    assert onnx_lnfold.analyze(path, fold_costly=True).to_dict() == here
-    fusion_cost.clear_cache()
-    session = ("start", "ORT_ENABLE_ALL", "original.onnx")
-    level1 = ("start", "ORT_ENABLE_BASIC", "original.onnx")
-    assert events.count(session) == 1 and level1 in events
-    assert events.index(session) < events.index(level1) < events.index(("wait", "ORT_ENABLE_ALL", "original.onnx"))
-
-
 def test_the_childs_allocator_settings_join_the_tunables_already_set():
     """A user's own glibc tunables reach the child; where they name one of ours, theirs wins."""
     from onnx_lnfold.ort_fusions.session_save import ALLOCATOR_TUNABLES, child_env
@@ -566,8 +531,8 @@ def test_a_large_copys_session_graph_is_written_by_a_child_whose_allocator_keeps
 
     model, _ = load_model(MODELS / "whisper_encoder_torchscript.onnx")
     runs = []
-    popen = probe.subprocess.Popen
-    monkeypatch.setattr(probe.subprocess, "Popen", lambda cmd, **k: runs.append(k["env"]) or popen(cmd, **k))
+    run = probe.subprocess.run
+    monkeypatch.setattr(probe.subprocess, "run", lambda cmd, **k: runs.append(k["env"]) or run(cmd, **k))
     with WeightlessFolder() as folder:
         path = folder.write(weightless_clone(model, folder), "copy.onnx")
         here = probe.session_graph(path, folder)
