@@ -19,17 +19,19 @@ from onnx_lnfold.bench.stats import fmt_ratio, ratio_of_medians  # noqa: F401 - 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / "cache"
 EXPORTER = ROOT / "models" / "make" / "export_bench_models.py"
+MAKE_LARGE = ROOT / "models" / "make" / "make_large_model.py"
 
 
-def _load_exporter():
-    spec = importlib.util.spec_from_file_location("export_bench_models", EXPORTER)
+def load_script(path: Path):
+    """A script of models/make (not a package) as a module, registered under its file's name."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["export_bench_models"] = mod
+    sys.modules[path.stem] = mod
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
 
 
-exporter = _load_exporter()  # light: torch / transformers are imported only when exporting
+exporter = load_script(EXPORTER)  # light: torch / transformers are imported only when exporting
 SPECS = exporter.SPECS
 SMALL_MODELS = exporter.SMALL_MODELS
 BASE_MODELS = exporter.BASE_MODELS

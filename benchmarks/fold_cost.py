@@ -35,7 +35,6 @@ re-saved control NAME.resaved.onnx (`onnx_ir.save(onnx_ir.load(IN))`) into the c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -47,7 +46,17 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import CACHE, ROOT, CpuMonitor, log, machine_info, results_header, wait_for_quiet
+from benchmarks.common import (
+    CACHE,
+    MAKE_LARGE,
+    ROOT,
+    CpuMonitor,
+    load_script,
+    log,
+    machine_info,
+    results_header,
+    wait_for_quiet,
+)
 
 ROUNDTRIP = "import sys, onnx; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
 IR_RESAVE = "import sys, onnx_ir as ir; ir.save(ir.load(sys.argv[1]), sys.argv[2])"
@@ -263,7 +272,6 @@ def startup_costs() -> dict:
 # At scale: multi-GB external-data models (issue 23)
 # --------------------------------------------------------------------------- #
 GB = 1e9
-MAKE_LARGE = ROOT / "models" / "make" / "make_large_model.py"
 ROUNDTRIP_EXTERNAL = (
     "import sys, os, onnx; onnx.save(onnx.load(sys.argv[1]), sys.argv[2], save_as_external_data=True, "
     "location=os.path.basename(sys.argv[2]) + '.data')"
@@ -286,17 +294,10 @@ HIDDEN_BY_SIZE = ((1.0, 768), (4.0, 1536), (8.0, 2048), (float("inf"), 2560))
 MEMORY_WAIT_FROM = 5 * GB  # models with at least this many bytes of weights wait for --min-available
 
 
-def _make_large():
-    spec = importlib.util.spec_from_file_location("make_large_model", MAKE_LARGE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
 def config_for(size_gb: float, vocab: int = 50257, positions: int = 1024) -> dict:
     """The (hidden, layers) whose float32 weights come nearest `size_gb` GB (10^9 bytes)."""
     hidden = next(h for bound, h in HIDDEN_BY_SIZE if size_gb < bound)
-    wb = _make_large().weight_bytes
+    wb = load_script(MAKE_LARGE).weight_bytes
     base = wb(hidden, 0, vocab, positions)
     per_layer = wb(hidden, 1, vocab, positions) - base
     layers = max(1, round((size_gb * GB - base) / per_layer))

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from benchmarks.common import ROOT, log, machine_info, results_header
+from benchmarks.common import MAKE_LARGE, load_script, log, machine_info, results_header
 from onnx_lnfold.bench.stats import fmt_ratio, ratio_of_medians
-from onnx_lnfold.ort_fusions import session_save
+from onnx_lnfold.ort_fusions import probe, session_save
 from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, weightless_clone
 
 VARIANTS = {
@@ -44,20 +44,6 @@ VARIANTS = {
     "glibc": "",
 }
 DEFAULT_SIZES = ("1024:8", "2560:24", "4096:52")  # about 1, 7 and 30 GB of float32 zeros
-
-
-def _make_large():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_large_model", ROOT / "models" / "make" / "make_large_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
-def _job(folder: WeightlessFolder, path: Path, tag: str) -> list:
-    optimized = folder.path / f"{path.stem}.{tag}.onnx"
-    return [str(path), str(optimized), session_save.discard_weights(optimized), "ORT_ENABLE_ALL", []]
 
 
 def _graph(job: list) -> tuple[bytes, ...]:
@@ -70,7 +56,7 @@ def _in_child(job: list, tunables: str) -> dict:
     if tunables:
         env["GLIBC_TUNABLES"] = tunables
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, session_save.__file__, json.dumps(job)], env=env, stderr=subprocess.PIPE)
+    child = subprocess.Popen(session_save.child_command(job), env=env, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     if status:
@@ -91,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-process-up-to", type=float, default=8.0, help="also run in this process up to this many GB")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/weightless_session"))
     args = p.parse_args(argv)
-    make = _make_large()
+    make = load_script(MAKE_LARGE)
     results = []
     for size in args.size or DEFAULT_SIZES:
         hidden, layers = (int(x) for x in size.split(":"))
@@ -105,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             graphs = set()
             for r in range(args.rounds):
                 for i, variant in enumerate(variants):
-                    job = _job(folder, path, f"r{r}v{i}")
+                    job = probe.session_job(path, folder, "ORT_ENABLE_ALL", f"r{r}v{i}")
                     got = _in_process(job) if variants[variant] is None else _in_child(job, variants[variant])
                     graphs.add(_graph(job))
                     for key, value in got.items():

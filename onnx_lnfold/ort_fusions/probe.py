@@ -66,19 +66,24 @@ def _graph_only(path: Path) -> onnx.GraphProto:
     return onnx.load(str(path), load_external_data=False).graph
 
 
-def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Path:
-    """The model an ONNX Runtime CPU session at optimization `level` (a GraphOptimizationLevel
-    name) writes back for `path` (`ort_fusions.session_save`): its initializers go to /dev/null where
-    links are possible. Past `SESSION_CHILD_ABOVE_BYTES` of zeros, in a child process whose allocator
-    keeps the pages it frees (`session_save.child_env`)."""
+def session_job(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> list:
+    """`session_save.write_optimized`'s arguments for the session at optimization `level` (a
+    GraphOptimizationLevel name) of `path`, its output `<stem>.<tag>.onnx` in `folder`, the
+    optimizers `disabled` off; its initializers go to /dev/null where links are possible."""
     optimized = folder.path / f"{path.stem}.{tag}.onnx"
-    data_name = session_save.discard_weights(optimized)
-    job = [str(path), str(optimized), data_name, level, list(disabled)]
+    return [str(path), str(optimized), session_save.discard_weights(optimized), level, list(disabled)]
+
+
+def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag: str, disabled=()) -> Path:
+    """The model an ONNX Runtime CPU session writes back for `path` (`session_job`,
+    `ort_fusions.session_save`). Past `SESSION_CHILD_ABOVE_BYTES` of zeros, in a child process whose
+    allocator keeps the pages it frees (`session_save.child_env`)."""
+    job = session_job(path, folder, level, tag, disabled)
     if _zero_bytes(path) <= SESSION_CHILD_ABOVE_BYTES:
         session_save.write_optimized(*job)
-        return optimized
+        return Path(job[1])
     done = subprocess.run(
-        [sys.executable, session_save.__file__, json.dumps(job)],
+        session_save.child_command(job),
         env=session_save.child_env(dict(os.environ)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -86,7 +91,7 @@ def _optimized_by_session(path: Path, folder: WeightlessFolder, level: str, tag:
     if done.returncode != 0:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"the session's process exited with {done.returncode}")
-    return optimized
+    return Path(job[1])
 
 
 def session_graph(path: Path, folder: WeightlessFolder) -> onnx.GraphProto:

@@ -53,6 +53,11 @@ def write_back(options, optimized: str, data_name: str) -> None:
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
 
 
+def child_command(job: list) -> list[str]:
+    """The command that runs `write_optimized(*job)` in a child process (this file, by its path)."""
+    return [sys.executable, os.path.abspath(__file__), json.dumps(job)]
+
+
 def write_optimized(path: str, optimized: str, data_name: str, level: str, disabled: list[str]) -> None:
     """Optimize `path` in a CPU session at `level` (a GraphOptimizationLevel name), `disabled`
     optimizers off, and write the result to `optimized`, its initializers to `data_name`."""
