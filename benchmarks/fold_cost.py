@@ -304,7 +304,7 @@ def config_for(size_gb: float, vocab: int = 50257, positions: int = 1024) -> dic
     return {"label": f"{size_gb:g} GB", "hidden": hidden, "layers": layers, "vocab": vocab, "positions": positions}
 
 
-def _model_files(path: Path) -> list[Path]:
+def model_files(path: Path) -> list[Path]:
     return [path, Path(str(path) + ".data")]
 
 
@@ -314,7 +314,7 @@ def build_model(cfg: dict, folder: Path) -> Path:
     tag = f"h{cfg['hidden']}_l{cfg['layers']}_v{cfg['vocab']}_p{cfg['positions']}" + ("_tied" if cfg.get("tie_head") else "")
     path = folder / f"large_{tag}.onnx"
     marker = folder / f"large_{tag}.built.json"
-    files = _model_files(path)
+    files = model_files(path)
     if marker.exists() and all(f.exists() for f in files):
         sizes = json.loads(marker.read_text()).get("file_bytes")
         if sizes == [f.stat().st_size for f in files]:
@@ -378,10 +378,10 @@ def wait_for_memory(needed: int, max_wait_s: float) -> tuple[int, float]:
     return avail, waited
 
 
-def _warm(path: Path) -> float:
+def warm_files(path: Path) -> float:
     """Read the model's files once (unmeasured), so every run starts from the same page cache."""
     started = time.perf_counter()
-    for f in _model_files(path):
+    for f in model_files(path):
         with open(f, "rb", buffering=0) as fh:
             while fh.read(16 << 20):
                 pass
@@ -418,7 +418,7 @@ def scale_run(cfg: dict, folder: Path, reps: int, quiet_wait_s: float, min_avail
     (filled as the runs come; `on_run()` after each)."""
     model = build_model(cfg, folder)
     weights = weight_bytes_of(model)
-    files = sum(f.stat().st_size for f in _model_files(model))
+    files = sum(f.stat().st_size for f in model_files(model))
     entry = {} if entry is None else entry
     entry.update({"config": cfg, "model": model.name, "weight_bytes": weights, "file_bytes": files, "runs": []})
     free = shutil.disk_usage(folder).free
@@ -433,11 +433,11 @@ def scale_run(cfg: dict, folder: Path, reps: int, quiet_wait_s: float, min_avail
     baseline = COPY_FILES if entry["baseline"] == "copy" else ROUNDTRIP_EXTERNAL
     cmds = {"baseline": [sys.executable, "-c", baseline, str(model), str(out)],
             "default": fold, "no_verify": [*fold, "--no-verify"]}
-    entry["warm_read_s"] = _warm(model)
+    entry["warm_read_s"] = warm_files(model)
     for rep in range(reps):
         order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
         for variant in order:
-            for f in (*_model_files(out), report, stdout, stderr):
+            for f in (*model_files(out), report, stdout, stderr):
                 f.unlink(missing_ok=True)
             avail, waited = (mem_available(), 0.0)
             if weights >= MEMORY_WAIT_FROM and min_available > 0:
@@ -461,7 +461,7 @@ def scale_run(cfg: dict, folder: Path, reps: int, quiet_wait_s: float, min_avail
                 f"{r['tree_peak_rss_bytes'] / GB:6.2f} GB (anon {r['tree_peak_rss_anon_bytes'] / GB:.2f}, file "
                 f"{r['tree_peak_rss_file_bytes'] / GB:.2f}; {r['processes']} proc), other CPU "
                 f"{100 * (r['foreign_cpu'] or 0):.0f}%" + (f"  {r['verdict'].get('summary', '')}" if "verdict" in r else ""))
-            for f in (*_model_files(out), report, stdout, stderr):
+            for f in (*model_files(out), report, stdout, stderr):
                 f.unlink(missing_ok=True)
             if on_run is not None:
                 on_run()
