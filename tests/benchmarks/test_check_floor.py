@@ -15,11 +15,14 @@ from benchmarks.check_floor import RUNS, VARIANTS, floors
 from conftest import ROOT
 
 
-def test_the_floor_is_the_copy_and_the_checks_runs_over_the_copy():
-    runs = {k: [{"run_s": s}, {"run_s": 2 * s}] for k, s in zip(VARIANTS, (10.0, 20.0, 5.0, 6.0, 2.0))}
-    found = floors(runs)
-    assert found["onnxruntime"] == [pytest.approx(2.1), pytest.approx(2.1)]  # (10 + 5 + 6) / 10
-    assert found["with twins"] == [pytest.approx(2.5), pytest.approx(2.5)]  # the fold's twin costs the original's
+def test_the_floor_spreads_the_checks_cpu_over_the_cores():
+    cpu = dict(zip(VARIANTS, (4.0, 30.0, 10.0, 12.0, 3.0)))
+    runs = {k: [{"wall_s": w, "run_cpu_s": cpu[k]}] for k, w in zip(VARIANTS, (10.0, 20.0, 6.0, 7.0, 2.0))}
+    found = floors(runs, cores=2)
+    # the fold's 20 s, then (10 + 12 + 2 x 3) CPU seconds over two cores, over the copy's 10 s
+    assert found["fold, then check"] == [pytest.approx(3.4)]
+    assert found["one pass"] == [pytest.approx(1.6)]  # (4 + 28) / 2 over 10
+    assert floors(runs, cores=64)["one pass"] == [pytest.approx(1.0)]  # never under the copy
 
 
 def test_the_benchmark_writes_every_variant_and_the_floor(tmp_path):
@@ -35,8 +38,12 @@ def test_the_benchmark_writes_every_variant_and_the_floor(tmp_path):
     for variant, (run,) in results["runs"].items():
         assert run["rc"] == 0 and run["wall_s"] > 0
         # a check's run is timed by itself, inside its process; the others are the whole process
-        assert (0 < run["run_s"] < run["wall_s"]) if variant in RUNS else run["run_s"] == run["wall_s"]
-    assert all(len(v) == 1 and v[0] > 1 for v in results["floors"].values())
+        if variant in RUNS:
+            assert 0 < run["run_s"] < run["wall_s"] and 0 < run["run_cpu_s"] < run["cpu_s"]
+        else:
+            assert (run["run_s"], run["run_cpu_s"]) == (run["wall_s"], run["cpu_s"])
+    assert sorted(results["floors"]) == ["fold, then check", "one pass"]
+    assert all(len(v) == 1 and v[0] >= 1 for v in results["floors"].values())
     text = (out / "CHECK_FLOOR.md").read_text()
-    assert all(f"| {v} |" in text for v in VARIANTS) and "two float64 twins" in text
+    assert all(f"| {v} |" in text for v in VARIANTS) and "| fold, then check |" in text
     assert not list((tmp_path / "models").glob("floor_out.onnx*"))  # the fold's output is not left behind
