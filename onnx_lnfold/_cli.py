@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from onnx_lnfold.report.fold_report import FoldReport
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a process a SIGTERM ended
 
 STDOUT = "-"  # `--json -`: the JSON report on stdout, the text report on stderr
 
@@ -36,6 +39,7 @@ exit codes:
   2    bad input or usage, or the output cannot be written: one line on stderr, nothing written
   3    internal error (rerun with --debug for the traceback)
   130  interrupted: nothing written
+  143  terminated (SIGTERM): nothing written
 
 examples:
   {prog} model.onnx
@@ -310,7 +314,27 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     return EXIT_OK
 
 
+class _Terminated(KeyboardInterrupt):
+    """A SIGTERM (a `timeout`, a job scheduler, `kill`), raised where the run is: it unwinds as from
+    a Ctrl-C, its staged output removed. Python's default would end the process on the spot and
+    leave the output's staging folder, as large as the model, until the next run sweeps it."""
+
+
+def _terminate(signum, frame) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    if threading.current_thread() is not threading.main_thread():  # where no handler can be set
+        return _main(argv, started)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _main(argv, started)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None, started: float | None) -> int:
     from onnx_lnfold.bench.cli import is_subcommand  # argparse alone: the start-up stays light
 
     args = sys.argv[1:] if argv is None else list(argv)
@@ -326,9 +350,10 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     except LnFoldError as e:
         print(f"onnx_lnfold: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("onnx_lnfold: interrupted; nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, _Terminated)
+        print(f"onnx_lnfold: {'terminated' if terminated else 'interrupted'}; nothing written", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except Exception as e:  # an internal error: one line unless --debug asked for the traceback
         if argv is None and "--debug" in sys.argv or argv is not None and "--debug" in argv:
             raise

@@ -220,6 +220,28 @@ def test_model_over_2gb_folds_verifies_and_is_written_beside_the_output(tmp_path
     assert out.with_name("big.lnfold.onnx.data").stat().st_size > 0.99 * make_large_model.weight_bytes(**BIG)
 
 
+def test_a_sigterm_ends_the_run_as_a_ctrl_c_does_its_staged_output_removed(tmp_path):
+    """`timeout`, a job scheduler or `kill` end a run with SIGTERM: it unwinds as from a Ctrl-C (one
+    line, exit 143), the staged output removed, not left for the next run to sweep."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = make_large_model.make_model(tmp_path / "m.onnx", hidden=256, layers=6, vocab=4096, positions=256)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "onnx_lnfold", str(src), "-o", str(out / "f.onnx")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not list(out.glob(".lnfold-staging-*")):  # the output being staged
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, f"ended {proc.returncode} before or despite the signal: {err[-2000:]}"
+    assert err.splitlines()[-1] == "onnx_lnfold: terminated; nothing written"
+    assert list(out.iterdir()) == []
+
+
 def test_what_a_killed_run_left_is_removed_by_the_next_and_said(tmp_path):
     """A run killed by the kernel (SIGKILL) cannot clean up its staged output: the next run in
     that folder removes it (its process is gone), says so, and leaves live runs' folders alone."""
