@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
-from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, VerificationFailed
+from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, Terminated, VerificationFailed
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, OPTIONS, options_from
 from onnx_lnfold.core.progress import Progress
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from onnx_lnfold.report.fold_report import FoldReport
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a process a SIGTERM ended
+EXIT_TERMINATED = Terminated.exit_code
 
 STDOUT = "-"  # `--json -`: the JSON report on stdout, the text report on stderr
 
@@ -314,14 +314,8 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     return EXIT_OK
 
 
-class _Terminated(KeyboardInterrupt):
-    """A SIGTERM (a `timeout`, a job scheduler, `kill`), raised where the run is: it unwinds as from
-    a Ctrl-C, its staged output removed. Python's default would end the process on the spot and
-    leave the output's staging folder, as large as the model, until the next run sweeps it."""
-
-
 def _terminate(signum, frame) -> None:
-    raise _Terminated
+    raise Terminated
 
 
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
@@ -351,7 +345,7 @@ def _main(argv: list[str] | None, started: float | None) -> int:
         print(f"onnx_lnfold: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
-        terminated = isinstance(e, _Terminated)
+        terminated = isinstance(e, Terminated)
         print(f"onnx_lnfold: {'terminated' if terminated else 'interrupted'}; nothing written", file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except Exception as e:  # an internal error: one line unless --debug asked for the traceback

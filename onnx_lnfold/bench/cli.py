@@ -146,9 +146,12 @@ def main(argv: list[str] | None = None, prog: str = "onnx-lnfold") -> int:
     except UsageError as e:
         print(f"onnx_lnfold {argv[0] if argv else ''}: error: {e}".replace("  ", " "), file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("onnx_lnfold: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        from onnx_lnfold.core.errors import Terminated
+
+        terminated = isinstance(e, Terminated)
+        print(f"onnx_lnfold: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return e.exit_code if terminated else EXIT_INTERRUPTED
     except BrokenPipeError:  # `... | head`: the reader left; what was measured is written already
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

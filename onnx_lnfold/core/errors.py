@@ -34,4 +34,13 @@ class NotVerified(VerificationFailed):
     does not run on the inputs, no inputs can be made). Nothing is written; the CLI exits 1."""
 
 
-__all__ = ["CannotWrite", "InvalidInput", "LnFoldError", "NotVerified", "VerificationFailed"]
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (a `timeout`, a job scheduler, `kill`), raised where the command line's run is: it
+    unwinds as from a Ctrl-C, its staged output removed, and exits 143. Python's default would end the
+    process on the spot and leave the output's staging folder, as large as the model, until the next
+    run sweeps it. Not an `LnFoldError`: nothing was refused."""
+
+    exit_code = 128 + 15  # as a shell reports a process a SIGTERM ended
+
+
+__all__ = ["CannotWrite", "InvalidInput", "LnFoldError", "NotVerified", "Terminated", "VerificationFailed"]

@@ -142,3 +142,16 @@ def test_bench_needs_two_processes(gpt2_pair, tmp_path):
 def test_a_folded_model_of_another_model_is_refused(tmp_path):
     code, _, err = _cli(tmp_path, "bench", MODELS / "gpt2.onnx", MODELS / "vit.onnx", "--processes", 2)
     assert code == 2 and "not a fold of that model" in err
+
+
+@pytest.mark.parametrize("raised, code, line", [(KeyboardInterrupt, 130, "interrupted"), (None, 143, "terminated")])
+def test_a_ctrl_c_or_a_sigterm_ends_the_subcommand_in_one_line(monkeypatch, capsys, raised, code, line):
+    from onnx_lnfold.bench import cli
+    from onnx_lnfold.core.errors import Terminated
+
+    def stopped(args):
+        raise raised or Terminated  # what the command line's SIGTERM handler raises
+
+    monkeypatch.setattr(cli, "_bench", stopped)
+    assert cli.main(["bench", "a.onnx", "b.onnx"]) == code
+    assert capsys.readouterr().err == f"onnx_lnfold: {line}\n"
