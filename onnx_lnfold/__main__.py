@@ -18,9 +18,12 @@ def main() -> int:
     started, _started = (_started if _started is not None else time.monotonic()), None
     try:
         from onnx_lnfold._cli import main as cli_main
-    except KeyboardInterrupt:
-        print("onnx_lnfold: interrupted; nothing written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from onnx_lnfold.core.errors import stopped
+
+        word, code = stopped(e)
+        print(f"onnx_lnfold: {word}; nothing written", file=sys.stderr)
+        return code
     return cli_main(started=started)
 
 

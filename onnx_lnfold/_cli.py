@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
-from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, Terminated, VerificationFailed
+from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, Terminated, VerificationFailed, stopped
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, OPTIONS, options_from
 from onnx_lnfold.core.progress import Progress
 
 if TYPE_CHECKING:
     from onnx_lnfold.report.fold_report import FoldReport
 
-EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_TERMINATED = Terminated.exit_code
+EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3  # a stopped run's: `core.errors.stopped`
 
 STDOUT = "-"  # `--json -`: the JSON report on stdout, the text report on stderr
 
@@ -345,9 +344,9 @@ def _main(argv: list[str] | None, started: float | None) -> int:
         print(f"onnx_lnfold: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
-        terminated = isinstance(e, Terminated)
-        print(f"onnx_lnfold: {'terminated' if terminated else 'interrupted'}; nothing written", file=sys.stderr)
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        word, code = stopped(e)
+        print(f"onnx_lnfold: {word}; nothing written", file=sys.stderr)
+        return code
     except Exception as e:  # an internal error: one line unless --debug asked for the traceback
         if argv is None and "--debug" in sys.argv or argv is not None and "--debug" in argv:
             raise

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 SUBCOMMANDS = ("bench", "calibrate")
-EXIT_OK, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_OK, EXIT_USAGE, EXIT_INTERNAL = 0, 2, 3  # a stopped run's: `core.errors.stopped`
 
 
 class UsageError(Exception):
@@ -147,11 +147,11 @@ def main(argv: list[str] | None = None, prog: str = "onnx-lnfold") -> int:
         print(f"onnx_lnfold {argv[0] if argv else ''}: error: {e}".replace("  ", " "), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
-        from onnx_lnfold.core.errors import Terminated
+        from onnx_lnfold.core.errors import stopped
 
-        terminated = isinstance(e, Terminated)
-        print(f"onnx_lnfold: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
-        return e.exit_code if terminated else EXIT_INTERRUPTED
+        word, code = stopped(e)
+        print(f"onnx_lnfold: {word}", file=sys.stderr)
+        return code
     except BrokenPipeError:  # `... | head`: the reader left; what was measured is written already
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

@@ -43,4 +43,10 @@ class Terminated(KeyboardInterrupt):
     exit_code = 128 + 15  # as a shell reports a process a SIGTERM ended
 
 
-__all__ = ["CannotWrite", "InvalidInput", "LnFoldError", "NotVerified", "Terminated", "VerificationFailed"]
+def stopped(e: KeyboardInterrupt) -> tuple[str, int]:
+    """How the command line says a run was stopped, and its exit code: a SIGTERM (`Terminated`)
+    or a Ctrl-C."""
+    return ("terminated", Terminated.exit_code) if isinstance(e, Terminated) else ("interrupted", 130)
+
+
+__all__ = ["CannotWrite", "InvalidInput", "LnFoldError", "NotVerified", "Terminated", "VerificationFailed", "stopped"]
