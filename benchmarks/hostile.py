@@ -100,16 +100,24 @@ def run_case(case: hostile_models.Case, surface: str, work: Path, timeout: float
         cmd = [sys.executable, "-c", API_SCRIPT, str(model), str(dest), *case.args]
     env = dict(os.environ, TMPDIR=str(tmp))
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, preexec_fn=_limits)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\n(killed after {timeout:.0f} s)"
-    seconds = time.monotonic() - started
-    # ru_maxrss of the children reaped so far: the largest process of the tree (KiB on Linux)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err_file, env=env, text=True, preexec_fn=_limits)
+        # wait4: this run's own peak memory (the largest of its process and the children it reaped)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - started > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                err_file.write(f"\n(killed after {timeout:.0f} s)")
+                break
+            time.sleep(0.02)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.monotonic() - started
+        peak = usage.ru_maxrss / 1024  # KiB on Linux
+        err_file.seek(0)
+        err = err_file.read()
     # the folder's path holds the case's name: the words matched are the tool's own
     lines = [ln.replace(str(folder.parent), "<case>") for ln in err.splitlines() if ln.strip()]
     changed = _snapshot(folder) != before if not case.api_save_to and not case.cli_output else _changed_inputs(folder, before)
@@ -148,58 +156,52 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hostile-") as work:
         for case in cases:
             for surface in args.surfaces.split(","):
-                # ru_maxrss of RUSAGE_CHILDREN is the maximum over every child so far: one
-                # process per case keeps each figure its own
-                r = _isolated(case.name, surface, Path(work), args.timeout)
+                r = run_case(case, surface, Path(work), args.timeout)
                 runs.append(r)
-                ok = _meets(case, r)
+                short = shortfalls(case, r, timed=True)
                 print(
-                    f"{'ok ' if ok else 'BAD'} {r.case:32} {r.surface:3} exit {r.code:3} {r.seconds:6.1f} s "
-                    f"{r.peak_mb:7.0f} MB  {r.line[:150]}",
+                    f"{'BAD' if short else 'ok '} {r.case:32} {r.surface:3} exit {r.code:3} {r.seconds:6.1f} s "
+                    f"{r.peak_mb:7.0f} MB  {r.line[:150]}" + (f"\n    short: {'; '.join(short)}" if short else ""),
                     flush=True,
                 )
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1))
-    bad = sum(not _meets(hostile_models.case(r.case), r) for r in runs)
+    bad = sum(bool(shortfalls(hostile_models.case(r.case), r, timed=True)) for r in runs)
     print(f"{len(runs) - bad} passed, {bad} failed")
     return 1 if bad else 0
 
 
-def _isolated(name: str, surface: str, work: Path, timeout: float) -> Run:
-    """run_case in a child of its own, so that its peak memory is not mixed with the others'."""
-    code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); from benchmarks import hostile; "
-        "from dataclasses import asdict; import hostile_models as h; from pathlib import Path; "
-        "print(json.dumps(asdict(hostile.run_case(h.case(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), float(sys.argv[5])))))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT), name, surface, str(work), str(timeout)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    if proc.returncode != 0:
-        return Run(name, surface, 99, 0.0, 0.0, proc.stderr.strip().splitlines()[-1][:300] if proc.stderr else "", 0, False, 0, 0)
-    return Run(**json.loads(proc.stdout.strip().splitlines()[-1]))
+MAX_PEAK_MB = 1024
+MAX_SECONDS = 30.0
 
 
-def _meets(case: hostile_models.Case, r: Run) -> bool:
-    """What the issue asks of each run: the expected exit, one line (naming the problem), the input
-    untouched, nothing left, under 1 GB and 30 s."""
+def shortfalls(case: hostile_models.Case, r: Run, *, timed: bool) -> list[str]:
+    """Where a run falls short of what the tool owes the case (none: it meets it): the expected
+    exit; one line, holding the case's phrase, where the tool refuses or cannot verify; the input
+    untouched; nothing left in the temp folder; nothing written but a fold's output; under
+    MAX_PEAK_MB; with `timed`, under MAX_SECONDS (the benchmark's figure, never a unit test's)."""
     want = {"refuse": 2, "fold": 0, "not-verified": 1}[case.outcome]
     said = case.outcome != "fold"
-    one_line = r.lines == 1 if said else True
-    words = case.expect.lower() in r.line.lower() if said else True
-    return (
-        r.code == want
-        and one_line
-        and words
-        and not r.input_changed
-        and r.temp_left == 0
-        and r.peak_mb < 1024
-        and r.seconds < 30
-        and (r.written_bytes == 0 if said else r.written_bytes < 64 << 20)
-    )
+    found = []
+    if r.code != want:
+        found.append(f"exit {r.code}, not {want}")
+    if said and r.lines != 1:
+        found.append(f"{r.lines} lines on stderr, not 1")
+    if said and case.expect.lower() not in r.line.lower():
+        found.append(f"the line does not say {case.expect!r}")
+    if r.input_changed:
+        found.append("the input changed")
+    if r.temp_left:
+        found.append(f"{r.temp_left} entries left in the temp folder")
+    if said and r.written_bytes:
+        found.append(f"{r.written_bytes:,} bytes written")
+    if not said and r.written_bytes >= 64 << 20:
+        found.append(f"{r.written_bytes:,} bytes written for a small model")
+    if r.peak_mb >= MAX_PEAK_MB:
+        found.append(f"peak {r.peak_mb:.0f} MB")
+    if timed and r.seconds >= MAX_SECONDS:
+        found.append(f"{r.seconds:.1f} s")
+    return found
 
 
 if __name__ == "__main__":
