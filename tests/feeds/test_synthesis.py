@@ -4,6 +4,7 @@ anything is allocated."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 
@@ -44,3 +45,59 @@ def onnx_lnfold_ir(proto: onnx.ModelProto):
     import onnx_ir as ir
 
     return ir.from_proto(proto)
+
+
+# --------------------------------------------------------------------------- parameters of the run
+def _tts_like() -> onnx.ModelProto:
+    """A scalar `speed` sets the output's length (Tile by ceil(4 * speed)); a style vector is added
+    to the stream: N(0, 1) speeds of 0 or less tile nothing or fail."""
+    g = Graph()
+    h = g.node("Add", [g.linear(g.input("x", [1, "seq", 8]), 8, 8, "proj"), g.linear(g.input("style", [1, 8]), 8, 8, "style")])
+    y = g.linear(g.ln(h, 8, "ln"), 8, 4, "head")
+    reps = g.node("Cast", [g.node("Ceil", [g.node("Mul", [g.input("speed", []), g.const("four", value=4.0)])])], to=7)
+    one = g.ints("one", [1])
+    tiles = g.node("Concat", [one, g.node("Reshape", [reps, one]), one], axis=0)
+    g.output(g.node("Tile", [y, tiles]))
+    return g.model()
+
+
+def test_parameters_of_the_run_are_drawn_in_their_domain():
+    for s in verification_input_sets(onnx_lnfold_ir(_tts_like())):
+        speed, style, x = s.feeds["speed"], s.feeds["style"], s.feeds["x"]
+        assert speed.shape == () and speed.dtype == np.float32 and 0.8 <= float(speed) <= 1.25 and float(speed) != 1
+        assert style.shape == (1, 8) and 0.2 < np.std(style) < 1.0  # a modest scale, not unit variance
+        assert x.shape[1] > 1 and np.std(x) > 0.7  # the data stays N(0, 1)
+    result = onnx_lnfold.fold(_tts_like())
+    assert result.report.verification.status == "passed" and len(result.plan.folded) == 1
+
+
+def test_a_sensitivity_probe_the_original_fails_falls_back_to_rtol(monkeypatch):
+    """The perturbed original (the probe of its own float32 noise) fails on its last set, or comes
+    out another length (a duration it rounds from its weights): rtol alone, said, and no measure
+    from the sets it ran on loosens the tolerance."""
+    from onnx_lnfold.verify.judges import sensitivity
+    from onnx_lnfold.verify.verdict import RTOL_ONLY
+
+    real = sensitivity.run_sets
+
+    def probe(session, feeds_list):
+        results = real(session, feeds_list)
+        results[-1] = ValueError("Incompatible dimensions for broadcasting")
+        return results
+
+    monkeypatch.setattr(sensitivity, "run_sets", probe)
+    result = onnx_lnfold.fold(_tts_like(), float64_budget=0)
+    verification = result.report.verification
+    assert verification.status == "passed" and verification.judgment == RTOL_ONLY
+    assert "the original's sensitivity could not be measured: Incompatible dimensions" in verification.judgment_reason
+    assert all(o.sensitivity is None for o in verification.outputs)
+    assert "no float64 reference and no sensitivity" in result.report.format_text()
+
+    def reshaped(session, feeds_list):
+        results = real(session, feeds_list)
+        results[1] = {k: np.concatenate([v, v], axis=1) for k, v in results[1].items()}
+        return results
+
+    monkeypatch.setattr(sensitivity, "run_sets", reshaped)
+    verification = onnx_lnfold.fold(_tts_like(), float64_budget=0).report.verification
+    assert verification.judgment == RTOL_ONLY and "with its weights perturbed" in verification.judgment_reason
