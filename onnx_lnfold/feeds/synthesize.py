@@ -36,6 +36,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.ops import NORM_OPS
+from onnx_lnfold.feeds.budget import check_size
 from onnx_lnfold.feeds.dims import DimExpr
 
 # Ops an index tensor may pass through on its way to a Gather without changing its values.
@@ -405,6 +406,13 @@ def _dim_sizes(
     return result
 
 
+def synthesized_shapes(
+    model: ir.Model, shapes: dict[str, tuple[int, ...]], batch_size: int, sequence_length: int
+) -> dict[str, tuple[int, ...]]:
+    """The shapes `synthesize_inputs` gives the inputs not in `shapes`, nothing allocated."""
+    return _dim_sizes(model, graph_inputs(model), shapes, batch_size, sequence_length)
+
+
 def synthesize_inputs(
     model: ir.Model,
     shapes: dict[str, tuple[int, ...]] | None = None,
@@ -438,6 +446,7 @@ def synthesize_inputs(
             np_dtype = None
         if np_dtype is None:
             raise InputsUnavailable(f"graph input '{name}' is {dtype.name}, which has no numpy type")
+        check_size(value, dims, sequence_length)  # before anything of its size is allocated
         if dtype.is_floating_point():
             if realistic and _is_image(value, dims):
                 feeds[name] = _normalized_image(rng, dims).astype(np_dtype)

@@ -12,6 +12,7 @@ import onnx_lnfold
 from onnx_lnfold.feeds.sets import RETRY_BATCH, verification_input_sets
 
 from graphs import Graph
+from helpers import run_cli
 
 
 def _baked_batch(batch_shape=("batch", "seq", 8)) -> onnx.ModelProto:
@@ -101,3 +102,47 @@ def test_a_sensitivity_probe_the_original_fails_falls_back_to_rtol(monkeypatch):
     monkeypatch.setattr(sensitivity, "run_sets", reshaped)
     verification = onnx_lnfold.fold(_tts_like(), float64_budget=0).report.verification
     assert verification.judgment == RTOL_ONLY and "with its weights perturbed" in verification.judgment_reason
+
+
+# --------------------------------------------------------------------------- the budget
+def _declared_tokens(tokens) -> onnx.ModelProto:
+    g = Graph()
+    g.output(g.linear(g.ln(g.linear(g.input("x", [1, tokens, 16]), 16, 16, "proj"), 16, "ln"), 16, 4, "head"))
+    return g.model()
+
+
+def test_an_input_declared_beyond_the_budget_is_refused_with_the_sizes_to_check_it_at(tmp_path):
+    from onnx_lnfold.feeds.budget import MAX_INPUT_BYTES, InputTooLarge
+
+    model = _declared_tokens(1 << 31)
+    for call in (onnx_lnfold.fold, onnx_lnfold.analyze):
+        with pytest.raises(onnx_lnfold.InvalidInput) as info:
+            call(model)
+        assert str(info.value) == (
+            "graph input 'x' is declared [1, 2147483648, 16]: 128 GiB of float32, over the 256 MiB a verification "
+            "input may take; declare its dim 1 symbolic and pass input_shapes={'x': (1, 64, 16)} (--input-shape "
+            "x:1,64,16 on the command line), or verify=False to accept an unverified model"
+        )
+    assert MAX_INPUT_BYTES == 256 << 20 and isinstance(info.value, InputTooLarge)
+    # Unchecked, nothing is synthesized: nothing to refuse.
+    assert len(onnx_lnfold.fold(model, verify=False).plan.folded) == 1
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    code, out, err = run_cli(path, "-o", tmp_path / "o.onnx")
+    assert code == 2 and err.strip().splitlines() == [
+        "onnx_lnfold: error: graph input 'x' is declared [1, 2147483648, 16]: 128 GiB of float32, over the 256 MiB a "
+        "verification input may take; declare its dim 1 symbolic and pass --input-shape x:1,64,16, or accept an "
+        "unverified model with --no-verify"
+    ]
+    # The way out works: the dim symbolic, the sizes given.
+    result = onnx_lnfold.fold(_declared_tokens("tokens"), input_shapes={"x": (1, 64, 16)})
+    assert result.report.verification.status == "passed"
+
+
+def test_sizes_given_beyond_the_budget_are_refused_before_any_is_allocated():
+    with pytest.raises(onnx_lnfold.InvalidInput) as info:
+        onnx_lnfold.fold(_declared_tokens("tokens"), input_shapes={"x": (1, 10**9, 16)})
+    assert str(info.value).startswith(
+        "graph input 'x' is declared [1, tokens, 16], at (1, 1000000000, 16): 59.6 GiB of float32, over the 256 MiB "
+        "a verification input may take; pass input_shapes={'x': (1, 64, 16)}"
+    )
