@@ -341,7 +341,7 @@ def _main(argv: list[str] | None, started: float | None) -> int:
         print(f"onnx_lnfold: {e}", file=sys.stderr)
         return EXIT_VERIFY
     except LnFoldError as e:
-        print(f"onnx_lnfold: error: {e}", file=sys.stderr)
+        print(f"onnx_lnfold: error: {e.said('cli')}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
         word, code = stopped(e)

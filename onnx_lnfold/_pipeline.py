@@ -30,7 +30,7 @@ from onnx_lnfold.core.errors import NotVerified, VerificationFailed
 from onnx_lnfold.core.options import FoldOptions, check_preconditions, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
 from onnx_lnfold.decide.pricing import centering_kind
-from onnx_lnfold.feeds.given import check_input_shapes, check_inputs
+from onnx_lnfold.feeds.given import check_input_shapes, check_input_sizes, check_inputs
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.load.opset import convert_opset, default_opset
@@ -151,6 +151,8 @@ def analyze_model(model: ir.Model, options: FoldOptions, check: VerifyRequest) -
     if check.inputs is not None:
         check_inputs(model, check.inputs)
     check_input_shapes(model, dict(check.input_shapes or {}))
+    if check.enabled and check.inputs is None:
+        check_input_sizes(model, dict(check.input_shapes or {}))
     return analyze_for_target(model, options, ShapeTable(model, given=check.run_shapes))
 
 

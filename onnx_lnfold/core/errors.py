@@ -14,6 +14,11 @@ The command line exits 1 for a `VerificationFailed` (and its subclass) and 2 for
 class LnFoldError(Exception):
     """Base of every error onnx_lnfold raises on purpose. The CLI prints the message on one line."""
 
+    def said(self, surface: str) -> str:
+        """The message as `surface` ("cli" or "api") says it: the same on both, but for an error
+        whose way out names an option, which each surface spells its own way."""
+        return str(self)
+
 
 class InvalidInput(LnFoldError, ValueError):
     """Bad input or usage: a model that cannot be read or kept, an option outside its choices, a

@@ -10,7 +10,9 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
-from onnx_lnfold.feeds.synthesize import graph_inputs
+from onnx_lnfold.feeds.budget import check_size, declared_words
+from onnx_lnfold.feeds.sets import REALISTIC_SIZES
+from onnx_lnfold.feeds.synthesize import InputsUnavailable, graph_inputs, synthesized_shapes
 
 
 def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
@@ -70,19 +72,27 @@ def check_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> N
         if len(shape) != len(dims):
             raise InvalidInput(
                 f"--input-shape {name}:{','.join(map(str, dims))} has rank {len(dims)}, the graph input has rank "
-                f"{len(shape)} ({_declared_words(shape)})"
+                f"{len(shape)} ({declared_words(shape)})"
             )
         for axis, (size, fixed) in enumerate(zip(dims, shape)):
             if isinstance(fixed, int) and size != fixed:
                 raise InvalidInput(
                     f"--input-shape {name}:{','.join(map(str, dims))}: dim {axis} is {size}, the graph fixes it at "
-                    f"{fixed} ({_declared_words(shape)})"
+                    f"{fixed} ({declared_words(shape)})"
                 )
 
 
-def _declared_words(shape: ir.Shape) -> str:
-    """`[batch, 3, 224, 224]`: a declared shape as the message shows it (`?` for an unnamed dim)."""
-    return "[" + ", ".join(str(d) if isinstance(d, int) else (getattr(d, "value", None) or "?") for d in shape) + "]"
+def check_input_sizes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> None:
+    """No input the check would synthesize may take over `budget.MAX_INPUT_BYTES`: checked at the
+    realistic-scale set's sizes, the largest it synthesizes, before any work (a dry run and
+    `analyze()` refuse what a real run would, and nothing is allocated by a declared size)."""
+    batch, length = REALISTIC_SIZES[0]
+    try:
+        sizes = {**synthesized_shapes(model, shapes, batch, length), **shapes}
+    except InputsUnavailable:  # the check says why, as it would anyway
+        return
+    for value in graph_inputs(model):
+        check_size(value, sizes[value.name or ""], length)
 
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:

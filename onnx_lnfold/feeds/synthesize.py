@@ -12,7 +12,17 @@ What a real export accepts is read from the graph, not guessed from input names:
   otherwise one that leaves `sequence_length` positions after the chain of strided
   convolutions that reads it (an audio feature extractor);
 - integer inputs that index a table (Gather) are drawn inside its row count; other integers
-  (attention masks) are ones; floats are standard normal; bools take the value asked for.
+  (attention masks) are ones; floats are standard normal, but for parameters of the run (below);
+  bools take the value asked for.
+
+A float input the graph fixes entirely (no dynamic dim), with at most `_PARAMETER_ELEMENTS` elements
+along at most one axis, is a parameter of the run, not data, and N(0, 1) can be outside its
+domain: a scalar is a knob (a speed, a length or noise scale, a temperature) whose default is 1 and
+which may have to be positive (a speed of -0.3 tiles nothing), so it is drawn log-uniform in
+`_KNOB_RANGE`, around 1 and never 1 itself (a scale the fold mishandled still shows); a vector is a
+conditioning vector (a style or speaker embedding, a row of a learned table), drawn N(0, 1) at
+`_VECTOR_SCALE`: of the order of the data, modest enough that a model that turns it into lengths
+(a duration predictor) stays near the range it was trained on.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.ops import NORM_OPS
+from onnx_lnfold.feeds.budget import check_size
 from onnx_lnfold.feeds.dims import DimExpr
 
 # Ops an index tensor may pass through on its way to a Gather without changing its values.
@@ -60,6 +71,17 @@ _IMAGE_MEAN = (0.485, 0.456, 0.406)
 
 
 _IMAGE_STD = (0.229, 0.224, 0.225)
+
+
+# The largest parameter input (see the module's docstring): a style or speaker embedding has 64 to
+# 512 entries; an input that large or larger the graph fixes entirely is data of a static export.
+_PARAMETER_ELEMENTS = 1024
+
+
+_KNOB_RANGE = (0.8, 1.25)  # a scalar parameter's values, log-uniform: a quarter either side of 1
+
+
+_VECTOR_SCALE = 0.5  # the standard deviation of a vector parameter's entries
 
 
 class InputsUnavailable(InvalidInput):
@@ -384,6 +406,13 @@ def _dim_sizes(
     return result
 
 
+def synthesized_shapes(
+    model: ir.Model, shapes: dict[str, tuple[int, ...]], batch_size: int, sequence_length: int
+) -> dict[str, tuple[int, ...]]:
+    """The shapes `synthesize_inputs` gives the inputs not in `shapes`, nothing allocated."""
+    return _dim_sizes(model, graph_inputs(model), shapes, batch_size, sequence_length)
+
+
 def synthesize_inputs(
     model: ir.Model,
     shapes: dict[str, tuple[int, ...]] | None = None,
@@ -417,9 +446,15 @@ def synthesize_inputs(
             np_dtype = None
         if np_dtype is None:
             raise InputsUnavailable(f"graph input '{name}' is {dtype.name}, which has no numpy type")
+        check_size(value, dims, sequence_length)  # before anything of its size is allocated
         if dtype.is_floating_point():
             if realistic and _is_image(value, dims):
                 feeds[name] = _normalized_image(rng, dims).astype(np_dtype)
+            elif _is_parameter(value, dims) and math.prod(dims) == 1:
+                low, high = np.log(_KNOB_RANGE)
+                feeds[name] = np.asarray(np.exp(rng.uniform(low, high, dims)), dtype=np_dtype)
+            elif _is_parameter(value, dims):
+                feeds[name] = (_VECTOR_SCALE * rng.standard_normal(dims)).astype(np_dtype)
             else:
                 feeds[name] = rng.standard_normal(dims).astype(np_dtype)
         elif dtype == ir.DataType.BOOL:
@@ -435,6 +470,13 @@ def synthesize_inputs(
         else:
             raise InputsUnavailable(f"graph input '{name}' is {dtype.name}")
     return feeds
+
+
+def _is_parameter(value: ir.Value, dims: tuple[int, ...]) -> bool:
+    """A parameter of the run (see the module's docstring): fixed by the graph, a scalar or a
+    vector of at most `_PARAMETER_ELEMENTS`."""
+    fixed = value.shape is not None and all(isinstance(d, int) for d in value.shape)
+    return fixed and sum(d > 1 for d in dims) <= 1 and math.prod(dims) <= _PARAMETER_ELEMENTS
 
 
 def _spread_ids(rng: np.random.Generator, bound: int, dims: tuple[int, ...]) -> np.ndarray:

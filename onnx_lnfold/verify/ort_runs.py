@@ -82,7 +82,9 @@ def _run_original(case: Case) -> list[_Run] | Verification:
             except Exception as e:  # noqa: BLE001 - another reading of the shapes may run
                 error = error or e
                 continue
-            input_set.feeds, input_set.alternatives = candidate_feeds, []
+            note = input_set.settle(candidate_feeds)
+            if note and note not in case.notes:
+                case.notes.append(note)
             case.labels[number - 1] = input_set.label
             runs.append((number, candidate_feeds, feeds, reference, seconds))
             break

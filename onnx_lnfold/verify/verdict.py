@@ -65,6 +65,28 @@ _WAY_OUT = {
 }
 
 
+# What the user can do about an input too large to synthesize (`feeds.budget`), per surface: check
+# it at smaller sizes ({cli}: NAME:D1,D2,...; {api}: {'NAME': (D1, D2, ...)}), a size the graph
+# fixes declared symbolic first ({symbolic}: "declare its dim 1 symbolic and "). The API's names
+# the command line's spelling too: the same sizes are often tried there first.
+_SHAPE_WAY_OUT = {
+    "cli": "{symbolic}pass --input-shape {cli}, or accept an unverified model with --no-verify",
+    "api": "{symbolic}pass input_shapes={api} (--input-shape {cli} on the command line), or verify=False to accept "
+    "an unverified model",
+}
+
+
+def shape_way_out(surface: str, name: str, dims: tuple[int, ...], fixed_axes: tuple[int, ...] = ()) -> str:
+    """The way out of `_SHAPE_WAY_OUT` for input `name` checked at `dims`, where the graph fixes
+    `fixed_axes` at other sizes."""
+    symbolic = ""
+    if fixed_axes:
+        words = " and ".join(map(str, fixed_axes))
+        symbolic = f"declare its dim{'s' * (len(fixed_axes) > 1)} {words} symbolic and "
+    cli, api = f"{name}:{','.join(map(str, dims))}", repr({name: tuple(dims)})
+    return _SHAPE_WAY_OUT[surface].format(symbolic=symbolic, cli=cli, api=api)
+
+
 # What a verdict rests on (`Verification.judgment`): the judge of `verify.judges` that gave it.
 Judgment = Literal["float64 reference", "fp32 sensitivity", "rtol alone"]
 # The judges, from the strongest to the weakest.

@@ -6,6 +6,8 @@ one rounding step, `measure_sensitivity`) and the fold, in ONNX Runtime, held to
 
 from __future__ import annotations
 
+import numpy as np
+
 from onnx_lnfold.verify.case import Case, Compared, Declined
 from onnx_lnfold.verify.sessions import ModelBytesOrPath, first_line, relative, run_sets, session_for
 from onnx_lnfold.verify.verdict import RTOL_ONLY, SENSITIVITY, SENSITIVITY_FACTOR, Judgment, OutputDiff, Verification
@@ -35,17 +37,26 @@ def measure_sensitivity(original: ModelBytesOrPath, compared: list[Compared], wo
     """The original's own change, on each input set, when every float weight of two or more
     elements moves by up to one rounding step (`perturb`; scalars stay: a mask's lowest value, a
     scale compared with another are the graph's logic, not its weights). Run block by block
-    (`verify.oracle.blockwise`), each block's weights perturbed in memory: no copy is written."""
+    (`verify.oracle.blockwise`), each block's weights perturbed in memory: no copy is written.
+    Raises where the perturbed original does not run or gives another shape (a length it rounds
+    from its weights: a duration predictor); `worst` is then as it was, so no partial measure
+    loosens the rtol the next judge holds the fold to."""
     session = session_for(original, perturbed=True)
     results = run_sets(session, [run.ort_feeds for run in compared])
     del session
+    measured = []
     for run, moved in zip(compared, results):
         if isinstance(moved, Exception):
             raise moved
         for name, ref in run.original.items():
+            if name not in moved or np.shape(moved[name]) != ref.shape:
+                got = np.shape(moved[name]) if name in moved else "none"
+                raise ValueError(f"output '{name}' comes out {got}, not {ref.shape}, with its weights perturbed")
             diff = OutputDiff(name, ref.shape, 0.0, 1.0)
             diff.sensitivity = relative(ref, moved[name])
-            worst[name].merge(diff)
+            measured.append(diff)
+    for diff in measured:
+        worst[diff.name].merge(diff)
 
 
 def sensitivity_failure(outputs: list[OutputDiff], why: str) -> str:
