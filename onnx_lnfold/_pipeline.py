@@ -81,8 +81,9 @@ class FoldResult:
         the model now reads."""
         reads = self.input_data | external_data_files(self.model)
         check_destination(self.source, Path(path), True, reads)
-        staged = StagedModel(self.model, Path(path), rebind=True)
-        staged.commit()
+        with scratch.removed_on_sigterm():
+            staged = StagedModel(self.model, Path(path), rebind=True)
+            staged.commit()
         record_output(self.report, staged)
 
 

@@ -242,6 +242,72 @@ def test_a_sigterm_ends_the_run_as_a_ctrl_c_does_its_staged_output_removed(tmp_p
     assert list(out.iterdir()) == []
 
 
+_SLOW_FUSION_CHECK = """
+import sys, time
+import onnx_lnfold
+from onnx_lnfold.ort_fusions import weightless
+
+written = weightless.WeightlessFolder.write
+
+def write_then_wait(self, model, name):  # as ONNX Runtime's optimizer would, reading the copy
+    path = written(self, model, name)
+    print(self.path, flush=True)
+    time.sleep(120)
+    return path
+
+weightless.WeightlessFolder.write = write_then_wait
+onnx_lnfold.fold(sys.argv[1])
+"""
+
+
+def test_a_sigterm_during_the_api_call_leaves_no_temporary_folder(tmp_path):
+    """A program calling fold() ended by SIGTERM: the call's weightless copies are removed and
+    the process still ends by the signal (Python's default would leave them)."""
+    import signal
+    import subprocess
+    import sys
+
+    src = make_large_model.make_model(tmp_path / "m.onnx", **SMALL)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_FUSION_CHECK, str(src)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = proc.stdout.readline().strip()  # the weightless copy is written: the check is on
+    assert folder.startswith(str(temp / "lnfold-weightless-")), proc.communicate(timeout=120)[1][-2000:]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert [p.name for p in temp.iterdir() if "lnfold" in p.name] == []
+
+
+def test_the_api_sets_no_sigterm_handler_of_its_own_beyond_its_call():
+    import signal
+    import threading
+
+    from onnx_lnfold.io import scratch
+
+    with scratch.removed_on_sigterm():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    seen = []
+
+    def elsewhere():  # no handler can be set off the main thread: nothing changes
+        with scratch.removed_on_sigterm():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen == [signal.SIG_DFL]
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a program's own choice is kept
+    try:
+        with scratch.removed_on_sigterm():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_what_a_killed_run_left_is_removed_by_the_next_and_said(tmp_path):
     """A run killed by the kernel (SIGKILL) cannot clean up its staged output: the next run in
     that folder removes it (its process is gone), says so, and leaves live runs' folders alone."""
