@@ -158,6 +158,21 @@ def test_api_in_place_save_leaves_a_consistent_model(model):
     assert model.with_name("again.onnx.data").read_bytes() == model.with_name("m.onnx.data").read_bytes()
 
 
+def test_api_save_never_writes_over_the_input_s_external_data(model):
+    """x.onnx keeps its weights in y.onnx.data: saving the fold as y.onnx would replace them (the
+    command line refuses it; so does save(), with the same check and words)."""
+    folder = model.parent
+    os.replace(folder / "m.onnx.data", folder / "y.onnx.data")
+    relocate_external_data(model, "y.onnx.data")
+    before = _digest(model, folder / "y.onnx.data")
+    result = onnx_lnfold.fold(model, verify=False)
+    with pytest.raises(onnx_lnfold.InvalidInput, match="its data file y.onnx.data would overwrite the input's external data file"):
+        result.save(folder / "y.onnx")
+    with pytest.raises(onnx_lnfold.InvalidInput, match="would overwrite the input's external data file"):
+        result.save(folder / "y.onnx.data")
+    assert sorted(os.listdir(folder)) == ["m.onnx", "y.onnx.data"] and _digest(model, folder / "y.onnx.data") == before
+
+
 @pytest.mark.parametrize("tie_head", [False, True])
 def test_same_input_same_bytes(tmp_path, tie_head):
     src = make_large_model.make_model(tmp_path / "m.onnx", tie_head=tie_head, **SMALL)
