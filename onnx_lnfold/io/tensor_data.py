@@ -64,10 +64,7 @@ def _bytes(dtype: ir.DataType, elements: int, dims, name: str) -> int:
     """The bytes `elements` values of `dtype` take packed (as raw_data or external data hold them)."""
     size = -(-elements * dtype.bitwidth // 8)
     if size >= MAX_TENSOR_BYTES:
-        raise InvalidInput(
-            f"tensor '{name}' declares {elements:,} elements of {dtype.name} (dims {_dims(dims)}), "
-            f"{size:,} bytes: more than any file can hold"
-        )
+        raise InvalidInput(f"tensor '{name}' has dims {_dims(dims)} of {dtype.name}: {size:.3g} bytes, more than any file can hold")
     return size
 
 
