@@ -115,7 +115,10 @@ def check_tensor_proto(tensor: onnx.TensorProto, name: str | None = None, raw_le
         need, what = _bytes(dtype, elements, tensor.dims, name), "bytes"
     else:
         size = _bytes(dtype, elements, tensor.dims, name)
-        field = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+        try:
+            field = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+        except KeyError:  # a type newer than this onnx: only raw_data can hold it
+            raise InvalidInput(f"tensor '{name}' of {dtype.name} holds no raw_data, the only field this onnx reads it from") from None
         held, need, what = len(getattr(tensor, field)), _typed_count(dtype, elements), f"values in {field}"
         if not held and need:
             others = [f for f in _TYPED_FIELDS if getattr(tensor, f)]
