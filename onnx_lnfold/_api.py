@@ -16,6 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold import _pipeline
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, keywords_to_options, takes_option_keywords
+from onnx_lnfold.io import scratch
 from onnx_lnfold.load.model import ModelSource, load_model
 
 
@@ -39,9 +40,11 @@ def analyze(
     entry point runs (`_pipeline.analyze_model`).
     """
     options = keywords_to_options(options, option_keywords, "analyze")
-    if not isinstance(model, ir.Model):
-        model, _ = load_model(model)
-    return _pipeline.analyze_model(model, options, _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs))[1].plan
+    with scratch.removed_on_sigterm():
+        if not isinstance(model, ir.Model):
+            model, _ = load_model(model)
+        request = _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs)
+        return _pipeline.analyze_model(model, options, request)[1].plan
 
 
 @takes_option_keywords
@@ -70,11 +73,15 @@ def fold(
     0.86 MB>`); the detail is `.plan.decisions`, `.report.format_text()`, `.model`.
 
     The options are `FoldOptions`' fields; `core.options.OPTIONS` says what each does.
+
+    A SIGTERM during the call removes the temporary folders it made before the process ends
+    (`io.scratch.removed_on_sigterm`).
     """
     options = keywords_to_options(options, option_keywords, "fold")
     check = _pipeline.VerifyRequest(
         enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs, float64_budget=float64_budget
     )
     started = time.monotonic()  # the report's elapsed time counts the load, as the command line's does
-    ir_model, path = load_model(model)
-    return _pipeline.fold_loaded(ir_model, path, options, check, started)
+    with scratch.removed_on_sigterm():
+        ir_model, path = load_model(model)
+        return _pipeline.fold_loaded(ir_model, path, options, check, started)

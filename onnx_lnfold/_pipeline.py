@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
@@ -38,7 +38,7 @@ from onnx_lnfold.ort_fusions.fusion_cost import FusionCheck
 from onnx_lnfold.ort_fusions.order import optimizer_first_facts, order_advice
 from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
-from onnx_lnfold.save.staged import StagedModel
+from onnx_lnfold.save.staged import StagedModel, check_destination
 from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.oracle import blockwise
@@ -59,6 +59,9 @@ class FoldResult:
 
     model: ir.Model
     report: FoldReport
+    # The files the input was read from: `save` never writes over its external data.
+    source: Path | None = field(default=None, repr=False)
+    input_data: frozenset[Path] = field(default=frozenset(), repr=False)
 
     def __repr__(self) -> str:
         return f"<FoldResult {self.report.brief()}>"
@@ -73,9 +76,14 @@ class FoldResult:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model (re-serialized, also when nothing was folded) and its external data
-        file, if any, beside it; the report records where and the size written."""
-        staged = StagedModel(self.model, Path(path), rebind=True)
-        staged.commit()
+        file, if any, beside it; the report records where and the size written. Over the input
+        model itself when asked (as the command line's --in-place), never over a data file it or
+        the model now reads."""
+        reads = self.input_data | external_data_files(self.model)
+        check_destination(self.source, Path(path), True, reads)
+        with scratch.removed_on_sigterm():
+            staged = StagedModel(self.model, Path(path), rebind=True)
+            staged.commit()
         record_output(self.report, staged)
 
 
@@ -339,9 +347,10 @@ def fold_loaded(
 ) -> FoldResult:
     """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
     it was read from, if any."""
+    input_data = frozenset(external_data_files(model, path.parent if path else None))
     run = run_pipeline(model, path, options, check, started=started)
     raise_unless_passed(run)
-    return FoldResult(run.model, run.report)
+    return FoldResult(run.model, run.report, path, input_data)
 
 
 __all__ = [

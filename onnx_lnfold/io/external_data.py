@@ -63,6 +63,7 @@ def external_tensors(model: ir.Model):
                         yield tensor.name or node.name, tensor
 
 
-def external_data_files(model: ir.Model, base: Path) -> set[Path]:
-    """The resolved paths of the external data files the model reads."""
-    return {(base / t.location).resolve() for _, t in external_tensors(model)}
+def external_data_files(model: ir.Model, base: Path | None = None) -> set[Path]:
+    """The resolved paths of the external data files the model reads: each location in `base`,
+    or (no `base`) where each tensor reads it now."""
+    return {(base / t.location if base is not None else Path(t.path)).resolve() for _, t in external_tensors(model)}

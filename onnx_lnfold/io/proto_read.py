@@ -22,6 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
+from onnx_lnfold.io.tensor_data import check_tensors
 from onnx_lnfold.io.tensor_io import FileRegionTensor, file_stamp, raw_dtype
 from onnx_lnfold.io.wire import (
     FIXED32,
@@ -184,13 +185,11 @@ def read_model(path: Path) -> ir.Model | None:
     if not proto.HasField("graph") or proto.ir_version == 0:
         return None
     check_representable(proto)
+    check_tensors(proto, {name: length for name, (_, length) in regions.items()})
     model = ir.serde.deserialize_model(proto)  # its errors are the caller's to report
-    for name, (offset, length) in regions.items():
+    for name, (offset, _) in regions.items():  # each length is its header's bytes: checked above
         value = model.graph.initializers.get(name)
-        header = value.const_value if value is not None else None
-        if header is None or header.nbytes != length:  # let the usual path judge this file
+        if value is None or value.const_value is None:  # let the usual path judge this file
             return None
-    for name, (offset, _) in regions.items():  # lengths checked above: nbytes of each header
-        value = model.graph.initializers[name]
         value.const_value = FileRegionTensor.of(value.const_value, path, offset, name, stamp)
     return model

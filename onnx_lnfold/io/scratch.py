@@ -1,24 +1,40 @@
 """Scratch folders: where a run stages its output (beside the destination) and keeps the copies
 its checks need (in the temporary folder). Each is named for the process that made it, so that a
 run killed before it could clean up (SIGKILL, a power cut) leaves nothing the next run does not
-find: `sweep` removes the folders of processes that are gone, and says how much it freed."""
+find: `sweep` removes the folders of processes that are gone, and says how much it freed. A
+SIGTERM during a library call removes them too (`removed_on_sigterm`), as the command line's
+handler does for its runs."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from onnx_lnfold.core.errors import Terminated
+
 _NAME = re.compile(r"^\.?lnfold-(?P<kind>[a-z]+)-(?P<pid>\d+)-")
+
+
+# The folders this process made and may not have removed yet (pruned as new ones are made):
+# what `removed_on_sigterm` removes where unwinding did not.
+_made: set[Path] = set()
 
 
 def make(kind: str, folder: Path | str | None = None, *, hidden: bool = False) -> Path:
     """A new scratch folder (`lnfold-KIND-PID-...`, `.lnfold-...` when `hidden`) in `folder`
     (default: the temporary folder)."""
     prefix = f"{'.' if hidden else ''}lnfold-{kind}-{os.getpid()}-"
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    _made.difference_update([p for p in list(_made) if not p.exists()])
+    _made.add(path)
+    return path
 
 
 def _alive(pid: int) -> bool:
@@ -64,3 +80,33 @@ def sweep(folder: Path | str | None = None) -> list[str]:
                 f"removed {entry} ({size / 1e6:,.1f} MB), left by an interrupted run (process {found['pid']})"
             )
     return removed
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+@contextmanager
+def removed_on_sigterm() -> Iterator[None]:
+    """A SIGTERM (a `timeout`, a job scheduler, `kill`) during the block unwinds it, so that the
+    scratch folders made in it are removed on the way out, then ends the process as it would have.
+
+    Python's default ends the process on the spot and leaves them. A library must not keep a
+    handler of its own: one is set for the block only, only on the main thread (where handlers
+    run) and only where the default is in place (a program's own handler is its to keep).
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    before = set(_made)
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for path in _made - before:  # made in the block and not removed by its way out
+            shutil.rmtree(path, ignore_errors=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # ends the process, as the default would have
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat as stat_module
 from pathlib import Path
 
 import onnx
@@ -12,37 +13,45 @@ from google.protobuf.message import DecodeError
 from onnx_lnfold.core.errors import InvalidInput, LnFoldError
 from onnx_lnfold.io.external_data import external_tensors
 from onnx_lnfold.io.proto_read import check_representable, read_model
+from onnx_lnfold.io.tensor_data import check_external_tensor, check_ir_tensors, check_tensors, quoted
 
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
 
 
 def _check_external_data(model: ir.Model, base: Path) -> None:
-    """Every external tensor must lie, and exist in full, inside the model's folder."""
+    """Every external tensor must lie, and exist in full, in a regular file inside the model's folder."""
     root = base.resolve()
     sizes: dict[Path, os.stat_result] = {}
     for name, tensor in external_tensors(model):
+        shown = quoted(tensor.location)
         location = Path(tensor.location)
-        target = (base / location).resolve()
-        if location.is_absolute() or root not in target.parents:
-            raise InvalidInput(
-                f"external data '{tensor.location}' of tensor '{name}' lies outside the model's folder; refusing to read it"
-            )
-        if target not in sizes:
-            if not target.is_file():
-                raise InvalidInput(f"external data file '{tensor.location}' of tensor '{name}' is missing")
-            sizes[target] = target.stat()
-        stat = sizes[target]
+        try:
+            target = (base / location).resolve()
+            outside = location.is_absolute() or root not in target.parents
+            stat = None if outside else sizes.get(target) or target.stat()
+        except FileNotFoundError:
+            raise InvalidInput(f"external data file {shown} of tensor '{name}' is missing") from None
+        except OSError as e:  # a name too long, a folder that is a file
+            raise InvalidInput(f"external data location {shown} of tensor '{name}' cannot be used: {e.strerror or e}") from None
+        if stat is None:
+            raise InvalidInput(f"external data {shown} of tensor '{name}' lies outside the model's folder; refusing to read it")
+        sizes[target] = stat
+        if stat_module.S_ISDIR(stat.st_mode):
+            raise InvalidInput(f"external data file {shown} of tensor '{name}' is a directory")
+        if not stat_module.S_ISREG(stat.st_mode):  # a FIFO would block the read, a device never end
+            raise InvalidInput(f"external data file {shown} of tensor '{name}' is not a regular file")
         if stat.st_nlink > 1:  # onnx_ir refuses these at read time (a hard link can point anywhere)
             raise InvalidInput(
-                f"external data file '{tensor.location}' has {stat.st_nlink} hard links; onnx_ir refuses to read "
+                f"external data file {shown} has {stat.st_nlink} hard links; onnx_ir refuses to read "
                 "hard-linked external data: copy the file instead"
             )
         end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
         if end > stat.st_size:
             raise InvalidInput(
-                f"external data file '{tensor.location}' is truncated: tensor '{name}' ends at byte {end:,}, "
+                f"external data file {shown} is truncated: tensor '{name}' ends at byte {end:,}, "
                 f"the file has {stat.st_size:,}"
             )
+        check_external_tensor(tensor, name)
 
 
 def _parse_whole(p: Path) -> ir.Model:
@@ -53,16 +62,23 @@ def _parse_whole(p: Path) -> ir.Model:
     if not proto.HasField("graph") or proto.ir_version == 0:
         raise InvalidInput(f"{p}: not an ONNX model (no graph or IR version)")
     check_representable(proto)
+    check_tensors(proto)
     return ir.serde.deserialize_model(proto)
 
 
 def load_path(path: str | os.PathLike) -> ir.Model:
     p = Path(path)
-    if not p.exists():
-        raise InvalidInput(f"{p}: no such file")
-    if p.is_dir():
+    try:
+        st = p.stat()
+    except (FileNotFoundError, ValueError):  # ValueError: a NUL byte in the path
+        raise InvalidInput(f"{p}: no such file") from None
+    except OSError as e:
+        raise InvalidInput(f"{p}: cannot read ({e.strerror or e})") from None
+    if stat_module.S_ISDIR(st.st_mode):
         raise InvalidInput(f"{p}: is a directory, not an ONNX model")
-    if p.stat().st_size == 0:
+    if not stat_module.S_ISREG(st.st_mode):  # never opened: a FIFO would block the read
+        raise InvalidInput(f"{p}: not a regular file; save the model to a file first")
+    if st.st_size == 0:
         raise InvalidInput(f"{p}: file is empty")
     try:
         # Large initializers stay in the file (read when used); None: a file to parse whole.
@@ -83,14 +99,19 @@ def load_path(path: str | os.PathLike) -> ir.Model:
 def load_model(source: ModelSource) -> tuple[ir.Model, Path | None]:
     """An IR model the caller does not share, and the path it came from (if any)."""
     if isinstance(source, ir.Model):
+        check_ir_tensors(source)
         return source.clone(), None
     if isinstance(source, onnx.ModelProto):
         # deserialize_model reads the proto without changing it; the IR tensors we edit are new objects.
         check_representable(source)
+        check_tensors(source)
         try:
-            return ir.serde.deserialize_model(source), None
+            model = ir.serde.deserialize_model(source)
         except Exception as e:
             raise InvalidInput(f"malformed ONNX model: {e}".splitlines()[0]) from None
+        for name, tensor in external_tensors(model):
+            check_external_tensor(tensor, name)
+        return model, None
     if isinstance(source, (str, os.PathLike)):
         return load_path(source), Path(source)
     raise InvalidInput(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(source).__name__}")

@@ -179,6 +179,8 @@ def check_destination(
     if target in input_data:
         raise InvalidInput(f"{destination}: output would overwrite the input's external data file")
     data = target.with_name(target.name + ".data")
+    if not same and source is not None and data == source.resolve():
+        raise InvalidInput(f"{destination}: its data file {data.name} would overwrite the input model; choose another output name")
     if data in input_data and not same:
         raise InvalidInput(
             f"{destination}: its data file {data.name} would overwrite the input's external data file; choose another output name"

@@ -158,6 +158,21 @@ def test_api_in_place_save_leaves_a_consistent_model(model):
     assert model.with_name("again.onnx.data").read_bytes() == model.with_name("m.onnx.data").read_bytes()
 
 
+def test_api_save_never_writes_over_the_input_s_external_data(model):
+    """x.onnx keeps its weights in y.onnx.data: saving the fold as y.onnx would replace them (the
+    command line refuses it; so does save(), with the same check and words)."""
+    folder = model.parent
+    os.replace(folder / "m.onnx.data", folder / "y.onnx.data")
+    relocate_external_data(model, "y.onnx.data")
+    before = _digest(model, folder / "y.onnx.data")
+    result = onnx_lnfold.fold(model, verify=False)
+    with pytest.raises(onnx_lnfold.InvalidInput, match="its data file y.onnx.data would overwrite the input's external data file"):
+        result.save(folder / "y.onnx")
+    with pytest.raises(onnx_lnfold.InvalidInput, match="would overwrite the input's external data file"):
+        result.save(folder / "y.onnx.data")
+    assert sorted(os.listdir(folder)) == ["m.onnx", "y.onnx.data"] and _digest(model, folder / "y.onnx.data") == before
+
+
 @pytest.mark.parametrize("tie_head", [False, True])
 def test_same_input_same_bytes(tmp_path, tie_head):
     src = make_large_model.make_model(tmp_path / "m.onnx", tie_head=tie_head, **SMALL)
@@ -240,6 +255,72 @@ def test_a_sigterm_ends_the_run_as_a_ctrl_c_does_its_staged_output_removed(tmp_p
     assert proc.returncode == 143, f"ended {proc.returncode} before or despite the signal: {err[-2000:]}"
     assert err.splitlines()[-1] == "onnx_lnfold: terminated; nothing written"
     assert list(out.iterdir()) == []
+
+
+_SLOW_FUSION_CHECK = """
+import sys, time
+import onnx_lnfold
+from onnx_lnfold.ort_fusions import weightless
+
+written = weightless.WeightlessFolder.write
+
+def write_then_wait(self, model, name):  # as ONNX Runtime's optimizer would, reading the copy
+    path = written(self, model, name)
+    print(self.path, flush=True)
+    time.sleep(120)
+    return path
+
+weightless.WeightlessFolder.write = write_then_wait
+onnx_lnfold.fold(sys.argv[1])
+"""
+
+
+def test_a_sigterm_during_the_api_call_leaves_no_temporary_folder(tmp_path):
+    """A program calling fold() ended by SIGTERM: the call's weightless copies are removed and
+    the process still ends by the signal (Python's default would leave them)."""
+    import signal
+    import subprocess
+    import sys
+
+    src = make_large_model.make_model(tmp_path / "m.onnx", **SMALL)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_FUSION_CHECK, str(src)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = proc.stdout.readline().strip()  # the weightless copy is written: the check is on
+    assert folder.startswith(str(temp / "lnfold-weightless-")), proc.communicate(timeout=120)[1][-2000:]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert [p.name for p in temp.iterdir() if "lnfold" in p.name] == []
+
+
+def test_the_api_sets_no_sigterm_handler_of_its_own_beyond_its_call():
+    import signal
+    import threading
+
+    from onnx_lnfold.io import scratch
+
+    with scratch.removed_on_sigterm():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    seen = []
+
+    def elsewhere():  # no handler can be set off the main thread: nothing changes
+        with scratch.removed_on_sigterm():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen == [signal.SIG_DFL]
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a program's own choice is kept
+    try:
+        with scratch.removed_on_sigterm():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_what_a_killed_run_left_is_removed_by_the_next_and_said(tmp_path):
