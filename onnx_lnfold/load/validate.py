@@ -9,6 +9,8 @@ files themselves are checked by `load.model` (inside the folder, present, long e
 What ONNX Runtime runs and the checker alone refuses is not refused (ORT-optimized, fp16-converted
 and onnxruntime-genai models do all of this): the copy checked is changed first, never the model:
 
+- ONNX Runtime's own ops in the default domain (the fold's SimplifiedLayerNormalization) are
+  checked as its `com.microsoft` ops are: not at all;
 - a node of a domain the model does not import (the transformers optimizer's `com.microsoft` ops)
   gets that domain's import at version 1, as in `load.opset`;
 - the declared types of intermediate values (`value_info`) are dropped: ONNX Runtime infers them
@@ -36,7 +38,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import STANDARD_DOMAINS, node_label
-from onnx_lnfold.core.ops import LAYER_NORM
+from onnx_lnfold.core.ops import LAYER_NORM, MS_DOMAIN, ORT_DEFAULT_DOMAIN_OPS
 from onnx_lnfold.load.opset import placeholder_proto, used_domains
 
 # The checker's reason is its first line, cut to this many characters.
@@ -82,9 +84,22 @@ def _unmade_input(graph: ir.Graph) -> str | None:
     return None
 
 
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of `graph` and of the bodies in it, at any depth."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for body in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _nodes(body)
+
+
 def _as_onnx_runtime_reads(proto: onnx.ModelProto, domains: set[str]) -> onnx.ModelProto:
     """`proto` (a copy of the model's) changed as ONNX Runtime reads it (module docstring); `domains`
     the non-standard domains its nodes use."""
+    for node in _nodes(proto.graph):  # ONNX Runtime's ops in the default domain, checked as its others
+        if node.domain in STANDARD_DOMAINS and node.op_type in ORT_DEFAULT_DOMAIN_OPS:
+            node.domain = MS_DOMAIN
+            domains = domains | {MS_DOMAIN}
     present = {o.domain for o in proto.opset_import}
     for domain in sorted(domains - present):
         proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))
