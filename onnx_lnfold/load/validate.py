@@ -79,7 +79,12 @@ def _unmade_input(graph: ir.Graph) -> str | None:
     """The first node input of `graph` that no node, graph input or initializer makes."""
     for node in graph:
         for value in node.inputs:
-            if value is not None and value.producer() is None and not value.is_graph_input() and not value.is_initializer():
+            if (
+                value is not None
+                and value.producer() is None
+                and not value.is_graph_input()
+                and not value.is_initializer()
+            ):
                 return f"input '{value.name}' of node {node_label(node)} is made by no node, graph input or initializer"
     return None
 
@@ -104,7 +109,11 @@ def _as_onnx_runtime_reads(proto: onnx.ModelProto, domains: set[str]) -> onnx.Mo
     for domain in sorted(domains - present):
         proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     del proto.graph.value_info[:]
-    typed = [o for o in proto.graph.output if not (o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"))]
+    typed = [
+        o
+        for o in proto.graph.output
+        if not (o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"))
+    ]
     if len(typed) < len(proto.graph.output):
         del proto.graph.output[:]
         proto.graph.output.extend(typed)
@@ -168,7 +177,9 @@ def check_model(model: ir.Model, path: Path | None = None) -> None:
         try:
             proto = _sorted(proto)
         except ValueError:
-            raise InvalidInput(f"{head}: the graph has a cycle (a node reads, through other nodes, what it writes)") from None
+            raise InvalidInput(
+                f"{head}: the graph has a cycle (a node reads, through other nodes, what it writes)"
+            ) from None
         try:
             inferred = _check(proto)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:

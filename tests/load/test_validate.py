@@ -4,20 +4,19 @@ Runtime refuses as invalid refused rather than left "not verified"."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import hostile_models
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import hostile_models
 import onnx_lnfold
-from conftest import MODELS
 from onnx_lnfold import InvalidInput, NotVerified
 from onnx_lnfold.load.model import load_model, load_path
 from onnx_lnfold.load.validate import REASON_CHARS, check_model
+
+from conftest import MODELS
 
 COMMITTED = sorted(MODELS.glob("**/*.onnx"))
 
