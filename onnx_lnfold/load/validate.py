@@ -17,7 +17,8 @@ and onnxruntime-genai models do all of this): the copy checked is changed first,
   itself and keeps going where a declared shape differs (onnxruntime-genai's models declare scalar
   shapes for 1-element constants); a declared type it refuses is refused when it loads the model;
 - a graph output declared without a shape is left out of the copy's outputs (the node that makes it
-  is still checked): the checker wants one on the main graph, ONNX Runtime does not;
+  is still checked), an input without one made a value of unknown type: the checker wants a shape
+  on the main graph's inputs and outputs, ONNX Runtime does not;
 - nodes out of topological order are sorted (`onnx_ir`'s sort), as ONNX Runtime sorts them.
 
 A graph that cannot be sorted (a cycle) and a node input that nothing makes are said in our words:
@@ -52,6 +53,8 @@ _TOO_DEEP = "MaxDepth"
 # model in one line of its own, so that warning is kept off the user's screen while loading.
 _IR_LOGGER = "onnx_ir.serde"
 _UNRESOLVED = "cannot be found in any scope"
+# The domain of the copy's stand-ins for graph inputs without a shape (no schema: not checked).
+_INPUT_DOMAIN = "onnx_lnfold.unshaped_input"
 
 
 class _Unresolved(logging.Filter):
@@ -105,6 +108,21 @@ def _as_onnx_runtime_reads(proto: onnx.ModelProto, domains: set[str]) -> onnx.Mo
         if node.domain in STANDARD_DOMAINS and node.op_type in ORT_DEFAULT_DOMAIN_OPS:
             node.domain = MS_DOMAIN
             domains = domains | {MS_DOMAIN}
+    # A graph input declared without a shape (ONNX Runtime takes any): the checker wants one on the
+    # main graph, so the copy makes it a value of unknown type, the output of an unchecked node.
+    shapeless = [
+        i for i in proto.graph.input if i.type.HasField("tensor_type") and not i.type.tensor_type.HasField("shape")
+    ]
+    if shapeless:
+        names = {i.name for i in shapeless}
+        kept = [i for i in proto.graph.input if i.name not in names]
+        del proto.graph.input[:]
+        proto.graph.input.extend(kept)
+        nodes = [onnx.helper.make_node("Input", [], [name], domain=_INPUT_DOMAIN) for name in sorted(names)]
+        nodes.extend(proto.graph.node)
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+        domains = domains | {_INPUT_DOMAIN}
     present = {o.domain for o in proto.opset_import}
     for domain in sorted(domains - present):
         proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))

@@ -71,7 +71,8 @@ def _ln_model() -> onnx.ModelProto:
 
 def test_what_onnx_runtime_runs_is_not_refused():
     """Nodes out of order, a com.microsoft op without its domain's import, a declared intermediate
-    shape that differs from inference, an output without a shape: ONNX's checker alone refuses each."""
+    shape that differs from inference, an output and an input without a shape: ONNX's checker alone
+    refuses each."""
     proto = _ln_model()
     nodes = list(proto.graph.node)
     del proto.graph.node[:]
@@ -79,6 +80,7 @@ def test_what_onnx_runtime_runs_is_not_refused():
     proto.graph.node.append(helper.make_node("Gelu", ["y"], ["g"], domain="com.microsoft", name="gelu"))
     proto.graph.output.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, None))
     proto.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, []))
+    proto.graph.input[0].type.tensor_type.ClearField("shape")
     model, _ = load_model(proto)
     assert [n.name for n in model.graph][0] == "bias_out"  # the model keeps its order; only the copy checked is sorted
 
