@@ -213,4 +213,4 @@ def _restore_value(old: ir.Value | None, value: ir.Value) -> None:
         value.metadata_props.update(old.metadata_props)
 
 
-__all__ = ["KEEP_BYTES", "convert_opset", "default_opset", "placeholder_proto", "used_domains"]
+__all__ = ["KEEP_BYTES", "PLACEHOLDER", "convert_opset", "default_opset", "placeholder_proto", "used_domains"]

@@ -40,7 +40,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import STANDARD_DOMAINS, node_label
 from onnx_lnfold.core.ops import LAYER_NORM, MS_DOMAIN, ORT_DEFAULT_DOMAIN_OPS
-from onnx_lnfold.load.opset import placeholder_proto, used_domains
+from onnx_lnfold.load.opset import PLACEHOLDER, placeholder_proto, used_domains
 
 # The checker's reason is its first line, cut to this many characters.
 REASON_CHARS = 300
@@ -123,6 +123,12 @@ def _as_onnx_runtime_reads(proto: onnx.ModelProto, domains: set[str]) -> onnx.Mo
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
         domains = domains | {_INPUT_DOMAIN}
+    # External data is load.model's to check (inside the model's folder, present, long enough): the
+    # checker, reading bytes, would look for it beside the working directory.
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = PLACEHOLDER
     present = {o.domain for o in proto.opset_import}
     for domain in sorted(domains - present):
         proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))
