@@ -228,7 +228,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     from onnx_lnfold._pipeline import VerifyRequest, run_pipeline
     from onnx_lnfold.feeds.given import load_inputs, parse_input_shape
     from onnx_lnfold.io.external_data import external_data_files
-    from onnx_lnfold.load.model import load_path
+    from onnx_lnfold.load.model import load_model
     from onnx_lnfold.save.staged import check_destination
 
     source = _check_source(args.model)
@@ -257,7 +257,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
                 print(f"onnx_lnfold: warning: {rehearsal}", file=sys.stderr, flush=True)
 
     progress.phase(f"Loading {source}")
-    model = load_path(source)
+    model, _ = load_model(source)  # checked by ONNX's checker, as every entry point's model
     input_data = external_data_files(model, source.parent)
     if destination is not None:
         check_destination(source, destination, args.in_place, input_data)

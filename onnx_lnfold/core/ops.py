@@ -83,6 +83,9 @@ SKIP_RMS_NORM = NormOp("SkipSimplifiedLayerNormalization", MS_DOMAIN, rms=True, 
 ONNX_RMS_NORM = NormOp("RMSNormalization", rms=True, target="onnx", since_opset=23)
 
 NORM_OPS = (LAYER_NORM, SKIP_LAYER_NORM, EMBED_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM, ONNX_RMS_NORM)
+# ONNX Runtime's own ops that it registers in the default domain, where ONNX defines no such op
+# (ONNX's checker would refuse the fold's own output).
+ORT_DEFAULT_DOMAIN_OPS = frozenset(op.op_type for op in NORM_OPS if not op.domain and op.since_opset is None)
 
 
 # RMSNorm written as standard ops (target "primitive"), in the one form that both ONNX Runtime's

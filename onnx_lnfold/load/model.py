@@ -14,6 +14,7 @@ from onnx_lnfold.core.errors import InvalidInput, LnFoldError
 from onnx_lnfold.io.external_data import external_tensors
 from onnx_lnfold.io.proto_read import check_representable, read_model
 from onnx_lnfold.io.tensor_data import check_external_tensor, check_ir_tensors, check_tensors, quoted
+from onnx_lnfold.load.validate import check_model, checked_load
 
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
 
@@ -97,7 +98,16 @@ def load_path(path: str | os.PathLike) -> ir.Model:
 
 
 def load_model(source: ModelSource) -> tuple[ir.Model, Path | None]:
-    """An IR model the caller does not share, and the path it came from (if any)."""
+    """An IR model the caller does not share, and the path it came from (if any), checked by ONNX's
+    checker (`load.validate`)."""
+    path = Path(source) if isinstance(source, (str, os.PathLike)) else None
+    with checked_load(path):
+        model, path = _load(source)
+    check_model(model, path)
+    return model, path
+
+
+def _load(source: ModelSource) -> tuple[ir.Model, Path | None]:
     if isinstance(source, ir.Model):
         check_ir_tensors(source)
         return source.clone(), None

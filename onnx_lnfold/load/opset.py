@@ -33,7 +33,9 @@ from onnx_lnfold.core.ir import STANDARD_DOMAINS
 # Initializers up to this size are handed to the converter by value (an adapter may read a
 # small constant input: Upsample's scales); larger ones travel as placeholders.
 KEEP_BYTES = 1024
-PLACEHOLDER = "onnx_lnfold-placeholder"
+# ONNX's checker looks up no external-data location that begins with '#' (checker.cc), so a
+# placeholder proto can also be checked (`load.validate`) without a file behind it.
+PLACEHOLDER = "#onnx_lnfold-placeholder"
 # At most this many single-node conversions to find the node that blocks a conversion.
 MAX_PROBES = 500
 
@@ -47,15 +49,15 @@ def _graphs(model: ir.Model) -> list[ir.Graph]:
     return [g for g in model.graphs() if isinstance(g, ir.Graph)]
 
 
-def _used_domains(model: ir.Model) -> set[str]:
+def used_domains(model: ir.Model) -> set[str]:
     domains = {node.domain for graph in _graphs(model) for node in graph}
     domains |= {node.domain for function in model.functions.values() for node in function}
     return {d for d in domains if d not in STANDARD_DOMAINS}
 
 
-def _placeholder_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[ir.TensorProtocol]]:
+def placeholder_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[ir.TensorProtocol]]:
     """The model as a proto whose large initializers are placeholders, and the tensors they stand
-    for (by index: a placeholder's offset)."""
+    for (by index: a placeholder's offset): the graph without its weights, none read."""
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     try:
         for graph in _graphs(model):
@@ -135,9 +137,9 @@ def convert_opset(model: ir.Model, opset: int, why: str) -> ir.Model:
     initializers are the caller's tensor objects. `why` begins the refusal ("--target onnx
     writes RMSNormalization (opset 23)"): `InvalidInput`, one line, naming the op that blocks."""
     source = default_opset(model)
-    proto, tensors = _placeholder_proto(model)
+    proto, tensors = placeholder_proto(model)
     present = {o.domain for o in proto.opset_import}
-    for domain in sorted(_used_domains(model) - present):
+    for domain in sorted(used_domains(model) - present):
         proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     head = f"{why}; this model's default opset is {source}"
     try:
@@ -211,4 +213,4 @@ def _restore_value(old: ir.Value | None, value: ir.Value) -> None:
         value.metadata_props.update(old.metadata_props)
 
 
-__all__ = ["KEEP_BYTES", "convert_opset", "default_opset"]
+__all__ = ["KEEP_BYTES", "PLACEHOLDER", "convert_opset", "default_opset", "placeholder_proto", "used_domains"]

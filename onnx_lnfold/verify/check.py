@@ -79,7 +79,8 @@ def check_equivalence(
     original: ModelBytesOrPath, folded: ModelBytesOrPath, model: ir.Model, request: VerifyRequest
 ) -> Verification:
     """Run both models on the verification inputs and judge the fold; never raises for a check that
-    cannot run (the status is then "unverified", with the reason and the way out). `model` is the
+    cannot run (the status is then "unverified", with the reason and the way out); raises
+    `InvalidInput` for an original ONNX Runtime refuses as invalid (`verify.ort_runs`). `model` is the
     folded model in memory: its inputs are synthesized from it, and, where `request.computed` is
     None, the constants the fold computed are those it still holds (`verify.oracle.reference.exact_tensors`)."""
     if request.computed is None:

@@ -13,14 +13,17 @@ import time
 
 import numpy as np
 
+from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.verify.case import Case, Compared
 from onnx_lnfold.verify.oracle.shadow import float32_shadow, widen_feeds
 from onnx_lnfold.verify.sessions import (
+    ORT_MESSAGE_CHARS,
     ModelBytesOrPath,
     compare,
     first_line,
     is_blockwise,
     onnxruntime_missing,
+    refuses_model,
     run_session,
     run_sets,
     session_for,
@@ -38,7 +41,8 @@ def run_both(case: Case) -> Verification | None:
     """Run the original, then the fold, on `case`'s input sets, filling `case.compared` and
     `case.worst`; None where both ran, else the verdict: 'unverified' where the check cannot run
     (no onnxruntime, no shadows, the original does not load or run), 'failed' where the fold does
-    not load or run."""
+    not load or run. Raises `InvalidInput` where ONNX Runtime refuses to load the original as an
+    invalid model (`sessions.refuses_model`): not a check that cannot run, a model to refuse."""
     missing = onnxruntime_missing()
     if missing:
         return Verification("unverified", missing, case.request.rtol, way_out="install")
@@ -63,7 +67,10 @@ def _run_original(case: Case) -> list[_Run] | Verification:
     try:
         session = case.side.sessions[0] if case.side is not None else session_for(case.ort_original)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001
-        reason = f"the original model does not load in onnxruntime: {first_line(e)}"
+        if refuses_model(e) and not case.shadow:  # the model as given, not our float32 shadow of it
+            where = "" if isinstance(case.original, bytes) else f"{case.original}: "
+            raise InvalidInput(f"{where}invalid model: onnxruntime refuses it: {first_line(e, ORT_MESSAGE_CHARS)}") from None
+        reason = f"the original model does not load in onnxruntime: {first_line(e, ORT_MESSAGE_CHARS)}"
         return case.verdict("unverified", reason, way_out="decline")
     runs: list[_Run] = []
     side = case.side

@@ -148,10 +148,26 @@ def relative(reference: np.ndarray, candidate: np.ndarray) -> float:
     return compare({"": reference}, {"": candidate})[0].rel_diff
 
 
+# How much of ONNX Runtime's message a reason quotes.
+ORT_MESSAGE_CHARS = 200
+# ONNX Runtime's words (status names and message) for a model it finds invalid, rather than one it
+# cannot run (an op it has no kernel for: "is not a registered function/op", "Could not find an
+# implementation"): its graph check, type and shape inference. Every status it raises for a
+# session's creation is in onnxruntime/core/common/status.h.
+ORT_INVALID_MODEL = ("INVALID_GRAPH", "INVALID_PROTOBUF", "This is an invalid model", "Type Error", "InferenceError]")
+
+
+def refuses_model(e: BaseException) -> bool:
+    """Whether ONNX Runtime's failure to make a session says the model is invalid."""
+    text = str(e)
+    return any(words in text for words in ORT_INVALID_MODEL)
+
+
 def first_line(e: BaseException, limit: int = 240) -> str:
     text = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    # ONNX Runtime's status prefix and source location say nothing to a user.
+    # ONNX Runtime's status prefix, the model it loaded and its source location say nothing to a user.
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"^Load model from .* failed:(Fatal error: )?", "", text)
     text = re.sub(r"\S*onnxruntime_src/\S+ ", "", text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
