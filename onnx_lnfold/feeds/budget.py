@@ -10,7 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
-from onnx_lnfold.verify.verdict import shape_way_out
+from onnx_lnfold.core.ways_out import shape_way_out
 
 # The most bytes one synthesized input may take. The check holds each input several times (drawn
 # in float64, as fed, widened for the float64 reference) and the model's activations grow with it;
