@@ -233,10 +233,6 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
 
     source = _check_source(args.model)
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
-    if args.rtol is not None and not args.rtol > 0:
-        raise InvalidInput("--rtol must be a positive number")
-    if args.float64_budget is not None and not args.float64_budget >= 0:
-        raise InvalidInput("--float64-budget must be a number of seconds, 0 or more")
     destination = _destination(args, source)
     if destination is not None:
         check_destination(source, destination, args.in_place)
@@ -245,6 +241,15 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
             way_out = "" if (args.output or args.in_place) else "use -o PATH to write elsewhere"
             _check_writable(destination.parent, "output", way_out)
     inputs = load_inputs(args.inputs) if args.inputs else None
+    # Validated here, before the model is loaded: a setting out of range is a usage error.
+    check = VerifyRequest(
+        enabled=not args.no_verify,
+        disabled_because="disabled by --no-verify",
+        rtol=args.rtol,
+        input_shapes=shapes,
+        inputs=inputs,
+        float64_budget=args.float64_budget,
+    )
     rehearsal = None
     if args.costs is not None:
         from onnx_lnfold.bench.tables import rehearsal_of
@@ -264,14 +269,6 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     _check_json_path(args, source, destination, input_data)
 
     options = options_from(args)
-    check = VerifyRequest(
-        enabled=not args.no_verify,
-        disabled_because="disabled by --no-verify",
-        rtol=args.rtol,
-        input_shapes=shapes,
-        inputs=inputs,
-        float64_budget=args.float64_budget,
-    )
     run = run_pipeline(
         model,
         source,

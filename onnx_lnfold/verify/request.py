@@ -5,6 +5,7 @@ hands the check (`for_fold`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,22 @@ from typing import Any
 import numpy as np
 
 from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S
 from onnx_lnfold.verify.readback import PlannedChanges
+
+
+class InvalidSetting(InvalidInput):
+    """A check setting outside its range: the keyword (`rtol`) or the flag (`--rtol`) as each
+    surface spells it, what it must be, and the value given."""
+
+    def __init__(self, keyword: str, must_be: str, value: object):
+        self.keyword, self.must_be, self.value = keyword, must_be, value
+        super().__init__(self.said("api"))
+
+    def said(self, surface: str) -> str:
+        name = "--" + self.keyword.replace("_", "-") if surface == "cli" else self.keyword
+        return f"{name} must be {self.must_be}, not {self.value!r}"
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,13 @@ class VerifyRequest:
     computed: dict[str, Any] | None = None  # the constants the fold computed, unrounded (None: those the model holds)
     fold_seconds: float | None = None  # what the fold took: the float64 allowance scales with it
     folder: Path | None = None  # where the model was read from: a genai_config.json there describes its KV cache
+
+    def __post_init__(self):
+        # Checked here, for every surface: a negative rtol would run the whole fold and then fail it.
+        if self.rtol is not None and not (math.isfinite(self.rtol) and self.rtol > 0):
+            raise InvalidSetting("rtol", "a positive number", self.rtol)
+        if self.float64_budget is not None and not self.float64_budget >= 0:
+            raise InvalidSetting("float64_budget", "a number of seconds, 0 or more", self.float64_budget)
 
     @property
     def run_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -274,3 +274,18 @@ def test_verification_passed_beside_status():
         onnx_lnfold.fold(_pre_ln(), rtol=1e-12)
     assert info.value.report.verification.passed is False
     assert info.value.report.elapsed_s > 0
+
+
+@pytest.mark.parametrize(
+    "keywords,sentence",
+    [
+        ({"rtol": -1}, "rtol must be a positive number, not -1"),
+        ({"rtol": float("nan")}, "rtol must be a positive number, not nan"),
+        ({"float64_budget": -1}, "float64_budget must be a number of seconds, 0 or more, not -1"),
+    ],
+)
+def test_check_settings_out_of_range_are_refused_before_the_load(keywords, sentence, tmp_path):
+    """Validated once, for every surface, before any work: the path does not even exist."""
+    with pytest.raises(onnx_lnfold.InvalidInput) as refused:
+        onnx_lnfold.fold(tmp_path / "absent.onnx", **keywords)
+    assert str(refused.value) == sentence
