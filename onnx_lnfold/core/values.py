@@ -63,9 +63,11 @@ def _passes(value: ir.Value | None) -> ir.Node | None:
 
 def _reach(value: ir.Value, memo: dict) -> tuple[ir.Value | None, int]:
     """The first tensor up the ops that pass `value` on that is not passed on, and how many of them
-    lie between; a distance over `_MAX_DEPTH` is `_MAX_DEPTH + 1` (the walk goes no further).
-    Iterative, each tensor's answer kept in `memo`."""
+    lie between; a distance over `_MAX_DEPTH` is `_MAX_DEPTH + 1` (no walk goes further). One
+    iterative walk to that tensor (or to one already in `memo`) answers for every tensor on the way,
+    each kept in `memo`: the next query, up or down the chain, is answered at once."""
     path: list[ir.Value] = []
+    seen: set[ir.Value] = set()
     current: ir.Value | None = value
     while True:
         if current is not None and current in memo:
@@ -75,9 +77,10 @@ def _reach(value: ir.Value, memo: dict) -> tuple[ir.Value | None, int]:
         if node is None:
             end, steps = current, 0
             break
-        if len(path) > _MAX_DEPTH:  # `path[0]` is already too far; the others are not known
-            memo[path[0]] = (None, _MAX_DEPTH + 1)
-            return None, _MAX_DEPTH + 1
+        if current in seen:  # a cycle of such ops (an invalid graph): no walk ever leaves it
+            end, steps = None, _MAX_DEPTH + 1
+            break
+        seen.add(current)
         path.append(current)
         current = node.inputs[0] if node.inputs else None
     for passed in reversed(path):

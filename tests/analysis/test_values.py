@@ -244,3 +244,12 @@ def test_a_memo_walk_on_a_long_chain_does_not_recurse():
     memo: dict = {}
     assert [is_zero(v, memo=memo) for v in chain].count(True) == 17
     assert is_zero(chain[-1], memo={}) is False
+
+
+def test_a_cycle_of_identities_is_no_fill():
+    zero = ir.Value(name="zero", const_value=ir.tensor(np.zeros(4, np.float32)))
+    first = ir.node("Identity", [zero])
+    second = ir.node("Identity", [first.outputs[0]])
+    first.replace_input_with(0, second.outputs[0])  # invalid, but must not hang
+    for value in (first.outputs[0], second.outputs[0]):
+        assert fill_of(value) is None and fill_of(value, memo={}) is None
