@@ -1,16 +1,17 @@
 """The order `verify.oracle.cut.topological` gives nodes: by waves, each in the graph's order, the
 nodes that never run after them in theirs; in time near-linear in the nodes (Kahn's algorithm),
-and the same order as the one-pass-per-wave scan it replaced, kept here as the reference."""
+and the same order as the one-pass-per-wave scan it replaced, kept here as the reference (with the former `cut`, whose block bounds scanned to the graph's end)."""
 
 from __future__ import annotations
 
 import random
 import time
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from onnx_lnfold.verify.oracle.cut import body_reads, cut, topological
+from onnx_lnfold.verify.oracle.cut import Block, Cut, body_reads, cut, node_reads, tensor_bytes, topological
 
 
 def _by_rescans(nodes: list[onnx.NodeProto], known: set[str]) -> list[int]:
@@ -28,6 +29,67 @@ def _by_rescans(nodes: list[onnx.NodeProto], known: set[str]) -> list[int]:
             ordered.append(i)
             known.update(nodes[i].output)
     return ordered
+
+
+def _cut_by_scans(graph: onnx.GraphProto, block_bytes: int) -> Cut:
+    """The former `cut`: the rescanning sort, and each block's bounds by a scan to the graph's end."""
+    nodes = list(graph.node)
+    weights = {t.name: tensor_bytes(t) for t in graph.initializer}
+    order = _by_rescans(nodes, {i.name for i in graph.input} | set(weights))
+    count = len(order)
+    reads = [node_reads(nodes[i]) for i in order]
+    constants = [
+        sum(tensor_bytes(a.t) for a in nodes[i].attribute if a.type == onnx.AttributeProto.TENSOR)
+        if nodes[i].op_type == "Constant"
+        else 0
+        for i in order
+    ]
+    own = [size + sum(weights[n] for n in set(names) if n in weights) for size, names in zip(constants, reads)]
+    made = {name: -1 for name in (i.name for i in graph.input) if name not in weights}
+    for position, i in enumerate(order):
+        made.update((name, position) for name in nodes[i].output if name)
+    last = {}
+    for position, names in enumerate(reads):
+        for name in names:
+            if name in made:
+                last[name] = position
+    for o in graph.output:
+        if o.name in made:
+            last[o.name] = count
+    # Tensors live at boundary b (between positions b - 1 and b): made before b, read at b or later.
+    change = [0] * (count + 2)
+    for name, position in last.items():
+        change[made[name] + 1] += 1
+        change[position + 1] -= 1
+    live, running = [], 0
+    for b in range(count + 1):
+        running += change[b]
+        live.append(running)
+
+    bounds, total, start = [0], 0, 0
+    cumulative = [0]
+    for size in own:
+        total += size
+        cumulative.append(total)
+    while True:
+        first = next((b for b in range(start + 1, count) if cumulative[b] - cumulative[start] >= block_bytes), None)
+        if first is None:
+            break
+        window = [b for b in range(first, count) if cumulative[b] - cumulative[start] <= 2 * block_bytes] or [first]
+        start = min(window, key=lambda b: live[b])
+        bounds.append(start)
+    bounds.append(count)
+
+    blocks = []
+    for begin, end in zip(bounds, bounds[1:]):
+        inside = {name for position in range(begin, end) for name in nodes[order[position]].output}
+        block_reads = [name for position in range(begin, end) for name in reads[position]]
+        inputs = dict.fromkeys(n for n in block_reads if n in made and n not in inside)
+        outputs = [n for n in dict.fromkeys(inside) if n in last and last[n] >= end]
+        used = tuple(dict.fromkeys(n for n in block_reads if n in weights and n not in made))
+        size = sum(weights[n] for n in used) + sum(constants[begin:end])
+        blocks.append(Block(begin, end, tuple(inputs), tuple(outputs), used, size))
+    return Cut(tuple(order), tuple(blocks))
 
 
 def _node(inputs, outputs, op="Add") -> onnx.NodeProto:
@@ -128,3 +190,28 @@ def test_a_long_chain_is_cut_without_recursion():
     found = cut(graph, 1 << 20)
     assert found.order == tuple(range(30_000)) and len(found.blocks) == 1
     assert found.blocks[0].inputs == ("t0",) and found.blocks[0].outputs == ("t30000",)
+
+
+def test_the_cut_is_the_former_ones_on_random_graphs():
+    rng = random.Random(1)
+    for _ in range(200):
+        count = rng.randint(1, 50)
+        inits = [
+            numpy_helper.from_array(np.zeros(rng.choice([0, 1, 5, 50, 400]), np.float32), f"w{i}")
+            for i in range(rng.randint(0, 20))
+        ]
+        names, nodes = ["x"], []
+        for i in range(count):
+            if rng.random() < 0.1:
+                value = numpy_helper.from_array(np.zeros(rng.randint(1, 300), np.float32))
+                nodes.append(helper.make_node("Constant", [], [f"v{i}"], value=value))
+            else:
+                reads = [rng.choice(names)] + ([rng.choice(inits).name] if inits and rng.random() < 0.6 else [])
+                nodes.append(_node(reads, [f"v{i}"]))
+            names.append(f"v{i}")
+        if rng.random() < 0.5:
+            rng.shuffle(nodes)
+        outputs = [helper.make_tensor_value_info(n, 1, None) for n in (names[-1], rng.choice(names))]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, None)], outputs, initializer=inits)
+        for block_bytes in (0, 1, 100, 500, 2000, 10**9):
+            assert cut(graph, block_bytes) == _cut_by_scans(graph, block_bytes)
