@@ -1,6 +1,7 @@
 """The order `verify.oracle.cut.topological` gives nodes: by waves, each in the graph's order, the
 nodes that never run after them in theirs; in time near-linear in the nodes (Kahn's algorithm),
-and the same order as the one-pass-per-wave scan it replaced, kept here as the reference (with the former `cut`, whose block bounds scanned to the graph's end)."""
+and the same order as the one-pass-per-wave scan it replaced, kept here as the reference, with
+the former `cut`, whose block bounds scanned to the graph's end."""
 
 from __future__ import annotations
 
