@@ -189,6 +189,8 @@ def _kept_for_cost(context: AnalysisContext, candidates, kept, dearer, active, b
     kept for its cost that no fold can take at all, for the first obstacle its proof meets."""
     if context.options.fold_costly:
         return {}
+    if not dearer and not blocked:
+        return {}  # no LN kept for its cost, none blocked that a centering could be refused to: nothing to say
     shapes, names, savings = context.shapes, context.names, context.savings
     costly = dataclasses.replace(context.options, fold_costly=True)
     anyway = [cand for cand in candidates if cand.name not in kept]

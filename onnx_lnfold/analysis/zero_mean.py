@@ -97,6 +97,8 @@ class Tracer:
         # the obstacle, one that explicit centering cannot use and that folding the LN removes.
         self.pattern_outputs = pattern_outputs or {}
         self.memo: dict[Goal, frozenset[Leaf] | Blocked] = {}
+        self._zeros: dict[ir.Value, bool] = {}  # `is_zero(exact=False)` by tensor: the graph holds still while it traces
+        self._fills: dict = {}  # `core.values.fill_of`'s walks
 
     def prove(self, node: ir.Node, reqs: tuple[carry.Requirement, ...] | list[carry.Requirement]):
         """Leaves making every required input of `node` zero-mean, or why not."""
@@ -123,7 +125,7 @@ class Tracer:
         return self.memo[(value, axis, weights, part)]
 
     def _step(self, value: ir.Value, axis: int, weights: Weights, part: Part) -> frozenset[Leaf] | Blocked | Pending:
-        if is_zero(value, exact=False):  # zero-mean already (zeros_like queries): nothing to center
+        if self._is_zero(value):  # zero-mean already (zeros_like queries): nothing to center
             return frozenset()
         if value in self.junctions:
             return Blocked("centered-explicitly", f"tensor '{value.name}' is centered explicitly", value.name, value)
@@ -180,6 +182,12 @@ class Tracer:
             return Blocked("scaled-slice", f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
         return self._collect(node, reqs, (value, axis, part), weights)
 
+    def _is_zero(self, value: ir.Value) -> bool:
+        zero = self._zeros.get(value)
+        if zero is None:
+            zero = self._zeros[value] = is_zero(value, exact=False, memo=self._fills)
+        return zero
+
     def _widened(self, cast: ir.Node) -> str | None:
         """Why a Cast of an fp16/bf16 constant to a wider float stops a proof, or None. The
         constant would be centered in its narrow type, and the mean its rounding leaves is far
@@ -205,7 +213,7 @@ class Tracer:
         needs: list[Goal] = []
         for req in reqs:
             inp = node.inputs[req.index] if req.index < len(node.inputs) else None
-            if inp is None or is_zero(inp, exact=False):  # a zero term: zero-mean as it is
+            if inp is None or self._is_zero(inp):  # a zero term: zero-mean as it is
                 continue
             req_weights = weights
             if req.factor is not None:

@@ -36,19 +36,68 @@ _COMPARED = 1 << 18
 _FIRST_COMPARED = 1 << 10
 
 
-def fill_of(value: ir.Value | None, exact: bool = True) -> float | None:
+def fill_of(value: ir.Value | None, exact: bool = True, memo: dict | None = None) -> float | None:
     """The one value every element of `value` holds for every model input (a float; a product of
     two such values to float64's precision, exact for 0 and 1), or None when it is not one value or
-    the graph does not show it."""
-    return _fill(value, exact, 0)
+    the graph does not show it. `memo`: a dict the caller keeps while the graph does not change,
+    where the ops that only pass their first input on are walked once (a chain of Identity nodes
+    is otherwise walked again from each of its tensors)."""
+    return _fill(value, exact, 0, memo)
 
 
-def is_zero(value: ir.Value | None, exact: bool = True) -> bool:
-    fill = fill_of(value, exact)
+def is_zero(value: ir.Value | None, exact: bool = True, memo: dict | None = None) -> bool:
+    fill = fill_of(value, exact, memo)
     return fill is not None and fill == 0.0
 
 
-def _fill(value: ir.Value | None, exact: bool, depth: int) -> float | None:
+def _passes(value: ir.Value | None) -> ir.Node | None:
+    """The node `value` comes from where it only passes its first input on, else None."""
+    if value is None or value.is_graph_input():
+        return None
+    node = value.producer()
+    if node is None or not is_standard(node) or value.index() != 0:
+        return None
+    op = node.op_type
+    return node if op in _PASS_FIRST or (op == "Dropout" and _inference_dropout(node)) else None
+
+
+def _reach(value: ir.Value, memo: dict) -> tuple[ir.Value | None, int]:
+    """The first tensor up the ops that pass `value` on that is not passed on, and how many of them
+    lie between; a distance over `_MAX_DEPTH` is `_MAX_DEPTH + 1` (no walk goes further). One
+    iterative walk to that tensor (or to one already in `memo`) answers for every tensor on the way,
+    each kept in `memo`: the next query, up or down the chain, is answered at once."""
+    path: list[ir.Value] = []
+    seen: set[ir.Value] = set()
+    current: ir.Value | None = value
+    while True:
+        if current is not None and current in memo:
+            end, steps = memo[current]
+            break
+        node = _passes(current)
+        if node is None:
+            end, steps = current, 0
+            break
+        if current in seen:  # a cycle of such ops (an invalid graph): no walk ever leaves it
+            end, steps = None, _MAX_DEPTH + 1
+            break
+        seen.add(current)
+        path.append(current)
+        current = node.inputs[0] if node.inputs else None
+    for passed in reversed(path):
+        steps = min(steps + 1, _MAX_DEPTH + 1)
+        if steps > _MAX_DEPTH:
+            end = None
+        memo[passed] = (end, steps)
+    return end, steps
+
+
+def _fill(value: ir.Value | None, exact: bool, depth: int, memo: dict | None = None) -> float | None:
+    if memo is not None and _passes(value) is not None:
+        # what the recursion below would reach through the ops that pass their input on
+        end, steps = _reach(value, memo)
+        if depth + steps > _MAX_DEPTH:
+            return None
+        value, depth = end, depth + steps
     if value is None or value.is_graph_input() or depth > _MAX_DEPTH:
         return None
     node = value.producer()
@@ -64,18 +113,18 @@ def _fill(value: ir.Value | None, exact: bool, depth: int) -> float | None:
         attr = node.attributes.get("value")
         return 0.0 if attr is None else _tensor_fill(attr.as_tensor())  # the spec's default: a float 0
     if op in _PASS_FIRST or (op == "Dropout" and _inference_dropout(node)):
-        return _fill(node.inputs[0] if node.inputs else None, exact, depth + 1)
+        return _fill(node.inputs[0] if node.inputs else None, exact, depth + 1, memo)
     if op == "Cast":
-        fill = _fill(node.inputs[0], exact, depth + 1)
+        fill = _fill(node.inputs[0], exact, depth + 1, memo)
         return _cast(fill, node.attributes.get_int("to", 0))
     if op == "Neg":
-        fill = _fill(node.inputs[0], exact, depth + 1)
+        fill = _fill(node.inputs[0], exact, depth + 1, memo)
         return None if fill is None else -fill
     if op == "Concat":
-        fills = {_fill(v, exact, depth + 1) for v in node.inputs}
+        fills = {_fill(v, exact, depth + 1, memo) for v in node.inputs}
         return fills.pop() if len(fills) == 1 else None
     if op in ("Mul", "Add", "Sub") and len(node.inputs) == 2:
-        a, b = (_fill(v, exact, depth + 1) for v in node.inputs)
+        a, b = (_fill(v, exact, depth + 1, memo) for v in node.inputs)
         if a is not None and b is not None:
             if op == "Mul":  # two floats' product is exact in float64: it is 0 or 1 where theirs is
                 return float(np.multiply(a, b))

@@ -73,6 +73,8 @@ class KerasLayerNormForm(LnForm):
     is_pattern = True
 
     def match(self, mean: ir.Node, name: str, shapes: ShapeTable) -> LnCandidate | None:
+        if mean.op_type not in ("ReduceMean", "GlobalAveragePool"):
+            return None  # what `_mean_axis` refuses, before the shape of the input is looked up
         x = mean.inputs[0] if mean.inputs else None
         rank = shapes.rank(x) if x is not None else None
         axis = _mean_axis(mean, rank)

@@ -17,6 +17,7 @@ The copies are clones (`clone_model`): the caller's model and its tensors are ne
 
 from __future__ import annotations
 
+import heapq
 import shutil
 from pathlib import Path
 
@@ -140,16 +141,18 @@ def _topological(graph: ir.Graph) -> list[ir.Node]:
     for node, needs in waits.items():
         for producer in needs:
             readers[producer].append(node)
-    ready = sorted((n for n in nodes if not waits[n]), key=position.__getitem__, reverse=True)
+    # the ready nodes in a heap by position (re-sorting a list after each node was quadratic where
+    # many are ready at once, as an export's Constant nodes are)
+    ready = [position[n] for n in nodes if not waits[n]]
+    heapq.heapify(ready)
     order: list[ir.Node] = []
     while ready:
-        node = ready.pop()
+        node = nodes[heapq.heappop(ready)]
         order.append(node)
         for reader in readers[node]:
             waits[reader].discard(node)
             if not waits[reader]:
-                ready.append(reader)
-        ready.sort(key=position.__getitem__, reverse=True)
+                heapq.heappush(ready, position[reader])
     if len(order) != len(nodes):
         raise ValueError("the graph has a cycle")
     return order

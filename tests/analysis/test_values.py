@@ -205,3 +205,51 @@ def test_the_fill_of_an_external_weight_is_read_and_its_map_closed(tmp_path, con
     ir.Graph([], [value], nodes=[], initializers=[value])
     assert fill_of(value) == (0.0 if content == "zeros" else None)
     assert tensor.raw is None
+
+
+def _pass_chain(length: int, top: str) -> list[ir.Value]:
+    """`top` (a zero constant, a graph input, a Mul by zero) then `length` ops that pass it on."""
+    x = ir.Value(name="x", shape=ir.Shape([4]), type=ir.TensorType(ir.DataType.FLOAT))
+    zero = ir.Value(name="zero", const_value=ir.tensor(np.zeros(4, np.float32)))
+    graph = ir.Graph([x], [], nodes=[], initializers=[zero])
+    start = {"zero": zero, "input": x}.get(top)
+    if start is None:
+        start = ir.node("Mul", [x, zero], graph=graph).outputs[0]
+    chain = [start]
+    ops = ["Identity", "Reshape", "Dropout", "Unsqueeze", "Squeeze", "Identity"]
+    for i in range(length):
+        chain.append(ir.node(ops[i % len(ops)], [chain[-1]], graph=graph).outputs[0])
+    graph.outputs.append(chain[-1])
+    return chain
+
+
+@pytest.mark.parametrize("top", ["zero", "input", "mul"])
+def test_the_walk_kept_in_a_memo_reads_what_the_walk_from_each_tensor_does(top):
+    """Identity-like ops are walked at most 16 deep; a memo shared by many queries (the zero-mean
+    proof's) must give each tensor the answer of its own walk, whatever was asked before it."""
+    chain = _pass_chain(40, top)
+    alone = [(fill_of(v), fill_of(v, exact=False)) for v in chain]
+    for order in (chain, chain[::-1], chain[::3] + chain[1::3] + chain[2::3]):
+        memo: dict = {}
+        kept = {v: (fill_of(v, memo=memo), fill_of(v, exact=False, memo=memo)) for v in order}
+        assert [kept[v] for v in chain] == alone
+    expected = {"zero": 0.0, "input": None, "mul": None}[top]
+    assert alone[16][0] == expected and alone[17][0] is None and alone[40] == (None, None)
+    if top == "mul":
+        assert alone[15][1] == 0.0 and alone[16][1] is None  # the Mul is one step deeper than the zero it reads
+
+
+def test_a_memo_walk_on_a_long_chain_does_not_recurse():
+    chain = _pass_chain(30_000, "zero")
+    memo: dict = {}
+    assert [is_zero(v, memo=memo) for v in chain].count(True) == 17
+    assert is_zero(chain[-1], memo={}) is False
+
+
+def test_a_cycle_of_identities_is_no_fill():
+    zero = ir.Value(name="zero", const_value=ir.tensor(np.zeros(4, np.float32)))
+    first = ir.node("Identity", [zero])
+    second = ir.node("Identity", [first.outputs[0]])
+    first.replace_input_with(0, second.outputs[0])  # invalid, but must not hang
+    for value in (first.outputs[0], second.outputs[0]):
+        assert fill_of(value) is None and fill_of(value, memo={}) is None

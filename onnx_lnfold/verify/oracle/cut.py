@@ -13,6 +13,7 @@ is in both) and Constant nodes (their outputs cross a cut like any tensor).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -75,19 +76,39 @@ def node_reads(node: onnx.NodeProto) -> list[str]:
 def topological(nodes: list[onnx.NodeProto], known: set[str]) -> list[int]:
     """Indices of `nodes` in an order that runs (ONNX Runtime sorts them; converters that append
     nodes, as the fp16 converter's input Casts, rely on that); where none runs (a cycle, a name
-    nothing defines) the rest follow in their order, for the evaluator to say which."""
+    nothing defines) the rest follow in their order, for the evaluator to say which.
+
+    The order is by waves: first every node that reads only `known` names, in their order; then
+    every node that reads only those and what the first wave made, in their order; and so on.
+    Kahn's algorithm over names: each node counts the distinct names it still waits for, each name
+    lists the nodes that wait for it, and the first wave to make a name releases them; linear in
+    the nodes and their reads, but for sorting each wave."""
     known = set(known) | {""}
+    waiting_for = [0] * len(nodes)
+    readers: dict[str, list[int]] = {}
+    wave: list[int] = []
+    for i, node in enumerate(nodes):
+        names = {n for n in node.input if n not in known}
+        names.update(n for n in body_reads(node) if n not in known)
+        waiting_for[i] = len(names)
+        for name in names:
+            readers.setdefault(name, []).append(i)
+        if not names:
+            wave.append(i)
     ordered: list[int] = []
-    waiting = list(range(len(nodes)))
-    while waiting:
-        ready = [i for i in waiting if all(n in known for n in nodes[i].input) and body_reads(nodes[i]) <= known]
-        if not ready:
-            return ordered + waiting
-        taken = set(ready)
-        waiting = [i for i in waiting if i not in taken]
-        for i in ready:
-            ordered.append(i)
-            known.update(nodes[i].output)
+    while wave:
+        ordered.extend(wave)
+        following: list[int] = []
+        for i in wave:
+            for name in nodes[i].output:
+                for reader in readers.pop(name, ()):
+                    waiting_for[reader] -= 1
+                    if not waiting_for[reader]:
+                        following.append(reader)
+        following.sort()
+        wave = following
+    if len(ordered) < len(nodes):
+        ordered += [i for i, count in enumerate(waiting_for) if count]
     return ordered
 
 
@@ -132,12 +153,14 @@ def cut(graph: onnx.GraphProto, block_bytes: int) -> Cut:
     for size in own:
         total += size
         cumulative.append(total)
+    # `cumulative` never falls: the first boundary past `block_bytes` and the window up to twice
+    # it are found by bisection, each block in time of its window, not of the rest of the graph.
     while True:
-        first = next((b for b in range(start + 1, count) if cumulative[b] - cumulative[start] >= block_bytes), None)
-        if first is None:
+        first = bisect.bisect_left(cumulative, cumulative[start] + block_bytes, start + 1, count)
+        if first >= count:
             break
-        window = [b for b in range(first, count) if cumulative[b] - cumulative[start] <= 2 * block_bytes] or [first]
-        start = min(window, key=lambda b: live[b])
+        stop = bisect.bisect_right(cumulative, cumulative[start] + 2 * block_bytes, first, count)
+        start = min(range(first, max(stop, first + 1)), key=live.__getitem__)
         bounds.append(start)
     bounds.append(count)
 

@@ -306,7 +306,8 @@ class Float64Model:
         weight_total = sum(getattr(t, "nbytes", 0) or 0 for t in self._weights.values())
         weight_done, told, seen = 0, 0, set()
         keep_names = set(self.output_names)
-        self.peak_bytes = sum(map(_bytes, sets))
+        held = [_bytes(results) for results in sets]  # each set's bytes, kept as it changes (not summed again per node)
+        self.peak_bytes = sum(held)
         for index, (node, names) in enumerate(zip(evaluator.rt_nodes_, self._reads)):
             if replaced.intersection(names):
                 groups = [[i for i, r in enumerate(reading_of) if r == number] for number in range(len(readings))]
@@ -317,11 +318,13 @@ class Float64Model:
                 reading, members = readings[reading_of[group[0]]], [sets[i] for i in group]
                 weights, in_part, outputs = self._run_node(node, names, members, reading)
                 read.update(n for n in (*weights, *([in_part] if in_part else [])) if n not in reading)
-                current += sum(a.nbytes for a in weights.values())
-                for results, produced in zip(members, outputs):
-                    results.update(weights)
-                    results.update((name, value) for name, value in zip(node.onnx_node.output, produced) if name)
-                    current += _bytes(results) - sum(a.nbytes for a in weights.values())
+                weight_bytes = sum(a.nbytes for a in weights.values())
+                current += weight_bytes
+                for i, produced in zip(group, outputs):
+                    results = sets[i]
+                    held[i] += _put(results, weights.items())
+                    held[i] += _put(results, ((name, value) for name, value in zip(node.onnx_node.output, produced) if name))
+                    current += held[i] - weight_bytes
                 del weights, outputs
             read -= seen  # a weight two nodes read counts once
             seen |= read
@@ -336,7 +339,7 @@ class Float64Model:
                 kept = deadline.keeps(done, kept)
             if keep is not None:
                 kept = min(kept, keep())
-            del sets[kept * len(readings) :], reading_of[kept * len(readings) :]
+            del sets[kept * len(readings) :], reading_of[kept * len(readings) :], held[kept * len(readings) :]
             if self.memory_budget is not None and current > self.memory_budget:
                 label = node.onnx_node.name or node.op_type
                 raise Float64Unavailable(
@@ -345,8 +348,8 @@ class Float64Model:
                 )
             for name in names:
                 if self._last_use.get(name) == index and name not in keep_names:
-                    for results in sets:
-                        results.pop(name, None)
+                    for i, results in enumerate(sets):
+                        held[i] -= _nbytes(results.pop(name, None))
             yield done
         outputs: list[list[dict[str, np.ndarray]]] = [[] for _ in readings]
         for results, number in zip(sets, reading_of):
@@ -376,9 +379,11 @@ class Float64Model:
             return weights, in_part, [[out] for out in stacked]
         outputs = []
         for results in sets:
-            scope = {**results, **weights}
-            inputs = [scope[n] for n in node.input]
-            outputs.append(node.run(*inputs, context=scope) if node.need_context() else node.run(*inputs))
+            if node.need_context():  # a body reads names of the outer scope: all of them
+                scope = {**results, **weights}
+                outputs.append(node.run(*[scope[n] for n in node.input], context=scope))
+            else:  # the inputs alone, not a copy of every live tensor per node
+                outputs.append(node.run(*[weights[n] if n in weights else results[n] for n in node.input]))
         return weights, in_part, outputs
 
 
@@ -537,6 +542,19 @@ class Deadline:
 
 def _bytes(values: dict[str, Any]) -> int:
     return sum(getattr(v, "nbytes", 0) for v in values.values())
+
+
+def _nbytes(value: Any) -> int:
+    return getattr(value, "nbytes", 0)
+
+
+def _put(values: dict[str, Any], items) -> int:
+    """`values.update(items)`; returns how many bytes `_bytes(values)` gained."""
+    gained = 0
+    for name, value in items:
+        gained += _nbytes(value) - _nbytes(values.get(name))
+        values[name] = value
+    return gained
 
 
 def _large_constant(node: ir.Node) -> ir.TensorProtocol | None:
