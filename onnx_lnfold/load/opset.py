@@ -55,16 +55,26 @@ def used_domains(model: ir.Model) -> set[str]:
     return {d for d in domains if d not in STANDARD_DOMAINS}
 
 
-def placeholder_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[ir.TensorProtocol]]:
+def placeholder_proto(model: ir.Model, *, read_small: bool = False) -> tuple[onnx.ModelProto, list[ir.TensorProtocol]]:
     """The model as a proto whose large initializers are placeholders, and the tensors they stand
-    for (by index: a placeholder's offset): the graph without its weights, none read."""
+    for (by index: a placeholder's offset): the graph without its weights, none read. With
+    `read_small`, a small external tensor is read and goes by value too (shape inference reads a
+    small constant input, Unsqueeze's axes, and an export may keep every tensor external)."""
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    read: list[tuple[ir.Value, ir.TensorProtocol]] = []
     try:
         for graph in _graphs(model):
             for value in graph.initializers.values():
                 tensor = value.const_value
                 if tensor is None or tensor.dtype == ir.DataType.STRING:
                     continue
+                if tensor.nbytes <= KEEP_BYTES and read_small and isinstance(tensor, ir.ExternalTensor):
+                    try:
+                        value.const_value = ir.Tensor(tensor.numpy(), name=value.name)
+                        read.append((value, tensor))
+                        continue
+                    except (OSError, ValueError):  # its file unreadable from here: a placeholder, as before
+                        pass
                 if tensor.nbytes <= KEEP_BYTES and not isinstance(tensor, ir.ExternalTensor):
                     continue  # by value; an external one has none in the proto, and a file relative to elsewhere
                 stand_in = ir.ExternalTensor(
@@ -80,7 +90,7 @@ def placeholder_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[ir.TensorP
                 value.const_value = stand_in
         proto = ir.to_proto(model)
     finally:
-        for value, tensor in swapped:
+        for value, tensor in swapped + read:
             value.const_value = tensor
     return proto, [tensor for _, tensor in swapped]
 

@@ -114,7 +114,7 @@ class WeightlessFolder:
         return path
 
 
-def _outer_reads(node: ir.Node) -> list[ir.Value]:
+def outer_reads(node: ir.Node) -> list[ir.Value]:
     """The values of the enclosing graphs that a node's If/Loop/Scan bodies read."""
     reads = []
     for attr in node.attributes.values():
@@ -128,14 +128,14 @@ def _outer_reads(node: ir.Node) -> list[ir.Value]:
     return reads
 
 
-def _topological(graph: ir.Graph) -> list[ir.Node]:
+def topological_nodes(graph: ir.Graph) -> list[ir.Node]:
     """The graph's nodes in a topological order, the graph's own where it allows (Kahn's
     algorithm, ties by position); the graph is not changed."""
     nodes = list(graph)
     position = {node: i for i, node in enumerate(nodes)}
     waits: dict[ir.Node, set[ir.Node]] = {}
     for node in nodes:
-        producers = {v.producer() for v in (*node.inputs, *_outer_reads(node)) if v is not None}
+        producers = {v.producer() for v in (*node.inputs, *outer_reads(node)) if v is not None}
         waits[node] = {p for p in producers if p in position and p is not node}
     readers: dict[ir.Node, list[ir.Node]] = {node: [] for node in nodes}
     for node, needs in waits.items():
@@ -164,7 +164,7 @@ def clone_model(model: ir.Model) -> ir.Model:
     cloner refuses: that one is cloned in a topological order and put back in its own, which the
     names the analysis gives unnamed nodes follow."""
     graph = model.graph
-    order = _topological(graph)
+    order = topological_nodes(graph)
     if list(graph) == order:
         return model.clone()
     view = ir.GraphView(
@@ -202,4 +202,14 @@ def weightless_clone(model: ir.Model, folder: WeightlessFolder) -> ir.Model:
     return clone
 
 
-__all__ = ["INTEGER_TYPES", "KEEP_BYTES", "KEEP_INTEGER_BYTES", "ZEROS_FILE", "WeightlessFolder", "clone_model", "weightless_clone"]
+__all__ = [
+    "INTEGER_TYPES",
+    "KEEP_BYTES",
+    "KEEP_INTEGER_BYTES",
+    "ZEROS_FILE",
+    "WeightlessFolder",
+    "clone_model",
+    "outer_reads",
+    "topological_nodes",
+    "weightless_clone",
+]

@@ -139,3 +139,15 @@ def test_the_folds_own_output_is_not_refused():
     ln.op_type = "SimplifiedLayerNormalization"
     del ln.input[2:]
     load_model(proto)
+
+
+def test_a_model_with_every_tensor_external_is_checked_in_full(tmp_path):
+    """Shape inference reads small constant inputs (Unsqueeze's axes): an export that keeps every
+    tensor external is checked with those read, and folds."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    path = folder / "gpt2.onnx"
+    onnx.save(onnx.load(MODELS / "gpt2.onnx"), path, save_as_external_data=True, size_threshold=0, location="w.data")
+    model, _ = load_model(path)
+    check_model(model, path)
+    assert onnx_lnfold.analyze(path).folded

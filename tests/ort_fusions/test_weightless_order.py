@@ -1,4 +1,4 @@
-"""`ort_fusions.weightless._topological`: Kahn's algorithm, ties by the graph's own order, the same
+"""`ort_fusions.weightless.topological_nodes`: Kahn's algorithm, ties by the graph's own order, the same
 order as the list re-sorted after each node it replaced, in time near-linear in the nodes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.ort_fusions.weightless import _outer_reads, _topological, clone_model
+from onnx_lnfold.ort_fusions.weightless import clone_model, outer_reads, topological_nodes
 
 
 def _by_resorting(graph: ir.Graph) -> list[ir.Node]:
@@ -16,7 +16,7 @@ def _by_resorting(graph: ir.Graph) -> list[ir.Node]:
     position = {node: i for i, node in enumerate(nodes)}
     waits = {}
     for node in nodes:
-        producers = {v.producer() for v in (*node.inputs, *_outer_reads(node)) if v is not None}
+        producers = {v.producer() for v in (*node.inputs, *outer_reads(node)) if v is not None}
         waits[node] = {p for p in producers if p in position and p is not node}
     readers = {node: [] for node in nodes}
     for node, needs in waits.items():
@@ -56,13 +56,13 @@ def test_the_order_is_the_former_ones_on_shuffled_graphs():
     rng = random.Random(7)
     for _ in range(50):
         graph = _random_graph(rng, rng.randint(1, 60))
-        assert _topological(graph) == _by_resorting(graph)
+        assert topological_nodes(graph) == _by_resorting(graph)
 
 
 def test_many_ready_nodes_and_a_clone_in_the_graphs_own_order():
     graph = _random_graph(random.Random(3), 20_000)
     model = ir.Model(graph, ir_version=10)
-    order = _topological(graph)
+    order = topological_nodes(graph)
     assert len(order) == 20_000 and len(set(order)) == 20_000
     clone = clone_model(model)
     assert [n.name for n in clone.graph] == [n.name for n in graph]
