@@ -151,3 +151,19 @@ def test_a_model_with_every_tensor_external_is_checked_in_full(tmp_path):
     model, _ = load_model(path)
     check_model(model, path)
     assert onnx_lnfold.analyze(path).folded
+
+
+def test_a_graph_output_declared_at_another_rank_is_merged_as_onnx_runtime_merges_it(tmp_path):
+    """An exporter's output declared with shape [] while it infers as rank 3 (PP-OCRv5's paddle2onnx
+    exports): ONNX Runtime loads it, warning that it falls back to a lenient merge, so the check
+    lets it through."""
+    proto = hostile_models._ln_graph()
+    del proto.graph.output[:]
+    proto.graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, []))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(proto.SerializeToString())
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # ONNX Runtime loads it
+    model, _ = load_model(path)
+    check_model(model, path)
