@@ -22,6 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
+from onnx_lnfold.io.proto_graphs import graphs_within
 from onnx_lnfold.io.tensor_data import check_tensors
 from onnx_lnfold.io.tensor_io import FileRegionTensor, file_stamp, raw_dtype
 from onnx_lnfold.io.wire import (
@@ -104,12 +105,7 @@ def _initializer(buf, start: int, end: int) -> tuple[onnx.TensorProto, tuple[int
 
 def _sparse_initializers(graph: onnx.GraphProto) -> int:
     """How many sparse initializers the graph and the bodies of its nodes hold, at any depth."""
-    count = len(graph.sparse_initializer)
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                count += _sparse_initializers(sub)
-    return count
+    return sum(len(g.sparse_initializer) for g in graphs_within(graph))
 
 
 def check_representable(proto: onnx.ModelProto) -> None:

@@ -22,6 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
+from onnx_lnfold.io.proto_graphs import bodies, graphs_within
 
 # No file or protobuf holds this much: dims that say more are refused whatever the data.
 MAX_TENSOR_BYTES = 1 << 63
@@ -136,25 +137,17 @@ def check_tensor_proto(tensor: onnx.TensorProto, name: str | None = None, raw_le
 def _proto_tensors(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, str, bool]]:
     """(tensor, name to report, whether an initializer of the main graph) for every tensor of the
     model: initializers and tensor attributes of every graph, body and function."""
+    graphs = [g for function in model.functions for node in function.node for g in bodies(node)]
     nodes = [node for function in model.functions for node in function.node]
-    graphs = [model.graph]
-    yield from ((t, t.name, True) for t in model.graph.initializer)
-    while graphs or nodes:
-        if graphs:
-            graph = graphs.pop()
-            if graph is not model.graph:
-                yield from ((t, t.name, False) for t in graph.initializer)
-            nodes.extend(graph.node)
-            continue
-        node = nodes.pop()
+    for graph in (g for top in [model.graph, *graphs] for g in graphs_within(top)):
+        yield from ((t, t.name, graph is model.graph) for t in graph.initializer)
+        nodes.extend(graph.node)
+    for node in nodes:
+        owner = next((o for o in node.output if o), node.name)
         for attr in node.attribute:
-            owner = next((o for o in node.output if o), node.name)
             if attr.HasField("t"):
                 yield attr.t, attr.t.name or owner, False
             yield from ((t, t.name or owner, False) for t in attr.tensors)
-            if attr.HasField("g"):
-                graphs.append(attr.g)
-            graphs.extend(attr.graphs)
 
 
 def check_tensors(model: onnx.ModelProto, raw_lengths: Mapping[str, int] | None = None) -> None:

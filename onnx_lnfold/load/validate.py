@@ -40,6 +40,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import STANDARD_DOMAINS, node_label
 from onnx_lnfold.core.ops import LAYER_NORM, MS_DOMAIN, ORT_DEFAULT_DOMAIN_OPS
+from onnx_lnfold.io.proto_graphs import nodes_within
 from onnx_lnfold.load.opset import PLACEHOLDER, placeholder_proto, used_domains
 
 # The checker's reason is its first line, cut to this many characters.
@@ -92,19 +93,10 @@ def _unmade_input(graph: ir.Graph) -> str | None:
     return None
 
 
-def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of `graph` and of the bodies in it, at any depth."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            for body in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _nodes(body)
-
-
 def _as_onnx_runtime_reads(proto: onnx.ModelProto, domains: set[str]) -> onnx.ModelProto:
     """`proto` (a copy of the model's) changed as ONNX Runtime reads it (module docstring); `domains`
     the non-standard domains its nodes use."""
-    for node in _nodes(proto.graph):  # ONNX Runtime's ops in the default domain, checked as its others
+    for node in nodes_within(proto.graph):  # ONNX Runtime's ops in the default domain, checked as its others
         if node.domain in STANDARD_DOMAINS and node.op_type in ORT_DEFAULT_DOMAIN_OPS:
             node.domain = MS_DOMAIN
             domains = domains | {MS_DOMAIN}
