@@ -41,9 +41,10 @@ import onnx_ir as ir
 from onnx_lnfold import _pipeline
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.apply.centering import BiasPlusBeta
+from onnx_lnfold.core.fold_request import FoldRequest
 from onnx_lnfold.core.ir import constant_of, set_constant_value
 from onnx_lnfold.core.ops import RMS_OPS
-from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions
+from onnx_lnfold.core.options import FLOAT64_BUDGET_S, CheckSettings
 from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.load.model import load_model
 from onnx_lnfold.verify.oracle import blockwise
@@ -284,8 +285,8 @@ def _fold(
 
     model, _ = load_model(path)
     with _block_by_block() if by_blocks else nullcontext():
-        request = _pipeline.VerifyRequest(float64_budget=budget)
-        run = _pipeline.run_pipeline(model, path, FoldOptions(), request, after_apply=after_apply)
+        request = FoldRequest(check=CheckSettings(float64_budget=budget))
+        run = _pipeline.run_pipeline(model, path, request, after_apply=after_apply)
     return run, injected[0]
 
 

@@ -2,12 +2,14 @@
 `onnx.ModelProto` or an `onnx_ir.Model`) and never change the caller's model.
 
 Both take the fields of `FoldOptions` as keywords (`target=`, ...: the table `core.options.OPTIONS`
-says what each does), or a whole `options=FoldOptions(...)`; keywords given beside `options`
-replace its fields.
+says what each does, the check's settings beside them), or a whole `options=FoldOptions(...)`;
+keywords given beside `options` replace its fields. Each call makes one `FoldRequest`, validated
+before any work, and runs the one orchestration (`_pipeline`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -15,7 +17,15 @@ import onnx_ir as ir
 
 from onnx_lnfold import _pipeline
 from onnx_lnfold.analysis.plan import CenteringPlan
-from onnx_lnfold.core.options import FLOAT64_BUDGET_S, FoldOptions, keywords_to_options, takes_option_keywords
+from onnx_lnfold.core.fold_request import FoldRequest
+from onnx_lnfold.core.options import (
+    FLOAT64_BUDGET_S,
+    CheckSettings,
+    FoldOptions,
+    RunShapes,
+    keywords_to_options,
+    takes_option_keywords,
+)
 from onnx_lnfold.io import scratch
 from onnx_lnfold.load.model import ModelSource, load_model
 
@@ -40,17 +50,18 @@ def analyze(
     entry point runs (`_pipeline.analyze_model`).
     """
     options = keywords_to_options(options, option_keywords, "analyze")
+    shapes = RunShapes(input_shapes=input_shapes, inputs=inputs)
     with scratch.removed_on_sigterm():
         if not isinstance(model, ir.Model):
             model, _ = load_model(model)
-        request = _pipeline.VerifyRequest(input_shapes=input_shapes, inputs=inputs)
-        return _pipeline.analyze_model(model, options, request)[1].plan
+        return _pipeline.analyze_model(model, options, shapes, synthesizing=True)[1].plan
 
 
 @takes_option_keywords
 def fold(
     model: ModelSource,
     *,
+    output: str | os.PathLike | None = None,
     verify: bool = True,
     rtol: float | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
@@ -59,7 +70,9 @@ def fold(
     options: FoldOptions | None = None,
     **option_keywords,
 ) -> _pipeline.FoldResult:
-    """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to.
+    """Fold every LayerNorm that can be folded exactly; verify with onnxruntime unless told not to;
+    with `output`, write the fold there once it passed (staged beside it and checked as written,
+    so a large model is written once; `result.save(path)` writes it again elsewhere).
 
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
     changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
@@ -77,11 +90,14 @@ def fold(
     A SIGTERM during the call removes the temporary folders it made before the process ends
     (`io.scratch.removed_on_sigterm`).
     """
-    options = keywords_to_options(options, option_keywords, "fold")
-    check = _pipeline.VerifyRequest(
-        enabled=verify, rtol=rtol, input_shapes=input_shapes, inputs=inputs, float64_budget=float64_budget
+    request = FoldRequest(
+        options=keywords_to_options(options, option_keywords, "fold"),
+        shapes=RunShapes(input_shapes=input_shapes, inputs=inputs),
+        check=CheckSettings(verify=verify, rtol=rtol, float64_budget=float64_budget),
+        output=output,
+        in_place=True,  # as `save` allows: asked for by naming the input
     )
     started = time.monotonic()  # the report's elapsed time counts the load, as the command line's does
     with scratch.removed_on_sigterm():
         ir_model, path = load_model(model)
-        return _pipeline.fold_loaded(ir_model, path, options, check, started)
+        return _pipeline.fold_loaded(ir_model, path, request, started)

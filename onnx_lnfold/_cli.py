@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from onnx_lnfold import __version__
 from onnx_lnfold.core.errors import CannotWrite, InvalidInput, LnFoldError, Terminated, VerificationFailed, stopped
-from onnx_lnfold.core.options import FLOAT64_BUDGET_S, OPTIONS, options_from
+from onnx_lnfold.core.options import OPTIONS, check_from, options_from
 from onnx_lnfold.core.progress import Progress
 
 if TYPE_CHECKING:
@@ -79,33 +79,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output path (default: IN.lnfold.onnx beside the input)")
     p.add_argument("--in-place", action="store_true", help="allow the output to replace the input file")
     p.add_argument(
-        "--json", metavar="REPORT.json", help="also write the report as JSON ('-': to stdout, the text report to stderr)"
+        "--json",
+        metavar="REPORT.json",
+        help="also write the report as JSON ('-': to stdout, the text report to stderr)",
     )
     p.add_argument("--dry-run", action="store_true", help="analyze and print the plan; write nothing")
-    for option in OPTIONS:  # the fold's options, from their one table
+    for option in OPTIONS:  # the fold's and the check's options, from their one table
         option.add_to(p)
-    p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime equivalence check")
-    p.add_argument(
-        "--rtol",
-        type=float,
-        help="max |diff|/max|ref| of the fold from the original, judged in float64 (default 1e-4 fp32, 1e-2 fp16)",
-    )
-    p.add_argument(
-        "--float64-budget",
-        type=float,
-        default=FLOAT64_BUDGET_S,
-        metavar="SECONDS",
-        help="time the float64 reference may take (default: 3x what the fold took, at least 60 s); beyond it, "
-        "or with 0, the fold is judged against the original's own float32 sensitivity instead",
-    )
-    p.add_argument(
-        "--input-shape",
-        action="append",
-        default=[],
-        metavar="NAME:D1,D2,...",
-        help="shape of a graph input for verification (repeatable)",
-    )
-    p.add_argument("--inputs", metavar="FILE.npz", help="verification inputs, keyed by graph input name")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument(
         "-v",
@@ -214,7 +194,7 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
         import logging
 
         logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
-    if not (args.dry_run or args.no_verify):
+    if args.verify and not args.dry_run:
         _quiet_onnxruntime()
     progress = Progress(enabled=False if args.quiet else None)
     try:
@@ -225,31 +205,33 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
 
 def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     # The heavy imports (numpy, onnx, onnx_ir: about a second), once the arguments are known good.
-    from onnx_lnfold._pipeline import VerifyRequest, run_pipeline
-    from onnx_lnfold.feeds.given import load_inputs, parse_input_shape
-    from onnx_lnfold.io.external_data import external_data_files
+    from onnx_lnfold._pipeline import run_pipeline
+    from onnx_lnfold.core.fold_request import FoldRequest
+    from onnx_lnfold.core.options import RunShapes
+    from onnx_lnfold.feeds.given import load_inputs
     from onnx_lnfold.load.model import load_model
     from onnx_lnfold.save.staged import check_destination
 
     source = _check_source(args.model)
-    shapes = dict(parse_input_shape(s) for s in args.input_shape)
     destination = _destination(args, source)
+    # Validated here, before the model is loaded: a setting out of range is a usage error.
+    request = FoldRequest(
+        options=options_from(args),
+        shapes=RunShapes(
+            input_shapes=dict(args.input_shapes), inputs=load_inputs(args.inputs) if args.inputs else None
+        ),
+        check=check_from(args, disabled_because="disabled by --no-verify"),
+        output=destination,
+        in_place=args.in_place,
+        dry_run=args.dry_run,
+        proof=args.verbose,
+    )
     if destination is not None:
-        check_destination(source, destination, args.in_place)
+        check_destination(source, destination, args.in_place)  # before the load; with its data files in the fold
         if destination.parent.is_dir():  # a missing folder is reported when staging, as before
             # The default output goes beside the input: a read-only input folder has a way out.
             way_out = "" if (args.output or args.in_place) else "use -o PATH to write elsewhere"
             _check_writable(destination.parent, "output", way_out)
-    inputs = load_inputs(args.inputs) if args.inputs else None
-    # Validated here, before the model is loaded: a setting out of range is a usage error.
-    check = VerifyRequest(
-        enabled=not args.no_verify,
-        disabled_because="disabled by --no-verify",
-        rtol=args.rtol,
-        input_shapes=shapes,
-        inputs=inputs,
-        float64_budget=args.float64_budget,
-    )
     rehearsal = None
     if args.costs is not None:
         from onnx_lnfold.bench.tables import rehearsal_of
@@ -263,51 +245,24 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
 
     progress.phase(f"Loading {source}")
     model, _ = load_model(source)  # checked by ONNX's checker, as every entry point's model
-    input_data = external_data_files(model, source.parent)
-    if destination is not None:
-        check_destination(source, destination, args.in_place, input_data)
-    _check_json_path(args, source, destination, input_data)
-
-    options = options_from(args)
-    run = run_pipeline(
-        model,
-        source,
-        options,
-        check,
-        dry_run=args.dry_run,
-        proof=args.verbose,
-        destination=destination,
-        progress=progress,
-        started=started,
-    )
+    _check_json_path(args, source, destination, _input_data(model, source))
+    run = run_pipeline(model, source, request, progress=progress, started=started)
     report = run.report
     if rehearsal:
         report.notes.append(f"Warning: {rehearsal}.")
-    if args.dry_run:
-        progress.close()
-        _emit(report, args)
-        return EXIT_OK
-
-    try:
-        progress.close()
-        if run.refused:  # only a passed (or skipped) check writes a fold
-            run.discard()
-            why = "not equivalent" if report.verification.status == "failed" else "not verified"
-            report.notes.append(f"Refused to write {destination}: the folded model is {why}.")
-            _emit(report, args)
-            print(f"onnx_lnfold: {report.verification.refusal('cli')}", file=sys.stderr)
-            return EXIT_VERIFY
-        run.commit()
-    except BaseException:
-        run.discard()
-        raise
-    data_name = run.staged.data_name  # type: ignore[union-attr]
-    if args.in_place and data_name is not None:
-        new_data = (source.parent / data_name).resolve()
-        for old in sorted(input_data - {new_data}):
-            report.notes.append(f"The input's old external data file {old.name} is no longer used by {source.name}.")
+    progress.close()
+    run.finish()  # commits a fold that passed, else discards it
     _emit(report, args)
+    if run.refused:
+        print(f"onnx_lnfold: {report.verification.refusal('cli')}", file=sys.stderr)
+        return EXIT_VERIFY
     return EXIT_OK
+
+
+def _input_data(model, source: Path) -> set[Path]:
+    from onnx_lnfold.io.external_data import external_data_files
+
+    return external_data_files(model, source.parent)
 
 
 def _terminate(signum, frame) -> None:

@@ -7,10 +7,18 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold._pipeline import VerifyRequest, run_pipeline
+from onnx_lnfold._pipeline import run_pipeline
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.errors import LnFoldError
-from onnx_lnfold.core.options import OPTION_NAMES, FoldOptions, keywords_to_options, takes_option_keywords
+from onnx_lnfold.core.fold_request import FoldRequest
+from onnx_lnfold.core.options import (
+    OPTION_NAMES,
+    CheckSettings,
+    FoldOptions,
+    RunShapes,
+    keywords_to_options,
+    takes_option_keywords,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +48,16 @@ class LnFoldPass(ir.passes.InPlacePass):
         **option_keywords,
     ) -> None:
         super().__init__()
-        self.options = keywords_to_options(options, option_keywords, "LnFoldPass")
-        self.check = VerifyRequest(enabled=False, input_shapes=input_shapes, inputs=inputs)
+        self.request = FoldRequest(
+            options=keywords_to_options(options, option_keywords, "LnFoldPass"),
+            shapes=RunShapes(input_shapes=input_shapes, inputs=inputs),
+            check=CheckSettings(verify=False),
+        )
         self.plan: CenteringPlan | None = None
 
     def __repr__(self) -> str:
         """`<LnFoldPass target=ort ...; last run: 5/5 LNs folded>`; the plan itself is `.plan`."""
-        options = " ".join(f"{name}={getattr(self.options, name)}" for name in OPTION_NAMES)
+        options = " ".join(f"{name}={getattr(self.request.options, name)}" for name in OPTION_NAMES)
         if self.plan is None:
             return f"<LnFoldPass {options}; not run yet>"
         plan = self.plan
@@ -55,7 +66,7 @@ class LnFoldPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         try:
-            run = run_pipeline(model, None, self.options, self.check)
+            run = run_pipeline(model, None, self.request)
         except LnFoldError as e:  # raised before the rewrite: the model is as it was given
             raise ir.passes.PreconditionError(str(e)) from e
         if run.model is not model:  # converted to the target's opset: the converted graph becomes the model's

@@ -1,15 +1,13 @@
 """The one orchestration behind every entry point (`fold()`, `analyze()`, `LnFoldPass`, the
-command line, the Olive pass), on a loaded model:
-analyze -> [proof, for `-v`] -> apply -> [stage the output] -> verify.
+command line, the Olive pass), on a loaded model and one `FoldRequest`:
+analyze -> [proof, for `-v`] -> apply -> [stage the output] -> verify -> [commit or discard].
 
 `analyze_model` is the analysis each of them runs (the inputs checked against the graph, the
-shapes they give, the model at its target's opset, the plan); `run_pipeline` runs it and the rest,
-and sets every fact of the report (sizes, elapsed time) but those of the write, which
-`record_output` sets where the output is committed. Loading and the final write stay with the
-callers: the command line checks its output paths between loading and folding, and writes (commits
-the staged model) only a fold that was not refused; `fold()` hands the model back to be saved by the
-caller; the pass changes the model it is given. What is verified, what is skipped and why, and what
-is refused is decided here once."""
+shapes they give, the model at its target's opset, the plan); `run_pipeline` runs it and the rest
+and fills the report; `FoldRun.finish` commits the staged output of a fold that was not refused, or
+discards it, and records which (`commit_staged` is the one place a write is committed and recorded,
+for `FoldResult.save` too). Loading stays with the callers. What is verified, what is skipped and
+why, and what is refused is decided here once."""
 
 from __future__ import annotations
 
@@ -27,7 +25,8 @@ from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import candidates, plan_for, plan_for_clone
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
-from onnx_lnfold.core.options import FoldOptions, check_preconditions, target_op_names, target_opset
+from onnx_lnfold.core.fold_request import FoldRequest
+from onnx_lnfold.core.options import FoldOptions, RunShapes, check_preconditions, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
 from onnx_lnfold.decide.pricing import centering_kind
 from onnx_lnfold.feeds.given import check_input_shapes, check_input_sizes, check_inputs
@@ -40,12 +39,7 @@ from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.save.staged import StagedModel, check_destination
 from onnx_lnfold.shapes.table import ShapeTable
-from onnx_lnfold.verify.check import check_equivalence
-from onnx_lnfold.verify.oracle import blockwise
-from onnx_lnfold.verify.oracle.reference import exact_tensors
-from onnx_lnfold.verify.readback import planned_changes
-from onnx_lnfold.verify.request import VerifyRequest
-from onnx_lnfold.verify.sessions import ModelBytesOrPath, OrtSource
+from onnx_lnfold.verify.fold_check import Check
 from onnx_lnfold.verify.verdict import Verification
 
 
@@ -82,20 +76,20 @@ class FoldResult:
         reads = self.input_data | external_data_files(self.model)
         check_destination(self.source, Path(path), True, reads)
         with scratch.removed_on_sigterm():
-            staged = StagedModel(self.model, Path(path), rebind=True)
-            staged.commit()
-        record_output(self.report, staged)
+            commit_staged(StagedModel(self.model, Path(path), rebind=True), self.report)
 
 
 @dataclass
 class FoldRun:
     """What the pipeline did: the model (folded in place, unless a dry run), its report, and the
-    output staged for writing when a destination was given (the caller commits or discards it)."""
+    output staged for writing when the request named one (`finish` commits or discards it)."""
 
     model: ir.Model
     report: FoldReport
     staged: StagedModel | None = None
     started: float | None = None  # when the caller's wait began, for the report's elapsed time
+    input_data: frozenset[Path] = frozenset()  # the input's external data files
+    in_place: bool = False  # the output replaces the input
 
     @property
     def refused(self) -> bool:
@@ -103,11 +97,28 @@ class FoldRun:
         returned."""
         return self.report.verification.status not in ("passed", "skipped")
 
-    def commit(self) -> Path:
-        """Write the staged output in place of its destination; the report records it."""
-        assert self.staged is not None, "a dry run stages nothing"
-        written = self.staged.commit()
-        record_output(self.report, self.staged, self.started)
+    def finish(self) -> Path | None:
+        """Write the staged output in place of its destination, for a fold that was not refused
+        (the report records the write), else remove it (the report says why nothing was written).
+        Returns the file written."""
+        if self.staged is None:
+            return None
+        if self.refused:
+            self.discard()
+            why = "not equivalent" if self.report.verification.status == "failed" else "not verified"
+            self.report.notes.append(f"Refused to write {self.staged.destination}: the folded model is {why}.")
+            return None
+        try:
+            written = commit_staged(self.staged, self.report, self.started)
+        except BaseException:
+            self.discard()
+            raise
+        if self.in_place and self.staged.data_name is not None:  # the input's data file may be another name
+            new_data = (written.parent / self.staged.data_name).resolve()
+            for old in sorted(self.input_data - {new_data}):
+                self.report.notes.append(
+                    f"The input's old external data file {old.name} is no longer used by {written.name}."
+                )
         return written
 
     def discard(self) -> None:
@@ -115,15 +126,17 @@ class FoldRun:
             self.staged.discard()
 
 
-def record_output(report: FoldReport, staged: StagedModel, started: float | None = None) -> None:
-    """The facts of a write, once `staged` is committed: where, whether the input's own bytes were
+def commit_staged(staged: StagedModel, report: FoldReport, started: float | None = None) -> Path:
+    """Commit `staged` and record the write in `report`: where, whether the input's own bytes were
     copied, the size written (external data included) and, given when the wait began, the elapsed
-    time with the write in it."""
+    time with the write in it. The one place an output is committed."""
+    written = staged.commit()
     report.output, report.output_identical = str(staged.destination), staged.identical
     data = [staged.destination.parent / staged.data_name] if staged.data_name else []
     report.size_after = model_bytes(staged.destination, data)
     if started is not None:
         report.elapsed_s = time.monotonic() - started
+    return written
 
 
 @dataclass(frozen=True)
@@ -152,19 +165,24 @@ def prepare(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
     return Prepared(converted, default_opset(model), ShapeTable(converted, given=shapes.given))
 
 
-def analyze_model(model: ir.Model, options: FoldOptions, check: VerifyRequest) -> tuple[ir.Model, BoundPlan]:
-    """The analysis every entry point runs: the inputs or input shapes `check` holds checked
-    against the graph (what a real run refuses, a dry run and `analyze()` refuse too), then
+def analyze_model(
+    model: ir.Model, options: FoldOptions, shapes: RunShapes, *, synthesizing: bool = False
+) -> tuple[ir.Model, BoundPlan]:
+    """The analysis every entry point runs: the inputs or input shapes `shapes` holds checked against
+    the graph (what a real run refuses, a dry run and `analyze()` refuse too; `synthesizing`: the
+    check will make inputs at the graph's sizes, which must fit its budget), then
     `analyze_for_target` at the shapes they give (the cost rule prices each LN there)."""
-    if check.inputs is not None:
-        check_inputs(model, check.inputs)
-    check_input_shapes(model, dict(check.input_shapes or {}))
-    if check.enabled and check.inputs is None:
-        check_input_sizes(model, dict(check.input_shapes or {}))
-    return analyze_for_target(model, options, ShapeTable(model, given=check.run_shapes))
+    if shapes.inputs is not None:
+        check_inputs(model, dict(shapes.inputs))
+    check_input_shapes(model, dict(shapes.input_shapes or {}))
+    if synthesizing and shapes.inputs is None:
+        check_input_sizes(model, dict(shapes.input_shapes or {}))
+    return analyze_for_target(model, options, ShapeTable(model, given=shapes.given))
 
 
-def analyze_for_target(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> tuple[ir.Model, BoundPlan]:
+def analyze_for_target(
+    model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None
+) -> tuple[ir.Model, BoundPlan]:
     """`prepare`, then plan the model prepared: (that model, its plan). The plan is bound to the
     model returned, which is `model` unless it was converted."""
     prepared = prepare(model, options, shapes)
@@ -191,13 +209,16 @@ def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = Non
         shapes.ort_layouts.update(fusions.layouts(lns))  # priced as ONNX Runtime runs them
         bound = plan_for(model, options, shapes, lns, kept)
         while bound.plan.folded and fusions.active:
-            lost = fusions.session_fusion_costs(lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept), apply_plan)
+            lost = fusions.session_fusion_costs(
+                lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept), apply_plan
+            )
             lost = {name: blocked for name, blocked in lost.items() if name not in kept}
             # Centerings the session ran strided that were priced over the last axis: priced as they run.
             mispriced = {
                 b.centering.tensor
                 for b in bound.centerings
-                if b.centering.tensor in fusions.moved_centerings and centering_kind(b.value, b.centering.axis, shapes) == "Centering"
+                if b.centering.tensor in fusions.moved_centerings
+                and centering_kind(b.value, b.centering.axis, shapes) == "Centering"
             }
             if not lost and not mispriced:
                 break
@@ -228,89 +249,98 @@ def _plan_optimized(options: FoldOptions, given: dict[str, tuple[int, ...]]) -> 
 
 def run_pipeline(
     model: ir.Model,
-    path: Path | None,
-    options: FoldOptions,
-    check: VerifyRequest,
+    source: Path | None,
+    request: FoldRequest,
     *,
-    dry_run: bool = False,
-    proof: bool = False,
-    destination: Path | None = None,
     progress: Progress | None = None,
-    after_apply: Callable[[ir.Model, CenteringPlan], None] | None = None,
     started: float | None = None,
+    after_apply: Callable[[ir.Model, CenteringPlan], None] | None = None,
 ) -> FoldRun:
-    """Fold `model` (owned: changed in place) once. `path` is the file it was read from, if any
-    (onnxruntime then reads the original from there). `proof` adds the per-LN proof to the report;
-    `dry_run` stops after the rewrite, for the node counts (nothing is verified or staged);
-    `destination` stages the folded model there before the check, which then reads the staged file
-    (a model with external data is written once). `after_apply` changes the folded model before it is
-    staged and verified (the faults of the check's mutation campaign, `benchmarks.mutation`).
-    `started` is when the caller's wait began (`time.monotonic()`; default: now): the report's
-    elapsed time counts from there. The report's sizes are the input's on disk, external data
-    included."""
+    """Fold `model` (owned: changed in place) once, as `request` asks. `source` is the file it was
+    read from, if any (ONNX Runtime then reads the original from there). With `request.output` the
+    fold is staged there before the check, which reads the staged file (a model with external data
+    is written once); `FoldRun.finish` commits or discards it. `started` is when the caller's wait
+    began (`time.monotonic()`; default: now): the report's elapsed time counts from there.
+    `after_apply` changes the folded model before it is staged and checked (the faults of the
+    check's mutation campaign, `benchmarks.mutation`). The report's sizes are the input's on disk,
+    external data included."""
     progress = progress or Progress(enabled=False)
     started = time.monotonic() if started is None else started
+    input_data = frozenset(external_data_files(model, source.parent)) if source else frozenset()
+    if request.output is not None:  # the one check of where the fold goes, with every file the input reads
+        check_destination(source, request.output, request.in_place, input_data)
     # What a killed run left (its staged output, its check's copies) goes before this run adds its own.
-    swept = scratch.sweep() + (scratch.sweep(destination.parent) if destination is not None else [])
-    size_before = model_bytes(path, external_data_files(model, path.parent)) if path else None
+    swept = scratch.sweep() + (scratch.sweep(request.output.parent) if request.output is not None else [])
+    size_before = model_bytes(source, sorted(input_data)) if source else None
     ops_before = count_ops(model)
-    source = str(path) if path else None
-    verifying = check.enabled and not dry_run
-    # onnxruntime reads the original from its file, else from a copy taken before the rewrite.
-    original_src = OrtSource(model) if (verifying and path is None) else None
+    progress.phase("Analyzing" if (request.dry_run or request.proof) else "Folding")
+    given = model
+    model, bound = analyze_model(model, request.options, request.shapes, synthesizing=request.check.verify)
+    plan = bound.plan
+    # From the model as it was: the rewrite removes IR objects the proof walks.
+    trace = explain(model, bound) if request.proof else []
+    if not plan.folded:
+        model = given  # a model converted for its target, with nothing to fold, stays as given
+
+    def report_of(verification: Verification) -> FoldReport:
+        report = FoldReport(
+            plan, ops_before, count_ops(model), verification, source=str(source) if source else None, trace=trace
+        )
+        report.dry_run = request.dry_run
+        report.notes.extend(swept)
+        report.size_before = size_before
+        return report
+
+    if request.dry_run:
+        apply_plan(model, bound)  # owned: its op counts are the fold's; nothing is written
+        report = report_of(Verification("skipped", "dry run: nothing was changed"))
+        report.elapsed_s = time.monotonic() - started
+        return FoldRun(model, report, started=started)
+    checking = request.verifying and bool(plan.folded)
+    check = (
+        Check.before_apply(request.check, request.shapes, source or given, model, bound, progress=progress.phase)
+        if checking
+        else None
+    )
+    staged: StagedModel | None = None
     try:
-        progress.phase("Analyzing" if (dry_run or proof) else "Folding")
-        given = model
-        model, bound = analyze_model(model, options, check)
-        plan = bound.plan
-        # From the model as it was: the rewrite removes IR objects the proof walks.
-        trace = explain(model, bound) if proof else []
-        if not plan.folded:
-            model = given  # a model converted for its target, with nothing to fold, stays as given
-        if dry_run:
-            skipped = Verification("skipped", "dry run: nothing was changed")
-            apply_plan(model, bound)  # owned: its op counts are the fold's; nothing is written
-            report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, dry_run=True, trace=trace)
-            report.notes.extend(swept)
-            report.size_before, report.elapsed_s = size_before, time.monotonic() - started
-            return FoldRun(model, report, started=started)
-        if proof:
+        if request.proof:
             progress.phase("Folding")
-        # What the plan changes, read before the rewrite removes the IR objects it names: the check reads the fold back against it.
-        planned = planned_changes(model, bound) if check.enabled and plan.folded else None
         apply_plan(model, bound)
         if after_apply is not None:
             after_apply(model, plan)
         release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
-        skipped = Verification("skipped", check.disabled_because)
-        report = FoldReport(plan, ops_before, count_ops(model), skipped, source=source, trace=trace)
-        report.notes.extend(swept)
-        report.size_before = size_before
-        # The check's exact twin needs the computed constants as computed: staging rebinds them.
-        computed = exact_tensors(model) if check.enabled else {}
-        staged = _stage(model, path, destination, plan, progress) if destination else None
-        try:
-            if check.enabled and not plan.folded:
-                report.verification = Verification("skipped", "nothing was folded: the model is unchanged")
-            elif check.enabled:
-                progress.phase("Verifying in onnxruntime")
-                original = path if path else original_src.source  # type: ignore[union-attr]
-                with blockwise.reporting(progress.phase):  # which block the check is on
-                    folder = original.parent if isinstance(original, Path) else None
-                    request = check.for_fold(plan, planned, computed, time.monotonic() - started, folder)
-                    report.verification = _check_folded(model, original, staged, request)
-        except BaseException:
-            if staged is not None:
-                staged.discard()
-            raise
-        report.elapsed_s = time.monotonic() - started
-        return FoldRun(model, report, staged, started)
+        skipped = (
+            "nothing was folded: the model is unchanged" if request.check.verify else request.check.disabled_because
+        )
+        report = report_of(Verification("skipped", skipped))
+
+        def written() -> Path | None:
+            nonlocal staged
+            if request.output is not None:
+                staged = _stage(model, source, request.output, plan, progress)
+                return staged.path
+            return None
+
+        if check is None:
+            written()
+        else:
+            progress.phase("Verifying in onnxruntime")
+            report.verification = check.after_apply(model, written, lambda: time.monotonic() - started)
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
     finally:
-        if original_src:
-            original_src.close()
+        if check is not None:
+            check.close()
+    report.elapsed_s = time.monotonic() - started
+    return FoldRun(model, report, staged, started, input_data, request.in_place)
 
 
-def _stage(model: ir.Model, path: Path | None, destination: Path, plan: CenteringPlan, progress: Progress) -> StagedModel:
+def _stage(
+    model: ir.Model, path: Path | None, destination: Path, plan: CenteringPlan, progress: Progress
+) -> StagedModel:
     """Stage the output: the folded model, or, when nothing was folded, the input file's own bytes
     (a model with external data is written again instead, its weights into `OUT.data` as for any
     output: an equivalent copy, not an identical one)."""
@@ -318,23 +348,12 @@ def _stage(model: ir.Model, path: Path | None, destination: Path, plan: Centerin
     return StagedModel(model, destination, progress=progress, rebind=True, copy_of=path if unchanged else None)
 
 
-def _check_folded(
-    model: ir.Model, original: ModelBytesOrPath, staged: StagedModel | None, request: VerifyRequest
-) -> Verification:
-    """The check of `request` on the staged file, else on the folded model in memory."""
-    folded_src = None if staged is not None else OrtSource(model)
-    try:
-        folded = staged.path if staged is not None else folded_src.source  # type: ignore[union-attr]
-        return check_equivalence(original, folded, model, request)
-    finally:
-        if folded_src is not None:
-            folded_src.close()
-
-
 def raise_unless_passed(run: FoldRun) -> None:
-    """The library's refusal: an exception carrying the report, instead of the model."""
+    """The library's refusal: an exception carrying the report, instead of the model; a staged
+    output is removed."""
     if not run.refused:
         return
+    run.finish()
     verification = run.report.verification
     error_type = VerificationFailed if verification.status == "failed" else NotVerified
     error = error_type(verification.refusal("api"))
@@ -342,26 +361,23 @@ def raise_unless_passed(run: FoldRun) -> None:
     raise error
 
 
-def fold_loaded(
-    model: ir.Model, path: Path | None, options: FoldOptions, check: VerifyRequest, started: float | None = None
-) -> FoldResult:
-    """`fold()` on a model already loaded (and owned: it is changed in place); `path` is the file
-    it was read from, if any."""
-    input_data = frozenset(external_data_files(model, path.parent if path else None))
-    run = run_pipeline(model, path, options, check, started=started)
+def fold_loaded(model: ir.Model, source: Path | None, request: FoldRequest, started: float | None = None) -> FoldResult:
+    """`fold()` on a model already loaded (and owned: it is changed in place); `source` is the file
+    it was read from, if any. With `request.output`, the fold is written there once it passed."""
+    run = run_pipeline(model, source, request, started=started)
     raise_unless_passed(run)
-    return FoldResult(run.model, run.report, path, input_data)
+    run.finish()
+    return FoldResult(run.model, run.report, source, run.input_data)
 
 
 __all__ = [
+    "FoldRequest",
     "FoldResult",
     "FoldRun",
-    "VerifyRequest",
     "analyze_for_target",
     "analyze_model",
-    "check_equivalence",
+    "commit_staged",
     "fold_loaded",
     "raise_unless_passed",
-    "record_output",
     "run_pipeline",
 ]

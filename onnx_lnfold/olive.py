@@ -19,8 +19,8 @@ with `OnnxLnFold` added, so a workflow names it like any built-in pass::
 Put it after `OrtTransformersOptimization` and before `OnnxFloatToFloat16` or quantization: the
 order docs/PIPELINES.md measured. Each run verifies the folded model in ONNX
 Runtime (unless `verify` is false) and fails the pass, writing nothing, when it differs. Its
-config holds the fold's options (`core.options.OPTIONS`: the command line's, with the same defaults
-and help), `verify` and `input_shapes`.
+config holds the fold's and the check's options (`core.options.OLIVE_OPTIONS`: the command line's,
+with the same defaults and help; all but `inputs`, arrays a config cannot hold).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from olive.passes import Pass
 from olive.passes.pass_config import BasePassConfig, PassConfigParam
 
 from onnx_lnfold._api import fold
-from onnx_lnfold.core.options import OPTIONS, fold_keywords
+from onnx_lnfold.core.options import OLIVE_OPTIONS, fold_keywords
 
 logger = logging.getLogger(__name__)
 
@@ -50,29 +50,18 @@ class OnnxLnFold(Pass):
 
     @classmethod
     def _default_config(cls, accelerator_spec: AcceleratorSpec) -> dict[str, PassConfigParam]:
-        config = {
+        return {
             option.name: PassConfigParam(type_=option.kind, default_value=option.default, description=option.help)
-            for option in OPTIONS
+            for option in OLIVE_OPTIONS
         }
-        config["verify"] = PassConfigParam(
-            type_=bool, default_value=True, description="check the folded model against the input in ONNX Runtime"
-        )
-        config["input_shapes"] = PassConfigParam(
-            type_=dict,
-            default_value=None,
-            description="shapes of graph inputs ({name: [d1, d2, ...]}) to verify at; the cost rule prices each LN "
-            "at the tokens they give",
-        )
-        return config
 
     def _run_for_config(
         self, model: ONNXModelHandler, config: type[BasePassConfig], output_model_path: str
     ) -> ONNXModelHandler:
         output_model_path = resolve_onnx_path(output_model_path, Path(model.model_path).name)
-        result = fold(model.model_path, **fold_keywords(config))
+        result = fold(model.model_path, output=output_model_path, **fold_keywords(config))
         for line in result.report.format_text().splitlines():
             logger.info(line)
-        result.save(output_model_path)
         return ONNXModelHandler(model_path=output_model_path)
 
 

@@ -106,7 +106,7 @@ def calibrate_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
-    from onnx_lnfold.feeds.given import parse_input_shape
+    from onnx_lnfold.core.options import parse_input_shape
 
     return dict(parse_input_shape(s) for s in specs)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,27 +95,151 @@ class FoldOptions:
             object.__setattr__(self, "costs", os.fspath(self.costs))  # read where it is used (decide.costs)
 
 
+class InvalidSetting(InvalidInput):
+    """A setting outside its range: the keyword (`rtol`) or the flag (`--rtol`) as each surface
+    spells it, what it must be, and the value given."""
+
+    def __init__(self, keyword: str, must_be: str, value: object, flag: str | None = None):
+        self.keyword, self.must_be, self.value = keyword, must_be, value
+        self.flag = flag or "--" + keyword.replace("_", "-")
+        super().__init__(self.said("api"))
+
+    def said(self, surface: str) -> str:
+        name = self.flag if surface == "cli" else self.keyword
+        return f"{name} must be {self.must_be}, not {self.value!r}"
+
+
+def _dims(name: object, dims: object) -> tuple[int, ...]:
+    """`dims` as a shape: a sequence of non-negative ints (numpy's included, bools not)."""
+    try:
+        shape = tuple(dims)  # type: ignore[arg-type]
+        if all(hasattr(d, "__index__") and not isinstance(d, bool) and d.__index__() >= 0 for d in shape):
+            return tuple(d.__index__() for d in shape)
+    except TypeError:
+        pass
+    raise InvalidSetting(
+        "input_shapes", "{name: (D1, D2, ...)} with non-negative integer sizes", {name: dims}, "--input-shape"
+    )
+
+
+@dataclass(frozen=True)
+class RunShapes:
+    """The shapes the model runs at: `inputs` (arrays, keyed by graph input name), else
+    `input_shapes` (name -> dims), else none given (the graph's, and sizes chosen for its symbols).
+    Checked against the graph where it is read (`feeds.given`)."""
+
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    inputs: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_shapes is not None:
+            if not isinstance(self.input_shapes, Mapping):
+                raise InvalidSetting("input_shapes", "a dict {name: (D1, D2, ...)}", self.input_shapes, "--input-shape")
+            shapes = {str(name): _dims(name, dims) for name, dims in self.input_shapes.items()}
+            object.__setattr__(self, "input_shapes", shapes)
+        if self.inputs is not None:
+            if not isinstance(self.inputs, Mapping) or not all(
+                hasattr(a, "shape") and hasattr(a, "dtype") for a in self.inputs.values()
+            ):
+                raise InvalidSetting("inputs", "a dict {name: numpy array}", type(self.inputs).__name__, "--inputs")
+            object.__setattr__(self, "inputs", dict(self.inputs))
+
+    @property
+    def given(self) -> dict[str, tuple[int, ...]]:
+        """The input shapes given (the inputs', else `input_shapes`): the cost rule prices each LN at
+        the tokens they make it run at (`decide.pricing`), whether or not the check runs."""
+        if self.inputs is not None:
+            return {name: tuple(array.shape) for name, array in self.inputs.items()}
+        return dict(self.input_shapes or {})
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """Whether (`verify`) and how the fold is checked in ONNX Runtime (docs/DESIGN.md section 6): `rtol`,
+    every output's tolerance (None: each output's by its element type); `float64_budget`, the
+    seconds the float64 reference may take (0: none; None: scaled with the fold's own time).
+    `disabled_because` is the report's reason when the check is off."""
+
+    verify: bool = True
+    rtol: float | None = None
+    float64_budget: float | None = FLOAT64_BUDGET_S
+    disabled_because: str = "disabled by the caller"
+
+    def __post_init__(self) -> None:
+        # Checked here, for every surface: a negative rtol would run the whole fold and then fail it.
+        if self.rtol is not None and not (_is_number(self.rtol) and math.isfinite(self.rtol) and self.rtol > 0):
+            raise InvalidSetting("rtol", "a positive number", self.rtol)
+        if self.float64_budget is not None and not (_is_number(self.float64_budget) and self.float64_budget >= 0):
+            raise InvalidSetting("float64_budget", "a number of seconds, 0 or more", self.float64_budget)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(FoldOptions))
+
+
+def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
+    """'NAME:D1,D2,...' -> (NAME, (D1, D2, ...)): how the command line spells one input's shape."""
+    name, sep, dims = spec.rpartition(":")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = tuple(int(d) for d in dims.split(","))
+        if any(d < 0 for d in shape):
+            raise ValueError
+    except ValueError:
+        raise InvalidInput(f"bad --input-shape '{spec}': expected NAME:D1,D2,... with non-negative integers") from None
+    return name, shape
+
+
+def _in_own_words(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parsed(text: str) -> Any:
+        try:
+            return parse(text)
+        except InvalidInput as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parsed
+
+
+# Where each option lands: the settings object whose field it is.
+_HOLDERS = {"fold": FoldOptions, "check": CheckSettings, "shapes": RunShapes}
+_DEFAULTS = {f.name: (group, f.default) for group, holder in _HOLDERS.items() for f in dataclasses.fields(holder)}
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option as every surface shows it: `name` is the `FoldOptions` field and the Olive config
-    key, `flag` the command line's. A bool whose default is True is turned off on the command line
-    (`--no-aux-centering`); any other bool is turned on by its flag."""
+    """One setting as every surface shows it: `name` is the keyword (`fold()`, the Olive config) and
+    the field of `FoldOptions`, `CheckSettings` or `RunShapes` (its `group`); `flag` is the command
+    line's. A bool whose default is True is turned off on the command line (`--no-verify`); any
+    other bool is turned on by its flag. `kind` is the value's type where the default does not say
+    it; `parse` reads one command-line value (`repeated`: the flag may be given several times);
+    `olive`: the Olive pass's config holds it."""
 
     name: str
     flag: str
     help: str
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    kind_: type | None = None
+    parse: Callable[[str], Any] | None = None
+    repeated: bool = False
+    olive: bool = True
+
+    @property
+    def group(self) -> str:
+        return _DEFAULTS[self.name][0]
 
     @property
     def default(self) -> Any:
-        return _DEFAULTS[self.name]
+        return _DEFAULTS[self.name][1]
 
     @property
     def kind(self) -> type:
+        if self.kind_ is not None:
+            return self.kind_
         return bool if isinstance(self.default, bool) else str
 
     @property
@@ -122,29 +247,45 @@ class Option:
         return self.default is True
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
-        """This option's argument, its value landing at `args.<name>`."""
+        """This option's argument, its value landing at `args.<name>` (a repeated one's as a list)."""
         text = self.help.replace("%", "%%")  # argparse formats help with %
         if self.kind is bool:
             action = "store_false" if self.flag_turns_off else "store_true"
             parser.add_argument(self.flag, dest=self.name, action=action, help=text)
-        else:
-            parser.add_argument(self.flag, dest=self.name, choices=self.choices, default=self.default, metavar=self.metavar, help=text)
+            return
+        parse = self.parse or (self.kind if self.kind in (int, float) else None)
+        if self.parse is not None:  # its own words, where argparse would say "invalid value"
+            parse = _in_own_words(self.parse)
+        default = [] if self.repeated else self.default
+        action = "append" if self.repeated else "store"
+        parser.add_argument(
+            self.flag,
+            dest=self.name,
+            action=action,
+            type=parse,
+            choices=self.choices,
+            default=default,
+            metavar=self.metavar,
+            help=text,
+        )
 
     def cli_args(self, value: Any) -> list[str]:
         """The command-line arguments that set this option to `value` (none for the default)."""
         if value == self.default:
             return []
-        return [self.flag] if self.kind is bool else [self.flag, str(value)]
+        if self.kind is bool:
+            return [self.flag]
+        if self.repeated:  # {name: dims}, as `parse_input_shape` reads it back
+            return [arg for name, dims in value.items() for arg in (self.flag, f"{name}:{','.join(map(str, dims))}")]
+        return [self.flag, str(value)]
 
     def markdown_row(self) -> str:
-        """`| --flag | name | default | help |`, the row of docs/OPTIONS.md's table."""
+        """`| --flag | name | default | help |`, the row of docs/COMMAND_LINE.md's table."""
         flag = f"`{self.flag} {'|'.join(self.choices)}`".replace("|", "\\|") if self.choices else f"`{self.flag}`"
         if self.metavar:
             flag = f"`{self.flag} {self.metavar}`"
         return f"| {flag} | `{self.name}` | `{self.default}` | {self.help} |"
 
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FoldOptions)}
 
 OPTIONS = (
     Option("target", "--target", ops.target_help(), choices=TARGETS),
@@ -193,28 +334,80 @@ OPTIONS = (
         "CPU EP, callgrind instructions)",
         metavar="COSTS.json",
     ),
+    # The check's (`CheckSettings`, `RunShapes`).
+    Option(
+        "verify",
+        "--no-verify",
+        "check the fold against the input in ONNX Runtime before it is written or returned (default); turned "
+        "off (--no-verify, verify=False), the fold is unverified",
+    ),
+    Option(
+        "rtol",
+        "--rtol",
+        "max max|diff| / max|ref| of the fold from the truth per output, judged in float64 (default 1e-4 for "
+        "float32 outputs, 1e-2 for fp16/bf16 ones)",
+        metavar="X",
+        kind_=float,
+    ),
+    Option(
+        "float64_budget",
+        "--float64-budget",
+        "seconds the float64 reference may take (default: 3x what the fold took, at least 60 s, so it grows with "
+        "the model; its memory is bounded by half the available memory); beyond it, or with 0, the fold is judged "
+        "against the original's own float32 sensitivity; on either judgment the fold is first read back against "
+        "its plan in float64 (every changed tensor and node)",
+        metavar="SECONDS",
+        kind_=float,
+    ),
+    Option(
+        "input_shapes",
+        "--input-shape",
+        "shape of a graph input to check at (repeatable); the cost rule also prices each LN at the tokens it "
+        "gives. Without it, the check synthesizes inputs at small sizes (batch 2 and 3, retried at batch 1 where "
+        "the original runs at no larger one, the report saying so; sequences of 5, 8 and 64); an input over 256 "
+        "MiB at those sizes (a dim declared as 2^31, say) is refused before anything is allocated, naming the "
+        "input, its declared shape and bytes and the shape to pass (`feeds.budget.MAX_INPUT_BYTES`)",
+        metavar="NAME:D1,D2,...",
+        kind_=dict,
+        parse=parse_input_shape,
+        repeated=True,
+    ),
+    Option(
+        "inputs",
+        "--inputs",
+        "inputs to check at, keyed by graph input name (a .npz file on the command line, a dict of arrays "
+        "through the API; use real-scale data when you have it); the cost rule prices each LN at their shapes",
+        metavar="FILE.npz",
+        olive=False,
+    ),
 )
+
+FOLD_OPTIONS = tuple(option for option in OPTIONS if option.group == "fold")
+OLIVE_OPTIONS = tuple(option for option in OPTIONS if option.olive)
 
 
 def options_from(config: object) -> FoldOptions:
-    """The options an object holds as attributes of their names: the command line's parsed
+    """The fold's options an object holds as attributes of their names: the command line's parsed
     arguments, the Olive pass's config."""
     return FoldOptions(**{name: getattr(config, name) for name in OPTION_NAMES})
 
 
+def check_from(config: object, **fields: Any) -> CheckSettings:
+    """The check's settings an object holds as attributes of their names (the command line's parsed
+    arguments, the Olive pass's config), with `fields` (`disabled_because`) beside them."""
+    names = [o.name for o in OPTIONS if o.group == "check" and hasattr(config, o.name)]
+    return CheckSettings(**{name: getattr(config, name) for name in names}, **fields)
+
+
 def fold_keywords(config: object) -> dict[str, Any]:
-    """The keywords of `fold()` the Olive pass's config holds: `verify`, `input_shapes` and the
-    options."""
-    shapes = getattr(config, "input_shapes", None) or {}
-    return {
-        "verify": config.verify,  # type: ignore[attr-defined]
-        "input_shapes": {name: tuple(dims) for name, dims in shapes.items()},
-        "options": options_from(config),
-    }
+    """The keywords of `fold()` the Olive pass's config holds: every option of `OLIVE_OPTIONS`, the
+    fold's gathered as `options`."""
+    keywords = {o.name: getattr(config, o.name) for o in OLIVE_OPTIONS if o.group != "fold"}
+    return {**keywords, "options": options_from(config)}
 
 
 def options_markdown() -> str:
-    """The table of docs/OPTIONS.md: flag, keyword, default, help for each option."""
+    """The table of docs/COMMAND_LINE.md: flag, keyword, default, help for each option."""
     header = "| command line | keyword / Olive config | default | what it does |\n| --- | --- | --- | --- |"
     return "\n".join([header, *(option.markdown_row() for option in OPTIONS)])
 
@@ -274,8 +467,15 @@ __all__ = [
     "TIED_WEIGHTS",
     "UNTIE_BUDGET",
     "OPTIONS",
+    "FOLD_OPTIONS",
+    "OLIVE_OPTIONS",
+    "CheckSettings",
     "FoldOptions",
+    "InvalidSetting",
     "Option",
+    "RunShapes",
+    "check_from",
+    "parse_input_shape",
     "check_preconditions",
     "target_op_names",
     "target_opset",

@@ -15,20 +15,6 @@ from onnx_lnfold.feeds.sets import REALISTIC_SIZES
 from onnx_lnfold.feeds.synthesize import InputsUnavailable, graph_inputs, synthesized_shapes
 
 
-def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
-    """'NAME:D1,D2,...' -> (NAME, (D1, D2, ...))."""
-    name, sep, dims = spec.rpartition(":")
-    try:
-        if not sep or not name:
-            raise ValueError
-        shape = tuple(int(d) for d in dims.split(","))
-        if any(d < 0 for d in shape):
-            raise ValueError
-    except ValueError:
-        raise InvalidInput(f"bad --input-shape '{spec}': expected NAME:D1,D2,... with non-negative integers") from None
-    return name, shape
-
-
 def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
     """User-given verification inputs must name every graph input, and only those, with its
     element type and rank: else onnxruntime would fail on the original, not on the fold."""

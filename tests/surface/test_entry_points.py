@@ -22,7 +22,7 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold._cli import EXIT_OK, main
-from onnx_lnfold.core.options import OPTIONS, FoldOptions, fold_keywords
+from onnx_lnfold.core.options import FOLD_OPTIONS, FoldOptions, fold_keywords
 
 from conftest import MODELS
 
@@ -85,15 +85,16 @@ def test_every_entry_point_makes_the_same_plan(name, keywords, capsys):
 
     argv = [str(path), "--dry-run", "--json", "-", "-q"]
     argv += [f"--input-shape={key}:{','.join(map(str, dims))}" for key, dims in shapes.items()]
-    for option in OPTIONS:
+    for option in FOLD_OPTIONS:
         argv += option.cli_args(getattr(options, option.name))
     capsys.readouterr()
     assert main(argv) == EXIT_OK
     report = json.loads(capsys.readouterr().out)
     assert {key: report[key] for key in expected} == expected
 
-    values = {option.name: getattr(options, option.name) for option in OPTIONS}
-    config = SimpleNamespace(verify=False, input_shapes={key: list(dims) for key, dims in shapes.items()}, **values)
+    values = {option.name: getattr(options, option.name) for option in FOLD_OPTIONS}
+    checks = {"verify": False, "rtol": None, "float64_budget": None, "input_shapes": {key: list(dims) for key, dims in shapes.items()}}
+    config = SimpleNamespace(**checks, **values)
     olive = onnx_lnfold.fold(path, **fold_keywords(config))
     assert _plain(olive.plan.to_dict()) == expected
 

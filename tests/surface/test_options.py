@@ -12,7 +12,8 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold import _pipeline
 from onnx_lnfold._cli import EXIT_OK, main
-from onnx_lnfold.core.options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, FoldOptions
+from onnx_lnfold.core.fold_request import FoldRequest
+from onnx_lnfold.core.options import FUSE_RESIDUAL, TARGETS, TIED_WEIGHTS, CheckSettings, FoldOptions
 
 from conftest import MODELS, ROOT
 from graphs import Graph
@@ -176,7 +177,7 @@ def test_the_proof_is_the_same_as_from_a_separate_analysis(tmp_path, capsys):
     shutil.copy(MODELS / "gpt2.onnx", model)
     loaded = ir.load(str(model))
     expected = explain(loaded, _pipeline.analyze_for_target(loaded, FoldOptions())[1])
-    run = _pipeline.run_pipeline(ir.load(str(model)), model, FoldOptions(), _pipeline.VerifyRequest(enabled=False), proof=True)
+    run = _pipeline.run_pipeline(ir.load(str(model)), model, FoldRequest(check=CheckSettings(verify=False), proof=True))
     assert run.report.trace == expected and expected
     assert run.report.verification.reason == "disabled by the caller" and not run.refused and run.staged is None
 
@@ -186,12 +187,13 @@ def test_the_skip_reasons_are_decided_in_one_place():
     nothing.output(nothing.linear(nothing.input("x", ["b", "s", 8]), 8, 16, "proj"))
     plain = ir.serde.deserialize_model(nothing.model())
     options = FoldOptions()
-    run = _pipeline.run_pipeline(plain, None, options, _pipeline.VerifyRequest())
+    run = _pipeline.run_pipeline(plain, None, FoldRequest(options=options))
     assert run.report.verification.reason == "nothing was folded: the model is unchanged"
-    run = _pipeline.run_pipeline(plain, None, options, _pipeline.VerifyRequest(enabled=False, disabled_because="disabled by --no-verify"))
+    no_verify = CheckSettings(verify=False, disabled_because="disabled by --no-verify")
+    run = _pipeline.run_pipeline(plain, None, FoldRequest(options=options, check=no_verify))
     assert run.report.verification.reason == "disabled by --no-verify"
     costly = FoldOptions(fold_costly=True)  # the model's one LN keeps its beta as an Add
-    dry = _pipeline.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, costly, _pipeline.VerifyRequest(), dry_run=True)
+    dry = _pipeline.run_pipeline(ir.serde.deserialize_model(_opset18_model()), None, FoldRequest(options=costly, dry_run=True))
     assert dry.report.verification.reason == "dry run: nothing was changed" and dry.report.dry_run
     assert len(dry.report.plan.folded) == 1  # the node counts are the fold's: the dry run says what it would write
     assert dry.report.ops_after.get("SimplifiedLayerNormalization") == 1 and "LayerNormalization" not in dry.report.ops_after
@@ -216,18 +218,23 @@ def test_help_and_report_say_which_runtimes_run_each_target():
 
 # --------------------------------------------------------------------------- one table of options
 def test_the_options_table_covers_every_field_once():
-    from onnx_lnfold.core.options import OPTION_NAMES, OPTIONS
+    """Every field of the fold's options and of the check's settings (but the report's wording) is
+    one row, with its default."""
+    from onnx_lnfold.core.options import OPTIONS, CheckSettings, RunShapes
 
-    assert sorted(option.name for option in OPTIONS) == sorted(OPTION_NAMES)
-    assert len({option.flag for option in OPTIONS}) == len(OPTIONS)
-    defaults = FoldOptions()
-    assert all(option.default == getattr(defaults, option.name) for option in OPTIONS)
+    rows = {option.group: sorted(o.name for o in OPTIONS if o.group == option.group) for option in OPTIONS}
+    assert rows["fold"] == sorted(f.name for f in dataclasses.fields(FoldOptions))
+    assert rows["check"] == sorted(f.name for f in dataclasses.fields(CheckSettings) if f.name != "disabled_because")
+    assert rows["shapes"] == sorted(f.name for f in dataclasses.fields(RunShapes))
+    assert len({option.flag for option in OPTIONS}) == len({option.name for option in OPTIONS}) == len(OPTIONS)
+    defaults = {**vars(FoldOptions()), **vars(CheckSettings()), **vars(RunShapes())}
+    assert all(option.default == defaults[option.name] for option in OPTIONS)
 
 
 def test_the_command_line_reads_the_options_table():
-    """Each fold option's flag, choices, default and help are the table's; each flag sets its field."""
+    """Each option's flag, choices, default and help are the table's; each flag sets its field."""
     from onnx_lnfold._cli import build_parser
-    from onnx_lnfold.core.options import OPTIONS, options_from
+    from onnx_lnfold.core.options import OPTIONS, CheckSettings, check_from, options_from
 
     parser = build_parser("onnx-lnfold")
     actions = {action.dest: action for action in parser._actions}
@@ -235,28 +242,33 @@ def test_the_command_line_reads_the_options_table():
         action = actions[option.name]
         assert action.option_strings == [option.flag]
         assert action.help.replace("%%", "%") == option.help
-        assert action.default == option.default and action.choices == option.choices
-    assert options_from(parser.parse_args(["m.onnx"])) == FoldOptions()
-    other = {"target": "onnx", "fuse_residual": "always", "tied_weights": "center", "costs": "c.json"}
+        assert action.default == ([] if option.repeated else option.default) and action.choices == option.choices
+    defaults = parser.parse_args(["m.onnx"])
+    assert options_from(defaults) == FoldOptions() and check_from(defaults) == CheckSettings()
+    other = {"target": "onnx", "fuse_residual": "always", "tied_weights": "center", "costs": "c.json", "rtol": 0.5,
+             "float64_budget": 7.0, "input_shapes": {"x": (1, 2), "y": (3,)}, "inputs": "in.npz"}  # fmt: skip
+    read = {"fold": options_from, "check": check_from, "shapes": vars}
     for option in OPTIONS:
         value = not option.default if option.kind is bool else other[option.name]
         args = parser.parse_args(["m.onnx", *option.cli_args(value)])
-        assert getattr(options_from(args), option.name) == value, option.name
+        got = read[option.group](args)
+        got = got[option.name] if isinstance(got, dict) else getattr(got, option.name)
+        assert (dict(got) if option.repeated else got) == value, option.name
 
 
 def test_the_olive_pass_reads_the_options_table():
-    """Its config is the table's options (name, type, default, help) and `verify`, `input_shapes`;
-    without Olive installed, its source is read for the same (tests/surface/test_olive.py runs it)."""
+    """Its config is the table's options for Olive (name, type, default, help); without Olive
+    installed, its source is read for the same (tests/surface/test_olive.py runs it)."""
     import ast
     import importlib.util
 
-    from onnx_lnfold.core.options import OPTIONS
+    from onnx_lnfold.core.options import OLIVE_OPTIONS as OPTIONS
 
     if importlib.util.find_spec("olive") is not None:
         from onnx_lnfold.olive import OnnxLnFold
 
         config = OnnxLnFold._default_config(None)
-        assert set(config) == {option.name for option in OPTIONS} | {"verify", "input_shapes"}
+        assert set(config) == {option.name for option in OPTIONS}
         for option in OPTIONS:
             param = config[option.name]
             assert (param.type_, param.default_value, param.description) == (option.kind, option.default, option.help)
@@ -264,7 +276,7 @@ def test_the_olive_pass_reads_the_options_table():
     source = (Path(onnx_lnfold.__file__).parent / "olive.py").read_text()  # the installed package, where CI tests the wheel
     strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     assert not strings & {option.name for option in OPTIONS}  # no option spelled out: all from the table
-    assert "for option in OPTIONS" in source and "fold_keywords(config)" in source
+    assert "for option in OLIVE_OPTIONS" in source and "fold_keywords(config)" in source
 
 
 def test_the_docs_options_table_is_the_options_table():
@@ -275,3 +287,20 @@ def test_the_docs_options_table_is_the_options_table():
     doc = (ROOT / "docs" / "COMMAND_LINE.md").read_text()
     begin, end = "<!-- begin options: core.options.OPTIONS -->\n", "\n<!-- end options -->"
     assert doc[doc.index(begin) + len(begin) : doc.index(end)] == options_markdown()
+
+
+def test_the_api_signatures_are_the_options_table():
+    """`fold()` takes every option of the table as a keyword, `analyze()` and `LnFoldPass()` the
+    fold's and the shapes' (they run no check), with the table's defaults."""
+    from onnx_lnfold.core.options import OPTIONS
+
+    def keywords(func) -> dict:
+        params = inspect.signature(func).parameters.values()
+        return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    table = {option.name: option.default for option in OPTIONS}
+    assert {k: v for k, v in keywords(onnx_lnfold.fold).items() if k in table} == table
+    assert set(keywords(onnx_lnfold.fold)) - set(table) == {"options", "output"}
+    no_check = {name: default for name, default in table.items() if next(o for o in OPTIONS if o.name == name).group != "check"}
+    for func in (onnx_lnfold.analyze, onnx_lnfold.LnFoldPass):
+        assert {k: v for k, v in keywords(func).items() if k != "options"} == no_check, func

@@ -10,7 +10,8 @@ import onnx_ir as ir
 import pytest
 
 from onnx_lnfold import _pipeline
-from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.core.fold_request import FoldRequest
+from onnx_lnfold.core.options import CheckSettings, FoldOptions
 from onnx_lnfold.load.model import load_model
 from onnx_lnfold.verify import tensor_checks
 
@@ -20,9 +21,8 @@ from conftest import MODELS
 def _fold(name: str, fault=None, options: FoldOptions | None = None, budget: float = 0.0):
     path = MODELS / name
     model, _ = load_model(path)
-    run = _pipeline.run_pipeline(
-        model, path, options or FoldOptions(), _pipeline.VerifyRequest(float64_budget=budget), after_apply=fault
-    )
+    request = FoldRequest(options=options or FoldOptions(), check=CheckSettings(float64_budget=budget))
+    run = _pipeline.run_pipeline(model, path, request, after_apply=fault)
     return run.report.verification
 
 
@@ -227,7 +227,8 @@ def _skip_takes_a_bias_with_beta():
 
 def _run(model: ir.Model, fault=None):
     options = FoldOptions(fuse_residual="always")
-    run = _pipeline.run_pipeline(model, None, options, _pipeline.VerifyRequest(float64_budget=0.0), after_apply=fault)
+    request = FoldRequest(options=options, check=CheckSettings(float64_budget=0.0))
+    run = _pipeline.run_pipeline(model, None, request, after_apply=fault)
     return run
 
 
@@ -264,7 +265,8 @@ def _constant_node_bias_centered_and_given_a_beta():
 
 def test_a_constant_node_bias_centered_and_given_a_beta_is_read_back():
     model = _constant_node_bias_centered_and_given_a_beta()
-    run = _pipeline.run_pipeline(model, None, FoldOptions(fold_costly=True), _pipeline.VerifyRequest(float64_budget=0.0))
+    request = FoldRequest(options=FoldOptions(fold_costly=True), check=CheckSettings(float64_budget=0.0))
+    run = _pipeline.run_pipeline(model, None, request)
     assert "mlp_bias_out" in {e.tensor for e in run.report.plan.edits}
     assert run.report.verification.passed, run.report.verification.reason
 
@@ -275,6 +277,5 @@ def test_a_constant_node_bias_centered_and_given_a_beta_is_read_back():
         copy.const_value = ir.Tensor(values, name=copy.name)
 
     model = _constant_node_bias_centered_and_given_a_beta()
-    options, request = FoldOptions(fold_costly=True), _pipeline.VerifyRequest(float64_budget=0.0)
-    verification = _pipeline.run_pipeline(model, None, options, request, after_apply=fault).report.verification
+    verification = _pipeline.run_pipeline(model, None, request, after_apply=fault).report.verification
     assert verification.status == "failed" and "is off the original bias plus beta @ W" in verification.reason, verification.reason
