@@ -62,10 +62,10 @@ def _plain(value, where: str) -> list[str]:
 
 def _pickle_budget(plan) -> int:
     """The most bytes a plan of plain data pickles to. A decision is a few sentences and names,
-    an edit or an explicit centering a few names, a per-channel weight one float: the committed
-    models' plans stay under half of this, 1.6 KB for their largest one-LN plan. An IR object
-    anywhere in a plan drags its whole model along: 200 KB and more for the smallest committed
-    model (a post-LN one, with its LNs kept), ten times this budget or more."""
+    an edit or an explicit centering a few names, a per-channel weight one float: every committed
+    model's plan stays under half of this. An IR object anywhere in a plan drags its whole model
+    along: a kept LN's refusal holding the tensor where its proof stopped overshoots this budget
+    many times over on every committed model that keeps such an LN."""
     records = len(plan.edits) + len(plan.centerings)
     weights = sum(len(edit.weights or ()) for edit in plan.edits)
     return 2048 + 2048 * len(plan.decisions) + 512 * records + 16 * weights
