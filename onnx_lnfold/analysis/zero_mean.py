@@ -162,7 +162,9 @@ class Tracer:
         if is_residual_sum(value):  # a carry, not a normalization's output
             terms = sum_terms(node, self.shapes, axis)
             if terms is None:
-                blocked = Blocked("unknown-shape", f"the rank of the skip input of {node_label(node)} is unknown", value.name)
+                blocked = Blocked(
+                    "unknown-shape", f"the rank of the skip input of {node_label(node)} is unknown", value.name
+                )
                 return self._stops_here(goal, blocked)
             terms = [dataclasses.replace(term, part=part.without_where()) for term in terms]
             return self._collect(node, terms, (value, axis, part), weights)
