@@ -97,6 +97,9 @@ class Tracer:
         # the obstacle, one that explicit centering cannot use and that folding the LN removes.
         self.pattern_outputs = pattern_outputs or {}
         self.memo: dict[Goal, frozenset[Leaf] | Blocked] = {}
+        # The goals whose proof stopped at their own tensor, not upstream of it: an explicit
+        # centering of that tensor may stand in for their proof (`_collect`).
+        self._stopped_at_own: set[Goal] = set()
         self._zeros: dict[ir.Value, bool] = {}  # `is_zero(exact=False)` by tensor: the graph holds still while it traces
         self._fills: dict = {}  # `core.values.fill_of`'s walks
 
@@ -124,60 +127,69 @@ class Tracer:
             stack.pop()
         return self.memo[(value, axis, weights, part)]
 
+    def _stops_here(self, goal: Goal, blocked: Blocked) -> Blocked:
+        """`blocked`, noted as stopping the proof of `goal` at the goal's own tensor."""
+        self._stopped_at_own.add(goal)
+        return blocked
+
     def _step(self, value: ir.Value, axis: int, weights: Weights, part: Part) -> frozenset[Leaf] | Blocked | Pending:
+        goal = (value, axis, weights, part)
         if self._is_zero(value):  # zero-mean already (zeros_like queries): nothing to center
             return frozenset()
         if value in self.junctions:
-            return Blocked("centered-explicitly", f"tensor '{value.name}' is centered explicitly", value.name, value)
+            blocked = Blocked("centered-explicitly", f"tensor '{value.name}' is centered explicitly", value.name)
+            return self._stops_here(goal, blocked)
         if value.is_graph_input():
             if value.is_initializer():
-                return Blocked(
+                blocked = Blocked(
                     "weight-is-input",
                     f"weight '{value.name}' is a graph input: it can be overridden at run time, "
                     "so it is not a constant",
                     value.name,
-                    value,
                     detail=f"'{value.name}'",
                 )
-            return Blocked(
+                return self._stops_here(goal, blocked)
+            blocked = Blocked(
                 "graph-input",
                 f"tensor '{value.name}' is a graph input: its mean depends on the data",
                 value.name,
-                value,
                 detail=f"'{value.name}'",
             )
+            return self._stops_here(goal, blocked)
         node = value.producer()
         if node is None:
             return Blocked("constant-on-stream", f"tensor '{value.name}' is a constant on the stream itself", value.name)
         if is_residual_sum(value):  # a carry, not a normalization's output
             terms = sum_terms(node, self.shapes, axis)
             if terms is None:
-                return Blocked(
-                    "unknown-shape", f"the rank of the skip input of {node_label(node)} is unknown", value.name, value
+                blocked = Blocked(
+                    "unknown-shape", f"the rank of the skip input of {node_label(node)} is unknown", value.name
                 )
+                return self._stops_here(goal, blocked)
             terms = [dataclasses.replace(term, part=part.without_where()) for term in terms]
             return self._collect(node, terms, (value, axis, part), weights)
         if node.op_type in NORMALIZATION_TYPES or value in self.pattern_outputs:
             label = self.pattern_outputs.get(value) or node_label(node)
-            return Blocked(
+            blocked = Blocked(
                 "normalization-output",
                 f"tensor '{value.name}' is the output of {label}, whose gamma*n+beta has a data-dependent mean",
                 value.name,
-                value,
                 detail=f"reads '{value.name}', the output of {label}",
             )
+            return self._stops_here(goal, blocked)
         if node.op_type == "Cast":
             widened = self._widened(node)
             if widened is not None:
-                return Blocked("widened-narrow-constant", f"tensor '{value.name}' is {widened}", value.name, value)
+                blocked = Blocked("widened-narrow-constant", f"tensor '{value.name}' is {widened}", value.name)
+                return self._stops_here(goal, blocked)
         reqs = carry.backward(node, value.index(), axis, self.shapes, part)
         if isinstance(reqs, Blocked):
-            return reqs.reworded(
+            blocked = reqs.reworded(
                 f"tensor '{value.name}' comes from a node that breaks the chain: {reqs.reason}",
                 value.name,
-                value,
                 detail=f"'{value.name}': {reqs.reason}",
             )
+            return self._stops_here(goal, blocked)
         if weights is not None and node.op_type == "Slice":
             return Blocked("scaled-slice", f"tensor '{value.name}' is a Slice of a scaled stream (not supported)", value.name)
         return self._collect(node, reqs, (value, axis, part), weights)
@@ -264,12 +276,15 @@ class Tracer:
                     "it is not a constant, so its mean cannot be removed by editing weights",
                     inp.name,
                 )
-            sub = self.memo.get((inp, req.axis, req_weights, req.part))
+            goal = (inp, req.axis, req_weights, req.part)
+            sub = self.memo.get(goal)
             if sub is None:
-                needs.append((inp, req.axis, req_weights, req.part))
+                needs.append(goal)
             elif isinstance(sub, Blocked):
-                # An explicit centering removes the mean of the whole axis: not one per block.
-                if sub.at is not inp or req_weights is not None or not req.part.uniform or not self._aux_allowed(inp):
+                # An explicit centering of `inp` stands in only where the proof stopped at `inp`
+                # itself, and removes the mean of the whole axis: not one per block.
+                stopped_here = goal in self._stopped_at_own
+                if not stopped_here or req_weights is not None or not req.part.uniform or not self._aux_allowed(inp):
                     return sub
                 leaf = self._leaf(node, req, out, weights, None, aux=True)
                 if isinstance(leaf, Blocked):

@@ -16,8 +16,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import onnx_ir as ir
-
 # Every code, with what it means. A new refusal either reuses one or adds it here.
 CODES: dict[str, str] = {
     # the LN itself (recognizing its form)
@@ -82,13 +80,12 @@ STAGES: dict[str, str] = {
 @dataclass(frozen=True)
 class Blocked:
     """Why something cannot fold: a stable `code` (a key of `CODES`), the `reason` sentence, and
-    the tensor or node it names (`source`), if any."""
+    the tensor or node it names (`source`), if any. Plain data (names, never IR objects): a kept
+    `LnDecision` carries it in the plan, which outlives the model it was made on."""
 
     code: str
     reason: str
     source: str | None = None
-    # Where a proof broke, for the analysis only (an explicit centering may be inserted there).
-    at: ir.Value | None = field(default=None, repr=False, compare=False)
     stage: str | None = None  # a key of STAGES, set by the step that decides an LN with it
     # What the report says of this LN under the heading of its stage and code (the tensor, the op
     # or the figures that are this LN's own); None: the whole reason.
@@ -100,11 +97,9 @@ class Blocked:
         if self.stage is not None and self.stage not in STAGES:
             raise ValueError(f"unknown Blocked stage {self.stage!r}: one of {', '.join(STAGES)}")
 
-    def reworded(
-        self, reason: str, source: str | None = None, at: ir.Value | None = None, detail: str | None = None
-    ) -> Blocked:
+    def reworded(self, reason: str, source: str | None = None, detail: str | None = None) -> Blocked:
         """The same refusal told from further out: same code, a sentence that wraps this one."""
-        return Blocked(self.code, reason, source if source is not None else self.source, at, self.stage, detail)
+        return Blocked(self.code, reason, source if source is not None else self.source, self.stage, detail)
 
     def at_stage(self, stage: str) -> Blocked:
         """This refusal, as the step `stage` decides an LN with it."""
