@@ -8,13 +8,13 @@ CUDA execution provider.
 
 What the figures can be trusted for, and the line that makes each failure impossible:
 
-- placement (benchmarks/cuda_device.py): every session is created with `enable_fallback=0` and must
+- placement (benchmarks/cuda/device.py): every session is created with `enable_fallback=0` and must
   report the provider asked for first; kernel graphs and the probe run with CPU fallback disabled
   (`session.disable_cpu_ep_fallback` = "1"); models, whose shape arithmetic onnxruntime keeps on the
   CPU on purpose, are checked node by node from their profile: a node off the device that touches a
   float tensor fails the sweep (`PlacementError`: one line, exit 2; nothing of that part is reported);
-- one `calls` count per configuration for every variant (benchmarks/cuda_timing.py, calibrate_calls);
-- kernel time beside the wall clock (cuda_timing.ProfiledPhase): CUPTI's kernel records, through
+- one `calls` count per configuration for every variant (benchmarks/cuda/timing.py, calibrate_calls);
+- kernel time beside the wall clock (benchmarks.cuda.timing.ProfiledPhase): CUPTI's kernel records, through
   onnxruntime's profiler where the build has them, else torch.profiler; on the CPU EP the profiler's
   node events. Kernel ratios are the ones that say what the kernels do; the wall clock of short kernel
   chains is launch overhead;
@@ -24,7 +24,7 @@ What the figures can be trusted for, and the line that makes each failure imposs
   onnx_lnfold's own tolerances (`verify.check.output_types`, `rtol_for`); a mismatch fails the sweep (exit 3)
   after the results are written, marked FAILED (a placement failure, exit 2, likewise: the part it hit is
   not reported, the rest of the sweep runs, so one model cannot cost the others' figures);
-- end-to-end models as deployed (benchmarks/cuda_models.py): optimizer (Attention fused), fp16, fold;
+- end-to-end models as deployed (benchmarks/cuda/models.py): optimizer (Attention fused), fp16, fold;
 - every variant measured at least twice, in rotated positions, every figure with its spread; a time
   cap (`--max-seconds`) skips, by name, whatever would start after it.
 

@@ -64,7 +64,7 @@ def centering_kind(value: ir.Value, axis: int | None, shapes: ShapeTable) -> str
     Transpose's input: the session's transpose optimizer pushes the Transpose down through the
     ReduceMean and the Sub (`analysis.edits.centering_site` writes it past the next Add of a
     constant where it can, which the optimizer does not push through). Where a session was seen
-    moving it all the same (`shapes.moved_centerings`, by the tensor written), it is strided."""
+    moving it all the same (the shape table's `moved_centerings`, by the tensor written), it is strided."""
     if value.name in shapes.moved_centerings:
         return "StridedCentering"
     producer = value.producer()

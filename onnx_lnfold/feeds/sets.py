@@ -87,7 +87,7 @@ def verification_input_sets(
     """Two sizes, each with every bool input True, then False, then one set at realistic scale
     (bools True); or the user's inputs as given, then with their bools flipped. Every set but the
     first size's is left out, with a note, if the original does not run on it. A decoder with a
-    GroupQueryAttention KV cache (`synthesize.kv_cache`; `folder` holds its genai_config.json, if
+    GroupQueryAttention KV cache (`feeds.kv_cache`; `folder` holds its genai_config.json, if
     any) gets a prompt and a decode step at each size instead (`_decoder_steps`)."""
     has_bool = any(v.dtype == ir.DataType.BOOL for v in graph_inputs(model))
     if inputs is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
@@ -22,6 +23,7 @@ from onnx_lnfold.io.proto_write import read_from, write_model
 
 # Protobuf cannot hold a message over 2 GiB: above this the weights go to external data.
 _PROTO_LIMIT = 2**31 - 2**26
+
 
 def _proto_initializers(graph: onnx.GraphProto):
     """The initializers of a GraphProto and of the bodies of its nodes, at any depth."""
@@ -50,6 +52,9 @@ class StagedModel:
     With `copy_of` (the file `model` was read from, a model nothing changed that has no external
     data), that file's bytes are written instead of a serialization of `model`: an unchanged copy
     (`identical`), where a re-serialization would differ in bytes (value_info, node names).
+
+    `commit(metadata)` adds `metadata_props` entries known only once the model is written (the
+    verdict of a check that read the staged file), without writing the model again.
     """
 
     def __init__(
@@ -80,6 +85,8 @@ class StagedModel:
         self._rebound: list[ir.ExternalTensor] = []
         self._streamed: dict[str, int] = {}  # one-file output: where streamed initializers start
         self.identical = copy_of is not None
+        # The metadata_props entries the written model holds (an unchanged copy's are its input's).
+        self._written_metadata = {} if copy_of is not None else dict(model.metadata_props)
         try:
             if copy_of is not None:
                 shutil.copyfile(copy_of, self.path)
@@ -136,8 +143,43 @@ class StagedModel:
             value.const_value = tensor
             self._rebound.append(tensor)
 
-    def commit(self) -> Path:
+    def _append_metadata(self, metadata: Mapping[str, str]) -> dict[str, str]:
+        """Append `metadata`'s entries the written file lacks to it, and return them. A serialized
+        ModelProto followed by another parses as their merge, a repeated field's entries in order:
+        a ModelProto holding only these entries, appended, adds them to `metadata_props` as if
+        written there, and the weights before them stay where they are."""
+        if self.identical:
+            raise ValueError("an unchanged copy of the input is the input's bytes: it takes no metadata")
+        conflicts = sorted(k for k, v in metadata.items() if self._written_metadata.get(k, v) != v)
+        if conflicts:
+            raise ValueError(
+                f"the written model already holds {', '.join(map(repr, conflicts))} with another value: set or drop "
+                "such entries in the model before it is staged (appending cannot replace an entry)"
+            )
+        new = {k: v for k, v in metadata.items() if k not in self._written_metadata}
+        if new:
+            entries = [onnx.StringStringEntryProto(key=k, value=v) for k, v in new.items()]
+            with open(self.path, "ab") as file:
+                file.write(onnx.ModelProto(metadata_props=entries).SerializeToString())
+            self._written_metadata.update(new)
+        return new
+
+    def commit(self, metadata: Mapping[str, str] | None = None) -> Path:
+        """Move the output into place (its data file first); on failure nothing is left staged.
+
+        `metadata`: `metadata_props` entries appended to the written file first, and set on the
+        model in memory once it is in place. Where the written model holds a key already, it must
+        hold the same value (ValueError otherwise: appending cannot replace an entry, and a key
+        twice fails onnx.checker); an unchanged copy (`identical`) takes none."""
         folder = self.destination.parent
+        try:
+            added = self._append_metadata(metadata) if metadata else {}
+        except OSError as e:
+            self.discard()
+            raise _os_error(f"{self.destination}: cannot write the output", e) from None
+        except BaseException:
+            self.discard()
+            raise
         try:
             if self.data_name:
                 os.replace(self._dir / self.data_name, folder / self.data_name)
@@ -145,6 +187,7 @@ class StagedModel:
         except OSError as e:
             self.discard()
             raise _os_error(f"{self.destination}: cannot move the output into place", e) from None
+        self._model.metadata_props.update(added)
         for tensor in self._rebound:  # maps already open follow the renamed file; new ones find it here
             tensor.base_dir = str(folder)
         if self._rebind_on_commit and self._streamed:
@@ -180,7 +223,9 @@ def check_destination(
         raise InvalidInput(f"{destination}: output would overwrite the input's external data file")
     data = target.with_name(target.name + ".data")
     if not same and source is not None and data == source.resolve():
-        raise InvalidInput(f"{destination}: its data file {data.name} would overwrite the input model; choose another output name")
+        raise InvalidInput(
+            f"{destination}: its data file {data.name} would overwrite the input model; choose another output name"
+        )
     if data in input_data and not same:
         raise InvalidInput(
             f"{destination}: its data file {data.name} would overwrite the input's external data file; choose another output name"

@@ -5,7 +5,7 @@ to double) runs in `onnx.reference`, which evaluates any standard op in the dtyp
 ONNX Runtime's CPU provider would be faster but has no double Conv or Erf. What `onnx.reference`
 lacks or gets wrong for this purpose is implemented as `OpRun`s (`verify.oracle.float64_ops`).
 
-A twin of the fold can carry its centered weights and beta-folded biases unrounded (`exact_values`:
+A twin of the fold can carry its centered weights and beta-folded biases unrounded (`exact_tensors`:
 the float64 values `apply.centering` computed before rounding): then an exact fold differs from the
 original by float64 rounding only. An op that no implementation covers (ONNX Runtime's `Attention`,
 `EmbedLayerNormalization`, ...) is named by `Float64Unavailable`, and verification falls back.
