@@ -37,6 +37,7 @@ from onnx_lnfold.ort_fusions.fusion_cost import FusionCheck
 from onnx_lnfold.ort_fusions.order import optimizer_first_facts, order_advice
 from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
+from onnx_lnfold.save.provenance import drop_provenance, provenance
 from onnx_lnfold.save.staged import StagedModel, check_destination
 from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify.fold_check import Check
@@ -90,6 +91,7 @@ class FoldRun:
     started: float | None = None  # when the caller's wait began, for the report's elapsed time
     input_data: frozenset[Path] = frozenset()  # the input's external data files
     in_place: bool = False  # the output replaces the input
+    provenance: dict[str, str] = field(default_factory=dict)  # what the written model says of the fold
 
     @property
     def refused(self) -> bool:
@@ -109,7 +111,7 @@ class FoldRun:
             self.report.notes.append(f"Refused to write {self.staged.destination}: the folded model is {why}.")
             return None
         try:
-            written = commit_staged(self.staged, self.report, self.started)
+            written = commit_staged(self.staged, self.report, self.started, self.provenance)
         except BaseException:
             self.discard()
             raise
@@ -126,11 +128,14 @@ class FoldRun:
             self.staged.discard()
 
 
-def commit_staged(staged: StagedModel, report: FoldReport, started: float | None = None) -> Path:
-    """Commit `staged` and record the write in `report`: where, whether the input's own bytes were
-    copied, the size written (external data included) and, given when the wait began, the elapsed
-    time with the write in it. The one place an output is committed."""
-    written = staged.commit()
+def commit_staged(
+    staged: StagedModel, report: FoldReport, started: float | None = None, provenance: dict[str, str] | None = None
+) -> Path:
+    """Commit `staged`, with the `metadata_props` entries `provenance` (`save.provenance`) added,
+    and record the write in `report`: where, whether the input's own bytes were copied, the size
+    written (external data included) and, given when the wait began, the elapsed time with the
+    write in it. The one place an output is committed."""
+    written = staged.commit(provenance or None)
     report.output, report.output_identical = str(staged.destination), staged.identical
     data = [staged.destination.parent / staged.data_name] if staged.data_name else []
     report.size_after = model_bytes(staged.destination, data)
@@ -310,6 +315,8 @@ def run_pipeline(
         if after_apply is not None:
             after_apply(model, plan)
         release_mapped(model)  # pages of the constants the analysis read (gammas, betas, scales)
+        if plan.folded:  # an earlier fold's account describes the model before this one
+            drop_provenance(model)
         skipped = (
             "nothing was folded: the model is unchanged" if request.check.verify else request.check.disabled_because
         )
@@ -335,7 +342,10 @@ def run_pipeline(
         if check is not None:
             check.close()
     report.elapsed_s = time.monotonic() - started
-    return FoldRun(model, report, staged, started, input_data, request.in_place)
+    said = provenance(report, request.options) if plan.folded else {}
+    if staged is None:
+        model.metadata_props.update(said)  # a staged model takes them when committed
+    return FoldRun(model, report, staged, started, input_data, request.in_place, said)
 
 
 def _stage(

@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan
-from onnx_lnfold.core.options import OPTIONS, FoldOptions
+from onnx_lnfold.core.options import FOLD_OPTIONS, FoldOptions
 from onnx_lnfold.verify.verdict import Verification
 
 # Every key this module writes starts with it; every key that starts with it is this tool's.
@@ -45,8 +45,8 @@ class FoldOutcome(Protocol):
 
 def options_words(options: FoldOptions) -> str:
     """The options as the command line spells them (`--target onnx --fold-costly`): the flags that
-    differ from the defaults, in the order of `core.options.OPTIONS`; "defaults" where none does."""
-    args = [arg for option in OPTIONS for arg in option.cli_args(getattr(options, option.name))]
+    differ from the defaults, in the order of `core.options.FOLD_OPTIONS`; "defaults" where none does."""
+    args = [arg for option in FOLD_OPTIONS for arg in option.cli_args(getattr(options, option.name))]
     return shlex.join(args) if args else "defaults"
 
 

@@ -289,3 +289,35 @@ def test_check_settings_out_of_range_are_refused_before_the_load(keywords, sente
     with pytest.raises(onnx_lnfold.InvalidInput) as refused:
         onnx_lnfold.fold(tmp_path / "absent.onnx", **keywords)
     assert str(refused.value) == sentence
+
+
+def test_fold_writes_its_output_once_it_passed_and_says_what_was_done(tmp_path):
+    """`fold(output=)` stages the fold beside its destination, checks the staged file and commits
+    it: the report records the write, and the model says what the fold did in `metadata_props`."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_pre_ln(), path)
+    out = tmp_path / "m.lnfold.onnx"
+    result = onnx_lnfold.fold(path, output=out)
+    assert result.report.output == str(out) and result.report.size_after == out.stat().st_size
+    written = {p.key: p.value for p in onnx.load(out).metadata_props}
+    assert written["onnx_lnfold.verification"].startswith("passed: ")
+    assert written["onnx_lnfold.folded"].startswith(f"{len(result.plan.folded)} of {len(result.plan.decisions)} ")
+    assert dict(result.model.metadata_props) == written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.lnfold.onnx", "m.onnx"]  # nothing staged left
+
+
+def test_fold_writes_nothing_it_refuses(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(_pre_ln(), path)
+    out = tmp_path / "m.lnfold.onnx"
+    with pytest.raises(onnx_lnfold.VerificationFailed) as refused:
+        onnx_lnfold.fold(path, output=out, rtol=1e-30)
+    assert refused.value.report.output is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("setting", [{"rtol": -1}, {"rtol": float("nan")}, {"float64_budget": -1}, {"input_shapes": {"x": (2, -1)}}])
+def test_a_setting_out_of_range_is_refused_before_any_work(tmp_path, setting):
+    missing = tmp_path / "not-there.onnx"  # not loaded: the request is refused first
+    with pytest.raises(onnx_lnfold.InvalidInput, match=next(iter(setting))):
+        onnx_lnfold.fold(missing, **setting)
