@@ -2,6 +2,7 @@
 fusion stay LNs, and what ONNX Runtime did is the reason. Every claim comes from ONNX Runtime's
 own code, run on weightless copies of the graph (`ort_fusions.weightless`, `ort_fusions.probe`); the structural
 pre-filters here only skip running it on graphs where it has nothing to find.
+`FusionCheck.settle` makes the plan (as the analysis's `Planner` makes it) until it costs no fusion.
 
 - **EmbedLayerNormalization** (`embed_layer_norm_costs`): the transformers optimizer
   (`optimize_model`, model_type bert and bart, opt levels 0 and 1) fuses the word, position and
@@ -19,7 +20,7 @@ pre-filters here only skip running it on graphs where it has nothing to find.
   into MatMul + Add behind a LayerNormalization; the folds still pay where that optimizer never
   runs, so nothing is kept: the report advises the order instead (`ort_fusions.order`), with ORT's
   node counts of both orders. Pre-filter: a folded LN feeding `Reshape -> Gemm`.
-- **Optimizer first** (`optimizer_first`): the analysis of the optimizer's output (model_type
+- **Optimizer first** (`optimizer_first`): the plan of the optimizer's output (model_type
   bert, opt_level 0), its tensors rebound to this model's (`ort_fusions.optimizer_first`); where
   more LNs fold there than here, the report advises running it first, with both counts. Only
   where an LN is kept for its cost and the graph holds no ONNX Runtime contrib op yet.
@@ -45,6 +46,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.analysis.planner import Planner
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard, weight_bytes
 from onnx_lnfold.core.names import display_names
@@ -491,6 +493,30 @@ class FusionCheck:
         folder = self._folder
         return _cached(key, lambda: session_graph(path, folder))  # type: ignore[return-value]
 
+    # ------------------------------------------------------------------ the plan that costs no fusion
+
+    def settle(self, planner: Planner, apply: Callable[[ir.Model, BoundPlan], object]) -> BoundPlan:
+        """The plan of `planner`'s model that costs no ONNX Runtime fusion: the LNs the transformers
+        optimizer fuses into EmbedLayerNormalization kept (`embed_layer_norm_costs`) and the
+        decomposed LNs priced as a session runs them (`layouts`); then, while the plan folds any
+        LN, that plan applied to a weightless clone by `apply` (the pipeline's apply step, a later
+        step than this one, handed in), the LNs whose fold loses a session fusion kept
+        (`session_fusion_costs`) and the explicit centerings the folded copy's session runs off
+        their written axis priced so, and the plan made again, until it loses none and prices
+        every centering as it runs. Inactive: the plan with nothing kept for a fusion."""
+        kept = self.embed_layer_norm_costs(planner.lns)
+        planner.run_as(self.layouts(planner.lns))
+        bound = planner.plan(kept)
+        while bound.plan.folded and self.active:
+            lost = self.session_fusion_costs(lambda clone, kept=kept: planner.plan_clone(clone, kept), apply)
+            lost = {name: blocked for name, blocked in lost.items() if name not in kept}
+            mispriced = planner.reprice_moved(bound, self.moved_centerings)
+            if not lost and not mispriced:
+                break
+            kept = {**kept, **lost}
+            bound = planner.plan(kept)
+        return bound
+
     # ------------------------------------------------------------------ EmbedLayerNormalization
 
     def embed_layer_norm_costs(self, candidates: list[LnCandidate]) -> dict[str, Blocked]:
@@ -646,23 +672,23 @@ class FusionCheck:
 
     # ------------------------------------------------------------------ optimizer first
 
-    def optimizer_first(
-        self, plan: CenteringPlan, candidates: list[LnCandidate], plan_on: Callable[[ir.Model], CenteringPlan]
-    ) -> OptimizerFirst | None:
+    def optimizer_first(self, plan: CenteringPlan, planner: Planner) -> OptimizerFirst | None:
         """The fold's count on the transformers optimizer's output (`OPTIMIZER_FIRST_RUN`, on the
-        weightless copy, its tensors rebound to this model's: `ort_fusions.optimizer_first`), as
-        `plan_on` plans it, where more LNs fold there than in `plan`; else None. Runs only where
-        it can matter: an LN kept for its cost (the optimizer changes what ONNX Runtime runs,
-        which is what the cost rule prices) in a graph that is not the optimizer's output yet. A
-        failure is logged and says nothing."""
+        weightless copy, its tensors rebound to this model's: `ort_fusions.optimizer_first`), where
+        more LNs fold there than in `plan` (`planner`'s, settled); else None. Counted by a plan of
+        that output made as `planner` makes its own (`Planner.alike`), with no fusion check of its
+        own; a plan, not a count of its LNs, since which fold depends on its whole graph (the
+        side-effect rule). Runs only where it can matter: an LN kept for its cost (the optimizer
+        changes what ONNX Runtime runs, which is what the cost rule prices) in a graph that is not
+        the optimizer's output yet. A failure is logged and says nothing."""
         if not self.active or not any(d.stage == "cost" for d in plan.kept) or already_optimized(self.model):
             return None
         model_type, level = OPTIMIZER_FIRST_RUN
         try:
-            heads, size = self._settings(candidates)
+            heads, size = self._settings(planner.lns)
             hidden = size if heads else 0
             optimized = rebound(self._optimizer(self._original_path(), model_type, level, heads, hidden), self.model)
-            there = plan_on(optimized.model)
+            there = planner.alike(optimized.model).plan({}).plan
         except Exception as error:  # the optimizer or the analysis of its output failed: no advice
             what = f"optimize_model(model_type={model_type}, opt_level={level})"
             logger.info("The fold of %s's output was not counted: %s: %s", what, type(error).__name__, error)

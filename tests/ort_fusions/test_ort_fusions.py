@@ -333,7 +333,6 @@ def test_a_centering_the_session_moves_off_the_written_axis_is_priced_where_it_r
     made again once the folded copy's session is seen running a centering elsewhere: written right
     past the Whisper stem's Transpose and priced as a last-axis centering, the fold of 4 LNs pays at
     a batch of 4 (128 tokens); run strided, as the session runs it, it costs more and they stay."""
-    from onnx_lnfold import _pipeline
     from onnx_lnfold.analysis import fold_set, planner
 
     def as_written(value, axis, shapes):
@@ -342,7 +341,6 @@ def test_a_centering_the_session_moves_off_the_written_axis_is_priced_where_it_r
     monkeypatch.setattr(edits, "_past_added_constants", lambda value, uses, shapes, readers: (value, uses))
     monkeypatch.setattr(fold_set, "centering_kind", as_written)
     monkeypatch.setattr(planner, "centering_kind", as_written)
-    monkeypatch.setattr(_pipeline, "centering_kind", as_written)
     path, shapes = MODELS / "whisper_encoder_torchscript.onnx", {"input_features": (4, 16, 64)}
     unchecked = onnx_lnfold.analyze(path, input_shapes=shapes, keep_ort_fusions=False)
     assert len(unchecked.folded) == 4 and [c.tensor for c in unchecked.centerings] == ["/model/Transpose_output_0"]
