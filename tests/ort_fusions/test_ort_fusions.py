@@ -26,7 +26,7 @@ import onnx_lnfold
 from onnx_lnfold.analysis import edits
 from onnx_lnfold.bench import session_graph
 from onnx_lnfold.load.model import load_model
-from onnx_lnfold.ort_fusions import fusion_cost
+from onnx_lnfold.ort_fusions import fusion_cost, prefilter
 from onnx_lnfold.ort_fusions.session_layout import moved_centerings
 from onnx_lnfold.ort_fusions.weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
 from onnx_lnfold.report.kept import explain_kept
@@ -161,7 +161,7 @@ def test_embedding_sums_the_optimizer_leaves_alone_fold(name):
     """GPT-Neo and the Pegasus decoder read their embedding sum with an LN (the structural
     likeness of ORT's matcher that the fold used to trust); the optimizer fuses none of them."""
     plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx", fold_costly=True)
-    assert fusion_cost.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
+    assert prefilter.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
     assert len(plan.folded) == len(plan.decisions) == 5 and plan.advice == []
     for model_type, level in fusion_cost.EMBED_RUNS:
         assert optimized(str(MODELS / f"{name}.onnx"), model_type, level)[1] == 0
