@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -22,19 +22,18 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.analysis.plan import CenteringPlan
-from onnx_lnfold.analysis.planner import candidates, plan_for, plan_for_clone
+from onnx_lnfold.analysis.planner import Planner, candidates
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
 from onnx_lnfold.core.fold_request import FoldRequest
-from onnx_lnfold.core.options import FoldOptions, RunShapes, check_preconditions, target_op_names, target_opset
+from onnx_lnfold.core.options import FoldOptions, RunShapes, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
-from onnx_lnfold.decide.pricing import centering_kind
 from onnx_lnfold.feeds.given import check_input_shapes, check_input_sizes, check_inputs
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import external_data_files, release_mapped
 from onnx_lnfold.load.opset import convert_opset, default_opset
 from onnx_lnfold.ort_fusions.fusion_cost import FusionCheck
-from onnx_lnfold.ort_fusions.order import optimizer_first_facts, order_advice
+from onnx_lnfold.ort_fusions.order import advise
 from onnx_lnfold.report.fold_report import FoldReport, count_ops, model_bytes
 from onnx_lnfold.report.trace import explain
 from onnx_lnfold.save.provenance import drop_provenance, provenance
@@ -200,56 +199,15 @@ def analyze_for_target(
 def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> BoundPlan:
     """Recognize every LayerNorm of `model` and decide whether it folds and how; mutate nothing.
 
-    LNs whose fold would cost an ONNX Runtime fusion stay LNs (`ort_fusions`, docs/DESIGN.md
-    section 10): the transformers optimizer's EmbedLayerNormalization first, then the session
-    fusions of the plan, applied to a weightless clone, until the plan loses none (an explicit
-    centering that session runs over another axis than written is priced so, and the plan made
-    again). The model must be at the opset the target needs (`prepare`)."""
-    shapes = shapes or ShapeTable(model)
-    with FusionCheck.start(model, options.keep_ort_fusions) as fusions:
-        lns = candidates(model, shapes)
-        if lns:
-            check_preconditions(model, options)
-        kept = fusions.embed_layer_norm_costs(lns)
-        shapes.ort_layouts.update(fusions.layouts(lns))  # priced as ONNX Runtime runs them
-        bound = plan_for(model, options, shapes, lns, kept)
-        while bound.plan.folded and fusions.active:
-            lost = fusions.session_fusion_costs(
-                lambda clone, kept=kept: plan_for_clone(clone, options, shapes, kept), apply_plan
-            )
-            lost = {name: blocked for name, blocked in lost.items() if name not in kept}
-            # Centerings the session ran strided that were priced over the last axis: priced as they run.
-            mispriced = {
-                b.centering.tensor
-                for b in bound.centerings
-                if b.centering.tensor in fusions.moved_centerings
-                and centering_kind(b.value, b.centering.axis, shapes) == "Centering"
-            }
-            if not lost and not mispriced:
-                break
-            kept = {**kept, **lost}
-            shapes.moved_centerings |= mispriced
-            bound = plan_for(model, options, shapes, lns, kept)
-        plan = bound.plan
-        folded = {cand.node for cand in lns if plan.decision_for(cand.name).folded}
-        first = fusions.optimizer_first(plan, lns, _plan_optimized(options, shapes.given))
-        plan.optimizer_first = optimizer_first_facts(first)
-        embed_kept = [c for c in lns if c.name in fusions.embed_kept]
-        plan.advice = order_advice(fusions, folded, embed_kept, bool(plan.folded), first)
+    LNs whose fold would cost an ONNX Runtime fusion stay LNs (`FusionCheck.settle`, docs/DESIGN.md
+    section 10, handed the apply step to fold its weightless clones), and the plan says in which
+    order to run the fold and ONNX Runtime's transformers optimizer (`ort_fusions.order.advise`).
+    The model must be at the opset the target needs (`prepare`)."""
+    with FusionCheck.start(model, options.keep_ort_fusions) as fusions:  # its child starts while the LNs are found
+        planner = Planner.start(model, options, shapes or ShapeTable(model))
+        bound = fusions.settle(planner, apply_plan)
+        advise(fusions, planner, bound.plan)
     return bound
-
-
-def _plan_optimized(options: FoldOptions, given: dict[str, tuple[int, ...]]) -> Callable[[ir.Model], CenteringPlan]:
-    """How the fusion check plans the transformers optimizer's output (`FusionCheck.optimizer_first`):
-    as this analysis, with the same options and input shapes, but without the fusion check."""
-    plain = replace(options, keep_ort_fusions=False)
-
-    def plan_on(optimized: ir.Model) -> CenteringPlan:
-        names = {value.name for value in optimized.graph.inputs}
-        shapes = ShapeTable(optimized, given={name: shape for name, shape in given.items() if name in names})
-        return analyze_for_target(optimized, plain, shapes)[1].plan
-
-    return plan_on
 
 
 def run_pipeline(

@@ -11,7 +11,8 @@ Following docs/DESIGN.md sections 2, 3 and 10, in five steps, one module each:
 4. **Edits** (`analysis.edits`): the constants to center (in place or untied) and the centerings to insert.
 5. **Fusion cost** (`ort_fusions.fusion_cost`): ONNX Runtime's own optimizers, on weightless copies of the graph
    and of the plan applied to it, decide which LNs to keep because folding them would cost a
-   fusion; the plan is made again without them until it loses none.
+   fusion; the plan is made again without them until it loses none (`FusionCheck.settle`, which
+   plans through a `Planner`).
 
 The result is a `BoundPlan`: the `CenteringPlan` (plain data) with the IR objects that
 `apply_plan` changes to carry it out.
@@ -33,8 +34,8 @@ from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
-from onnx_lnfold.core.options import FoldOptions
-from onnx_lnfold.decide.costs import Saving, table_for
+from onnx_lnfold.core.options import FoldOptions, check_preconditions
+from onnx_lnfold.decide.costs import OrtLayout, Saving, table_for
 from onnx_lnfold.decide.pricing import centering_kind
 from onnx_lnfold.decide.targets import (
     Rewrite,
@@ -52,7 +53,7 @@ from onnx_lnfold.shapes.table import ShapeTable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["candidates", "plan_for", "plan_for_clone"]
+__all__ = ["Planner", "candidates", "plan_for"]
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,59 @@ def candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
     return find_layer_norms(model.graph, shapes, names) + find_in_functions(model, names)
 
 
-def plan_for_clone(clone: ir.Model, options: FoldOptions, shapes: ShapeTable, kept: dict[str, Blocked]) -> BoundPlan:
-    """The plan for a clone of the model (the same decisions, bound to the clone's IR objects)."""
-    clone_shapes = shapes.for_clone(clone)
-    return plan_for(clone, options, clone_shapes, candidates(clone, clone_shapes), kept)
+@dataclass
+class Planner:
+    """One model's plans, made as often as the fusion check asks (`FusionCheck.settle`): its LNs,
+    found once (`start`), planned with the LNs kept for a fusion (`plan`), also on a clone of the
+    model (`plan_clone`), priced as ONNX Runtime runs them (`run_as`, `reprice_moved`: on `shapes`,
+    which the clones share); and the plans of another model alike (`alike`)."""
+
+    model: ir.Model
+    options: FoldOptions
+    shapes: ShapeTable
+    lns: list[LnCandidate]
+
+    @classmethod
+    def start(cls, model: ir.Model, options: FoldOptions, shapes: ShapeTable) -> Planner:
+        """The planner of `model`, its LNs found; raises `InvalidInput` where it has LNs and is not
+        at the opset the target needs (`check_preconditions`)."""
+        lns = candidates(model, shapes)
+        if lns:
+            check_preconditions(model, options)
+        return cls(model, options, shapes, lns)
+
+    def plan(self, kept: dict[str, Blocked]) -> BoundPlan:
+        """`plan_for` the model, the LNs of `kept` kept for the reason given."""
+        return plan_for(self.model, self.options, self.shapes, self.lns, kept)
+
+    def plan_clone(self, clone: ir.Model, kept: dict[str, Blocked]) -> BoundPlan:
+        """The plan for a clone of the model (the same decisions, bound to the clone's IR objects)."""
+        clone_shapes = self.shapes.for_clone(clone)
+        return plan_for(clone, self.options, clone_shapes, candidates(clone, clone_shapes), kept)
+
+    def run_as(self, layouts: dict[str, OrtLayout]) -> None:
+        """Price the decomposed LNs of `layouts` as ONNX Runtime runs them, where not as written."""
+        self.shapes.ort_layouts.update(layouts)
+
+    def reprice_moved(self, bound: BoundPlan, moved: set[str]) -> set[str]:
+        """The explicit centerings of `bound` that ONNX Runtime runs off their written axis
+        (`moved`, by tensor) and that were priced as a centering over the last axis: priced strided,
+        as they run, from now on. Returns them (none: the plan's prices stand)."""
+        mispriced = {
+            b.centering.tensor
+            for b in bound.centerings
+            if b.centering.tensor in moved and centering_kind(b.value, b.centering.axis, self.shapes) == "Centering"
+        }
+        self.shapes.moved_centerings |= mispriced
+        return mispriced
+
+    def alike(self, other: ir.Model) -> Planner:
+        """The planner of `other` (the transformers optimizer's output of this model), with these
+        options and the input shapes given here of the inputs it has; its own shapes, priced as
+        written."""
+        names = {value.name for value in other.graph.inputs}
+        given = {name: shape for name, shape in self.shapes.given.items() if name in names}
+        return Planner.start(other, self.options, ShapeTable(other, given=given))
 
 
 def plan_for(

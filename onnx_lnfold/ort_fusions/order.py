@@ -6,7 +6,8 @@ on this graph is decided by running it on weightless copies (`ort_fusions.fusion
 only words the advice. Folding an optimized graph costs nothing more: the SkipLayerNormalizations
 it wrote fold into SkipSimplifiedLayerNormalization. Where the fold folds more LNs of the
 optimizer's output than of this graph (`FusionCheck.optimizer_first`), the advice says so with both
-counts, and the JSON report gives the same facts (`optimizer_first_facts`).
+counts, and the JSON report gives the same facts (`optimizer_first_facts`). `advise` gives a
+settled plan both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import onnx_ir as ir
 
+from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.analysis.planner import Planner
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.ort_fusions.fusion_cost import GEMM_RUN, OPTIMIZER, FusionCheck, OptimizerFirst
 
@@ -107,3 +110,13 @@ def order_advice(
         f"Order: run ONNX Runtime's transformers optimizer ({OPTIMIZER}) first, then fold the optimized "
         f"model (no fusion is lost that way): {'; '.join(lost)}."
     ]
+
+
+def advise(fusions: FusionCheck, planner: Planner, plan: CenteringPlan) -> None:
+    """Set the advice of `plan`, the plan `fusions` settled for `planner`'s model: the Order line
+    (`order_advice`) and the optimizer-first facts of the JSON report (`optimizer_first_facts`)."""
+    folded = {cand.node for cand in planner.lns if plan.decision_for(cand.name).folded}
+    first = fusions.optimizer_first(plan, planner)
+    plan.optimizer_first = optimizer_first_facts(first)
+    embed_kept = [cand for cand in planner.lns if cand.name in fusions.embed_kept]
+    plan.advice = order_advice(fusions, folded, embed_kept, bool(plan.folded), first)

@@ -26,7 +26,7 @@ import onnx_lnfold
 from onnx_lnfold.analysis import edits
 from onnx_lnfold.bench import session_graph
 from onnx_lnfold.load.model import load_model
-from onnx_lnfold.ort_fusions import fusion_cost
+from onnx_lnfold.ort_fusions import fusion_cost, prefilter
 from onnx_lnfold.ort_fusions.session_layout import moved_centerings
 from onnx_lnfold.ort_fusions.weightless import KEEP_BYTES, ZEROS_FILE, WeightlessFolder, weightless_clone
 from onnx_lnfold.report.kept import explain_kept
@@ -161,7 +161,7 @@ def test_embedding_sums_the_optimizer_leaves_alone_fold(name):
     """GPT-Neo and the Pegasus decoder read their embedding sum with an LN (the structural
     likeness of ORT's matcher that the fold used to trust); the optimizer fuses none of them."""
     plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx", fold_costly=True)
-    assert fusion_cost.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
+    assert prefilter.embedding_sums(_candidates(MODELS / f"{name}.onnx"))  # the pre-filter let ORT decide
     assert len(plan.folded) == len(plan.decisions) == 5 and plan.advice == []
     for model_type, level in fusion_cost.EMBED_RUNS:
         assert optimized(str(MODELS / f"{name}.onnx"), model_type, level)[1] == 0
@@ -333,7 +333,6 @@ def test_a_centering_the_session_moves_off_the_written_axis_is_priced_where_it_r
     made again once the folded copy's session is seen running a centering elsewhere: written right
     past the Whisper stem's Transpose and priced as a last-axis centering, the fold of 4 LNs pays at
     a batch of 4 (128 tokens); run strided, as the session runs it, it costs more and they stay."""
-    from onnx_lnfold import _pipeline
     from onnx_lnfold.analysis import fold_set, planner
 
     def as_written(value, axis, shapes):
@@ -342,7 +341,6 @@ def test_a_centering_the_session_moves_off_the_written_axis_is_priced_where_it_r
     monkeypatch.setattr(edits, "_past_added_constants", lambda value, uses, shapes, readers: (value, uses))
     monkeypatch.setattr(fold_set, "centering_kind", as_written)
     monkeypatch.setattr(planner, "centering_kind", as_written)
-    monkeypatch.setattr(_pipeline, "centering_kind", as_written)
     path, shapes = MODELS / "whisper_encoder_torchscript.onnx", {"input_features": (4, 16, 64)}
     unchecked = onnx_lnfold.analyze(path, input_shapes=shapes, keep_ort_fusions=False)
     assert len(unchecked.folded) == 4 and [c.tensor for c in unchecked.centerings] == ["/model/Transpose_output_0"]
