@@ -164,7 +164,7 @@ def prepare(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
     shapes = shapes or ShapeTable(model)
     if not candidates(model, shapes):
         return Prepared(model, None, shapes)
-    why = f"--target {options.target} writes {target_op_names(options.target)} (opset {needed})"
+    why = f"{{target={options.target}}} writes {target_op_names(options.target)} (opset {needed})"
     converted = convert_opset(model, needed, why)
     return Prepared(converted, default_opset(model), ShapeTable(converted, given=shapes.given))
 

@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -459,7 +460,40 @@ def takes_option_keywords(func: Callable) -> Callable:
     return func
 
 
+_SETTING = re.compile(r"\{([a-z][a-z0-9_]*)(?:=([^{}]*))?\}")
+
+
+def spelled(name: str, surface: str, value: str | None = None) -> str:
+    """How `surface` spells the option `name` (set to `value`, where given): its flag on the command
+    line ("cli": `--target onnx`, `--fold-costly`), its keyword through the API (`target='onnx'`)."""
+    option = next(o for o in OPTIONS if o.name == name)
+    if surface == "cli":
+        return option.flag if value is None or option.kind is bool else f"{option.flag} {value}"
+    return name if value is None else f"{name}={value!r}"
+
+
+class SettingMismatch(InvalidInput):
+    """A setting given does not fit the model (an input shape it names no input of, a target whose
+    opset it cannot be converted to). Its words name the setting as each surface spells it
+    (`spelled`): `{input_shapes}` or `{target=onnx}` in `template` stand for the option."""
+
+    def __init__(self, template: str):
+        self.template = template
+        super().__init__(self.said("api"))
+
+    def said(self, surface: str) -> str:
+        names = {o.name for o in OPTIONS}
+
+        def spell(match: re.Match) -> str:
+            name, value = match.group(1), match.group(2)
+            return spelled(name, surface, value) if name in names else match.group(0)
+
+        return _SETTING.sub(spell, self.template)
+
+
 __all__ = [
+    "SettingMismatch",
+    "spelled",
     "FLOAT64_BUDGET_S",
     "FUSE_RESIDUAL",
     "ONNX_RMS_OPSET",

@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
+from onnx_lnfold.core.options import SettingMismatch
 from onnx_lnfold.feeds.budget import check_size, declared_words
 from onnx_lnfold.feeds.sets import REALISTIC_SIZES
 from onnx_lnfold.feeds.synthesize import InputsUnavailable, graph_inputs, synthesized_shapes
@@ -27,7 +28,7 @@ def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
             parts.append("missing " + ", ".join(missing))
         if extra:
             parts.append("not graph inputs: " + ", ".join(extra))
-        raise InvalidInput(f"--inputs does not match the graph inputs ({'; '.join(parts)})")
+        raise SettingMismatch(f"{{inputs}} does not match the graph inputs ({'; '.join(parts)})")
     for name, value in declared.items():
         array = inputs[name]
         if value.dtype is not None:
@@ -36,9 +37,9 @@ def check_inputs(model: ir.Model, inputs: dict[str, np.ndarray]) -> None:
             except (TypeError, ValueError, NotImplementedError):  # no numpy counterpart: let ORT judge
                 expected = None
             if expected is not None and array.dtype != expected:
-                raise InvalidInput(f"--inputs: '{name}' is {array.dtype}, the graph input is {expected}")
+                raise SettingMismatch(f"{{inputs}}: '{name}' is {array.dtype}, the graph input is {expected}")
         if value.shape is not None and len(value.shape) != array.ndim:
-            raise InvalidInput(f"--inputs: '{name}' has rank {array.ndim}, the graph input has rank {len(value.shape)}")
+            raise SettingMismatch(f"{{inputs}}: '{name}' has rank {array.ndim}, the graph input has rank {len(value.shape)}")
 
 
 def check_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -48,22 +49,22 @@ def check_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> N
     declared = {v.name: v for v in graph_inputs(model)}
     unknown = sorted(set(shapes) - set(declared))
     if unknown:
-        raise InvalidInput(
-            f"--input-shape names no graph input: {', '.join(unknown)} (the graph inputs: {', '.join(declared) or 'none'})"
+        raise SettingMismatch(
+            f"{{input_shapes}} names no graph input: {', '.join(unknown)} (the graph inputs: {', '.join(declared) or 'none'})"
         )
     for name, dims in shapes.items():
         shape = declared[name].shape
         if shape is None:
             continue
         if len(shape) != len(dims):
-            raise InvalidInput(
-                f"--input-shape {name}:{','.join(map(str, dims))} has rank {len(dims)}, the graph input has rank "
+            raise SettingMismatch(
+                f"{{input_shapes}} {name}:{','.join(map(str, dims))} has rank {len(dims)}, the graph input has rank "
                 f"{len(shape)} ({declared_words(shape)})"
             )
         for axis, (size, fixed) in enumerate(zip(dims, shape)):
             if isinstance(fixed, int) and size != fixed:
-                raise InvalidInput(
-                    f"--input-shape {name}:{','.join(map(str, dims))}: dim {axis} is {size}, the graph fixes it at "
+                raise SettingMismatch(
+                    f"{{input_shapes}} {name}:{','.join(map(str, dims))}: dim {axis} is {size}, the graph fixes it at "
                     f"{fixed} ({declared_words(shape)})"
                 )
 

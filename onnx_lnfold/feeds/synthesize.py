@@ -36,6 +36,7 @@ import onnx_ir as ir
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.ops import NORM_OPS
+from onnx_lnfold.core.options import SettingMismatch
 from onnx_lnfold.feeds.budget import check_size
 from onnx_lnfold.feeds.dims import DimExpr
 
@@ -431,7 +432,7 @@ def synthesize_inputs(
     declared = graph_inputs(model)
     unknown = set(shapes) - {v.name for v in declared}
     if unknown:
-        raise InvalidInput(f"--input-shape names no graph input: {', '.join(sorted(unknown))}")
+        raise SettingMismatch(f"{{input_shapes}} names no graph input: {', '.join(sorted(unknown))}")
     dims_of = {**_dim_sizes(model, declared, shapes, batch_size, sequence_length, overrides), **shapes}
     feeds: dict[str, np.ndarray] = {}
     for value in declared:

@@ -27,8 +27,8 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.core.ir import STANDARD_DOMAINS
+from onnx_lnfold.core.options import SettingMismatch
 
 # Initializers up to this size are handed to the converter by value (an adapter may read a
 # small constant input: Upsample's scales); larger ones travel as placeholders.
@@ -144,8 +144,9 @@ def _blocking_node(proto: onnx.ModelProto, opset: int, error: Exception) -> tupl
 
 def convert_opset(model: ir.Model, opset: int, why: str) -> ir.Model:
     """`model` at default-domain `opset`, converted by `onnx.version_converter`: a new model whose
-    initializers are the caller's tensor objects. `why` begins the refusal ("--target onnx
-    writes RMSNormalization (opset 23)"): `InvalidInput`, one line, naming the op that blocks."""
+    initializers are the caller's tensor objects. `why` begins the refusal ("{target=onnx} writes
+    RMSNormalization (opset 23)", naming the option as each surface spells it): `SettingMismatch`,
+    one line, naming the op that blocks."""
     source = default_opset(model)
     proto, tensors = placeholder_proto(model)
     present = {o.domain for o in proto.opset_import}
@@ -156,11 +157,11 @@ def convert_opset(model: ir.Model, opset: int, why: str) -> ir.Model:
         converted = onnx.version_converter.convert_version(proto, opset)
     except ValueError as e:
         if "2GB" in str(e) or "2 GB" in str(e) or "exceeds" in str(e):
-            raise InvalidInput(
+            raise SettingMismatch(
                 f"{head}, and ONNX's version converter needs the graph in one protobuf message, which this one "
                 f"exceeds without its large initializers (over 2 GB): convert it yourself, or use another target"
             ) from None
-        raise InvalidInput(f"{head}, and ONNX's version converter failed: {_message(e)}") from None
+        raise SettingMismatch(f"{head}, and ONNX's version converter failed: {_message(e)}") from None
     except Exception as e:  # noqa: BLE001 - the converter raises RuntimeError, InferenceError, ...
         blocker = _blocking_node(proto, opset, e)
         if blocker is None:
@@ -170,7 +171,7 @@ def convert_opset(model: ir.Model, opset: int, why: str) -> ir.Model:
             label = f"'{node.name}'" if node.name else f"#{position} of the graph"
             domain = f"{node.domain}::" if node.domain not in STANDARD_DOMAINS else ""
             what = f"cannot convert node {label} ({domain}{node.op_type}): {reason}"
-        raise InvalidInput(
+        raise SettingMismatch(
             f"{head}, and ONNX's version converter {what}; use another target, or change that node first"
         ) from None
     result = ir.serde.deserialize_model(converted)

@@ -321,3 +321,14 @@ def test_a_setting_out_of_range_is_refused_before_any_work(tmp_path, setting):
     missing = tmp_path / "not-there.onnx"  # not loaded: the request is refused first
     with pytest.raises(onnx_lnfold.InvalidInput, match=next(iter(setting))):
         onnx_lnfold.fold(missing, **setting)
+
+
+def test_a_setting_that_does_not_fit_the_model_is_named_as_the_api_spells_it(tmp_path):
+    """The command line says `--input-shape` and `--inputs` (tests/surface/test_cli.py); `fold()`
+    and `analyze()` say the keywords they were given."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_pre_ln(), path)
+    with pytest.raises(onnx_lnfold.InvalidInput, match=r"^input_shapes names no graph input: nope \(the graph inputs: ids\)$"):
+        onnx_lnfold.fold(path, input_shapes={"nope": (1, 2)})
+    with pytest.raises(onnx_lnfold.InvalidInput, match=r"^inputs: 'ids' has rank 3, the graph input has rank 2$"):
+        onnx_lnfold.analyze(path, inputs={"ids": np.zeros((1, 2, 3), np.int64)})
