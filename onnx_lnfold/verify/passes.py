@@ -96,7 +96,7 @@ class EachAlone(Passes):
     request: VerifyRequest
 
     def session(self, model: int, source: ModelBytesOrPath):
-        return session_for(source)
+        return session_for(source, progress=self.request.progress)
 
     def runs_ahead(self, model: int, session, feeds_list: list[Arrays]) -> RunsAhead:
         return RunsAhead(session, feeds_list)
@@ -107,8 +107,9 @@ class EachAlone(Passes):
     def twins(self, feeds_list: list[Arrays], budget: float) -> Twins:
         """The original's twin on the sets that fit `budget`, then the fold's on those, as written
         and, where the fold's computed constants are at hand, exact."""
-        exact = self.request.computed
-        original, folded = Float64Model(self.original), Float64Model(self.folded, exact)
+        exact, progress = self.request.computed, self.request.progress
+        original = Float64Model(self.original, progress=progress)
+        folded = Float64Model(self.folded, exact, progress=progress)
         original.label = "the original"
         folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
         started = time.perf_counter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ class VerifyRequest:
     computed: dict[str, Any] | None = None  # the constants the fold computed, unrounded (None: those the model holds)
     fold_seconds: float | None = None  # what the fold took: the float64 allowance scales with it
     folder: Path | None = None  # where the model was read from: a genai_config.json there describes its KV cache
+    progress: Callable[[str], None] | None = None  # the caller's progress line, told which block the check is on
 
     def __post_init__(self):
         # Checked here, for every surface: a negative rtol would run the whole fold and then fail it.

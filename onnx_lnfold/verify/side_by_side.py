@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from onnx_lnfold.verify.judges.allowance import first_allowance
 from onnx_lnfold.verify.oracle.blas_threads import blas_threads_at_most
 from onnx_lnfold.verify.oracle.blockwise import BlockwiseSession
-from onnx_lnfold.verify.oracle.paced import Pass, run_together
+from onnx_lnfold.verify.oracle.paced import Pass, one_at_a_time, run_together
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
 from onnx_lnfold.verify.passes import Arrays, EachAlone, Passes, RunsAhead, Twins
 from onnx_lnfold.verify.readback import ReadBack, read_back_steps
@@ -112,7 +112,8 @@ def side_by_side(alone: EachAlone, feeds: list[Arrays]) -> SideBySide | None:
     budget = request.float64_budget
     if budget is not None:  # an asked-for budget is estimated from ONNX Runtime's time before the twins
         return None
-    made = blockwise_session(alone.original), blockwise_session(alone.folded)
+    progress = one_at_a_time(request.progress)
+    made = blockwise_session(alone.original, progress), blockwise_session(alone.folded, progress)
     if made[0] is None or made[1] is None:
         return None
     sessions = (made[0], made[1])
@@ -124,8 +125,8 @@ def side_by_side(alone: EachAlone, feeds: list[Arrays]) -> SideBySide | None:
     twins: list[Pass] = []
     twin_error: BaseException | None = None
     try:
-        truth_model = Float64Model(alone.original)
-        fold_model = Float64Model(alone.folded, request.computed)
+        truth_model = Float64Model(alone.original, progress=progress)
+        fold_model = Float64Model(alone.folded, request.computed, progress=progress)
     except Exception as e:  # noqa: BLE001 - an op it cannot evaluate, or worse: the judge words it (`float64_figures`)
         twin_error = e
     else:

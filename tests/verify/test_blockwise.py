@@ -7,6 +7,8 @@ on the committed models, whose weights are a few hundred kB."""
 
 from __future__ import annotations
 
+import logging
+
 import onnx
 import pytest
 
@@ -14,10 +16,13 @@ import onnx_lnfold
 from onnx_lnfold._cli import main
 from onnx_lnfold.io import scratch
 from onnx_lnfold.verify import passes, side_by_side
+from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.judges import float64
 from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.cut import cut, node_reads
+from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.readback import ReadBack
+from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
 
 from conftest import MODELS
@@ -220,3 +225,32 @@ def test_side_by_side_the_twins_judge_the_first_set_and_keep_their_deadline(monk
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.status == "passed" and verification.judgment == SENSITIVITY
     assert "over its allowance" in verification.judgment_reason
+
+
+@pytest.mark.parametrize("budget", [None, 0])
+def test_each_pass_says_where_it_is_to_the_progress_it_is_given_and_to_the_log(tmp_path, forced, budget, caplog):
+    """Block by block, the passes (side by side by default, each alone with a float64 budget of 0 s,
+    the perturbed original's among them) say which block or share of the weights they are on to
+    the request's `progress`, and to the log."""
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
+    computed = exact_tensors(result.model)  # before it is written: writing rounds them
+    result.save(tmp_path / "folded.onnx")
+    said: list[str] = []
+    request = VerifyRequest(float64_budget=budget, computed=computed, progress=said.append)
+    with caplog.at_level(logging.INFO, logger="onnx_lnfold.verify.oracle"):
+        verification = check_equivalence(MODELS / "gpt2.onnx", tmp_path / "folded.onnx", result.model, request)
+    assert verification.status == "passed"
+    expected = [
+        "Verifying in onnxruntime: gpt2.onnx, block 1 of ",
+        "Verifying in onnxruntime: folded.onnx, block 1 of ",
+    ]
+    if budget is None:
+        expected += [
+            "Verifying in float64: the original, 100% ",
+            "Verifying in float64: the fold, as written and exact, 100% ",
+        ]
+    else:
+        expected += ["Verifying in onnxruntime: gpt2.onnx, its weights perturbed, block 1 of "]
+    for start in expected:
+        assert any(line.startswith(start) for line in said), (start, said)
+    assert sorted(said) == sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("Verifying in "))

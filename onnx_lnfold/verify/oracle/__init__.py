@@ -6,5 +6,6 @@ which also widens bfloat16 models to float32 shadows for ONNX Runtime) and evalu
 weight read in part where it needs only part (`part_reads`). A model larger than the memory at hand
 is cut where few tensors are live (`cut`) and run block by block (`blockwise`), which is also how
 the original's own sensitivity to one rounding step of its weights is measured. The passes over a
-large model advance together (`paced`), so each file is read from disk about once.
+large model advance together (`paced`), so each file is read from disk about once; each says where
+it is to the progress line it is given.
 """

@@ -13,6 +13,7 @@ original by float64 rounding only. An op that no implementation covers (ONNX Run
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Generator
@@ -26,12 +27,14 @@ import onnx_ir as ir
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
-from onnx_lnfold.verify.oracle.blockwise import available_memory, say
+from onnx_lnfold.verify.oracle.blockwise import available_memory
 from onnx_lnfold.verify.oracle.cut import body_reads, topological
 from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
-from onnx_lnfold.verify.oracle.paced import drain
+from onnx_lnfold.verify.oracle.paced import Progress, drain, telling
 from onnx_lnfold.verify.oracle.part_reads import PART_READERS, stacked_matmul, widened
 from onnx_lnfold.verify.oracle.shadow import float64_feeds, widen_to_float64
+
+logger = logging.getLogger(__name__)
 
 
 class Float64Unavailable(Exception):
@@ -123,13 +126,15 @@ class Float64Model:
     (`exact_float64()`: the fold's unrounded centered weights, `exact_tensors`):
     `run_as_written_and_exact` evaluates both readings in one pass, `run_many` the model as
     written. Raises `Float64Unavailable` when the evaluator cannot take the model (an op it does
-    not know, named)."""
+    not know, named). What share of the weights a run has read is logged and said to `progress`,
+    where given."""
 
     def __init__(
         self,
         model: ir.Model | onnx.ModelProto | bytes | str | Path,
         exact: dict[str, Any] | None = None,
         memory_budget: int | None = None,
+        progress: Progress | None = None,
     ):
         if not isinstance(model, ir.Model):
             model = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else _load_ir(model)
@@ -154,6 +159,7 @@ class Float64Model:
         )
         self.peak_bytes = 0  # the most the last run held, activations and weights together
         self.label = "the model"  # what progress calls it
+        self._say = telling(progress, logger)
 
     @staticmethod
     def _evaluator_of(proto: onnx.ModelProto) -> Evaluator:
@@ -332,7 +338,7 @@ class Float64Model:
             done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
             if done * 10 >= told + 1:
                 told = int(done * 10)
-                say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
+                self._say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
             kept = len(sets) // len(readings)
             if deadline is not None:
                 kept = deadline.keeps(done, kept)
