@@ -1,8 +1,8 @@
 """What the check holds once both models ran, for the judges (`verify.judges`) to read: the request,
 both models as given and as ONNX Runtime ran them, the input sets and both models' outputs on each
-(`Compared`), the worst figures per output so far (each judge adds its own) and the notes for the
-report. `Case.verdict` makes the `Verification` from it; a judge that cannot judge it says why
-(`Declined`)."""
+(`Compared`), how the passes over both models run (`verify.passes`), the worst figures per output
+so far (each judge adds its own) and the notes for the report. `Case.verdict` makes the
+`Verification` from it; a judge that cannot judge it says why (`Declined`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from onnx_lnfold.verify.sessions import ModelBytesOrPath
 from onnx_lnfold.verify.verdict import Judgment, OutputDiff, Status, Verification, WayOut
 
 if TYPE_CHECKING:
-    from onnx_lnfold.verify.side_by_side import SideBySide
+    from onnx_lnfold.verify.passes import Passes
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Case:
     compared: list[Compared] = field(default_factory=list)
     worst: dict[str, OutputDiff] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    side: SideBySide | None = None  # both models' passes run side by side, where they were
+    passes: Passes | None = None  # how the passes over both models run: chosen once (`verify.ort_runs.run_both`)
 
     def __post_init__(self) -> None:
         self.labels = self.labels or [s.label for s in self.input_sets]

@@ -33,7 +33,7 @@ from onnx_lnfold.verify.judges import judge
 from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.oracle.shadow import bfloat16_rounding, has_bfloat16
 from onnx_lnfold.verify.ort_runs import run_both
-from onnx_lnfold.verify.readback import ReadBack, read_back
+from onnx_lnfold.verify.readback import ReadBack
 from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.sessions import ModelBytesOrPath
 from onnx_lnfold.verify.verdict import FLOAT64, LOW_PRECISION, Verification
@@ -93,23 +93,13 @@ def check_equivalence(
     verification = run_both(case)
     if verification is not None:
         return verification
-    read = _read(case)
+    read = case.passes.read_back()  # type: ignore[union-attr]  # chosen by run_both
     if read is not None and read.problem:
         return case.verdict("failed", f"the folded model is not what the plan wrote: {read.problem}")
     verification = _read_back(judge(case), read)
     if case.shadow and request.plan is not None and verification.status == "passed":
         verification.notes.extend(bfloat16_rounding(model, request.plan))
     return verification
-
-
-def _read(case: Case) -> ReadBack | None:
-    """The fold read back against its plan: beside the other passes where they ran so, else now."""
-    side, planned = case.side, case.request.planned
-    if side is not None and (side.read is not None or side.read_error is not None):
-        if side.read_error is not None:
-            raise side.read_error
-        return side.read
-    return read_back(case.folded, planned) if planned is not None else None
 
 
 def _read_back(verification: Verification, read: ReadBack | None) -> Verification:

@@ -10,7 +10,6 @@ written, else on the model in memory. `close` removes the copy.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,6 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.core.options import CheckSettings, RunShapes
 from onnx_lnfold.verify.check import check_equivalence
-from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.readback import planned_changes
 from onnx_lnfold.verify.request import VerifyRequest
@@ -31,8 +29,8 @@ from onnx_lnfold.verify.verdict import Verification
 class Check:
     """One fold's check: `before_apply`, then `after_apply` once, then `close` (or `with`)."""
 
-    def __init__(self, request: VerifyRequest, original: Path | OrtSource, progress: Callable[[str], None] | None):
-        self._request, self._original, self._progress = request, original, progress
+    def __init__(self, request: VerifyRequest, original: Path | OrtSource):
+        self._request, self._original = request, original
 
     @classmethod
     def before_apply(
@@ -64,11 +62,12 @@ class Check:
             input_shapes=dict(shapes.input_shapes or {}),
             inputs=dict(shapes.inputs) if shapes.inputs is not None else None,
             float64_budget=settings.float64_budget,
+            progress=progress,
             plan=bound.plan,
             planned=planned,
             folder=folder,
         )
-        return cls(request, kept, progress)
+        return cls(request, kept)
 
     def after_apply(
         self, folded: ir.Model, written: Callable[[], Path | None], fold_seconds: Callable[[], float]
@@ -84,8 +83,7 @@ class Check:
         folded_src = OrtSource(folded) if path is None else None
         try:
             checked = path if path is not None else folded_src.source  # type: ignore[union-attr]
-            with blockwise.reporting(self._progress) if self._progress else contextlib.nullcontext():
-                return check_equivalence(original, checked, folded, request)
+            return check_equivalence(original, checked, folded, request)
         finally:
             if folded_src is not None:
                 folded_src.close()

@@ -3,7 +3,8 @@
 One session at a time: the original's outputs are kept and its session released before the folded
 model's is made (two sessions of a large model would hold its weights twice). An input set the
 original does not run on is tried in its other readings of the shapes; a set that is not required
-is left out, with a note, where none runs.
+is left out, with a note, where none runs. How the passes run (each alone, or side by side for a
+model larger than memory) is chosen here, once (`verify.passes`).
 """
 
 from __future__ import annotations
@@ -11,22 +12,18 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
-
 from onnx_lnfold.core.errors import InvalidInput
 from onnx_lnfold.verify.case import Case, Compared
 from onnx_lnfold.verify.oracle.shadow import float32_shadow, widen_feeds
+from onnx_lnfold.verify.passes import FOLD, ORIGINAL, EachAlone, Passes
 from onnx_lnfold.verify.sessions import (
     ORT_MESSAGE_CHARS,
     ModelBytesOrPath,
     compare,
     first_line,
-    is_blockwise,
     onnxruntime_missing,
     refuses_model,
     run_session,
-    run_sets,
-    session_for,
 )
 from onnx_lnfold.verify.side_by_side import side_by_side
 from onnx_lnfold.verify.verdict import Verification, rtol_for
@@ -51,31 +48,34 @@ def run_both(case: Case) -> Verification | None:
         ort_folded = float32_shadow(case.folded) if case.shadow else case.folded
     except Exception as e:  # noqa: BLE001 - e.g. a shadow over 2 GB
         return case.verdict("unverified", f"cannot build the float32 shadows: {first_line(e)}", way_out="decline")
+    passes: Passes = EachAlone(case.original, case.folded, case.request)
     if not case.shadow:
         try:
-            feeds = [s.feeds for s in case.input_sets]
-            case.side = side_by_side(case.original, ort_folded, feeds, case.request, case.request.computed)
+            passes = side_by_side(passes, [s.feeds for s in case.input_sets]) or passes
         except Exception as e:  # noqa: BLE001 - a model whose blocks cannot be made: each alone says so below
             logger.info("the passes do not run side by side: %s", first_line(e))
-    runs = _run_original(case)
+    case.passes = passes
+    runs = _run_original(case, passes)
     if isinstance(runs, Verification):
         return runs
-    return _run_folded(case, ort_folded, runs)
+    return _run_folded(case, passes, ort_folded, runs)
 
 
-def _run_original(case: Case) -> list[_Run] | Verification:
+def _run_original(case: Case, passes: Passes) -> list[_Run] | Verification:
     try:
-        session = case.side.sessions[0] if case.side is not None else session_for(case.ort_original)  # type: ignore[arg-type]
+        session = passes.session(ORIGINAL, case.ort_original)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001
         if refuses_model(e) and not case.shadow:  # the model as given, not our float32 shadow of it
             where = "" if isinstance(case.original, bytes) else f"{case.original}: "
-            raise InvalidInput(f"{where}invalid model: onnxruntime refuses it: {first_line(e, ORT_MESSAGE_CHARS)}") from None
+            raise InvalidInput(
+                f"{where}invalid model: onnxruntime refuses it: {first_line(e, ORT_MESSAGE_CHARS)}"
+            ) from None
         reason = f"the original model does not load in onnxruntime: {first_line(e, ORT_MESSAGE_CHARS)}"
         return case.verdict("unverified", reason, way_out="decline")
     runs: list[_Run] = []
-    side = case.side
-    ready = (side.original, side.original_seconds) if side is not None else None
-    ahead = _Ahead(session, [widen_feeds(s.feeds) if case.shadow else s.feeds for s in case.input_sets], ready)
+    ahead = passes.runs_ahead(
+        ORIGINAL, session, [widen_feeds(s.feeds) if case.shadow else s.feeds for s in case.input_sets]
+    )
     for number, input_set in enumerate(case.input_sets, 1):
         where = case.where(number)
         error: Exception | None = None
@@ -104,16 +104,13 @@ def _run_original(case: Case) -> list[_Run] | Verification:
     return runs
 
 
-def _run_folded(case: Case, folded: ModelBytesOrPath, runs: list[_Run]) -> Verification | None:
+def _run_folded(case: Case, passes: Passes, folded: ModelBytesOrPath, runs: list[_Run]) -> Verification | None:
     try:
-        session = case.side.sessions[1] if case.side is not None else session_for(folded)
+        session = passes.session(FOLD, folded)
     except Exception as e:  # noqa: BLE001
         return case.verdict("failed", f"the folded model does not load in onnxruntime: {first_line(e)}")
     rtol = case.request.rtol
-    side, given = case.side, [feeds for _, feeds, _, _, _ in runs]
-    same_sets = side is not None and len(given) == len(side.feeds) and side.ran_on(given)
-    ready = (side.fold, side.fold_seconds) if same_sets else None  # type: ignore[union-attr]
-    ahead = _Ahead(session, [feeds for _, _, feeds, _, _ in runs], ready)
+    ahead = passes.runs_ahead(FOLD, session, [feeds for _, _, feeds, _, _ in runs])
     for index, (number, given, feeds, reference, seconds) in enumerate(runs):
         try:
             candidate = ahead(index)
@@ -130,27 +127,3 @@ def _run_folded(case: Case, folded: ModelBytesOrPath, runs: list[_Run]) -> Verif
             else:
                 case.worst[diff.name] = diff
     return None
-
-
-class _Ahead:
-    """A `BlockwiseSession`'s runs of every input set, made at once (each block's weights read once
-    for all sets), or `ready`, the runs made side by side with the twins (`verify.side_by_side`,
-    with their seconds): `ahead(i)` is set i's outputs (raising what its run raised), None where the
-    session runs sets one by one or `first` is false (another reading of the shapes is tried)."""
-
-    def __init__(self, session, feeds_list: list[dict[str, np.ndarray]], ready: tuple[list, float] | None = None):
-        self._results, self.seconds = None, 0.0
-        if ready is not None:
-            self._results, self.seconds = ready[0], ready[1] / max(len(feeds_list), 1)
-        elif is_blockwise(session):
-            started = time.perf_counter()
-            self._results = run_sets(session, feeds_list)
-            self.seconds = (time.perf_counter() - started) / max(len(feeds_list), 1)
-
-    def __call__(self, index: int, first: bool = True) -> dict | None:
-        if self._results is None or not first:
-            return None
-        result = self._results[index]
-        if isinstance(result, Exception):
-            raise result
-        return result

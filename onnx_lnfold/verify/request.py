@@ -5,6 +5,7 @@ fold hands the check."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,3 +33,4 @@ class VerifyRequest:
     computed: dict[str, Any] | None = None  # the constants the fold computed, unrounded (None: those the model holds)
     fold_seconds: float | None = None  # what the fold took: the float64 allowance scales with it
     folder: Path | None = None  # where the model was read from: a genai_config.json there describes its KV cache
+    progress: Callable[[str], None] | None = None  # the caller's progress line, told which block the check is on

@@ -17,6 +17,7 @@ from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import save_with_external_data, uses_external_data
 from onnx_lnfold.verify.oracle import blockwise
+from onnx_lnfold.verify.oracle.paced import Progress
 from onnx_lnfold.verify.verdict import OutputDiff
 
 ModelBytesOrPath = Union[bytes, str, Path]
@@ -46,33 +47,37 @@ def session_options():
     return options
 
 
-def session_for(model: ModelBytesOrPath, perturbed: bool = False):
+def session_for(model: ModelBytesOrPath, perturbed: bool = False, progress: Progress | None = None):
     """A session of `model`: one ONNX Runtime session, or, for a model whose weights would not sit
-    comfortably in the memory available, a `BlockwiseSession` (`blockwise_session`). `perturbed`:
-    the model with its weights moved by one rounding step, block by block
-    (`verify.judges.sensitivity.measure_sensitivity`); a single session of it is not made here."""
+    comfortably in the memory available, a `BlockwiseSession` (`blockwise_session`), which says to
+    `progress` which block it is on. `perturbed`: the model with its weights moved by one rounding
+    step, block by block (`verify.judges.sensitivity.measure_sensitivity`); a single session of it
+    is not made here."""
     import onnxruntime as ort
 
     if perturbed:
         proto, folder = blockwise.load_structure(model)
-        return blockwise.BlockwiseSession(proto, folder, session_options, perturbed=True, label=_label(model))
-    found = blockwise_session(model)
+        return blockwise.BlockwiseSession(
+            proto, folder, session_options, perturbed=True, label=_label(model), progress=progress
+        )
+    found = blockwise_session(model, progress)
     if found is not None:
         return found
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, session_options(), providers=["CPUExecutionProvider"])
 
 
-def blockwise_session(model: ModelBytesOrPath) -> blockwise.BlockwiseSession | None:
+def blockwise_session(model: ModelBytesOrPath, progress: Progress | None = None) -> blockwise.BlockwiseSession | None:
     """`model` run block by block, each block's weights read from the model's file in place, where
-    its weights would not sit comfortably in the memory available; else None."""
+    its weights would not sit comfortably in the memory available (which block it is on said to
+    `progress`); else None."""
     above = blockwise.blockwise_above()
     if above is None or (isinstance(model, bytes) and len(model) <= above):
         return None
     proto, folder = blockwise.load_structure(model)
     if not blockwise.runs_blockwise(proto):
         return None
-    return blockwise.BlockwiseSession(proto, folder, session_options, label=_label(model))
+    return blockwise.BlockwiseSession(proto, folder, session_options, label=_label(model), progress=progress)
 
 
 def _label(model: ModelBytesOrPath) -> str:

@@ -7,16 +7,22 @@ on the committed models, whose weights are a few hundred kB."""
 
 from __future__ import annotations
 
+import logging
+
 import onnx
 import pytest
 
 import onnx_lnfold
 from onnx_lnfold._cli import main
 from onnx_lnfold.io import scratch
-from onnx_lnfold.verify import check, side_by_side
+from onnx_lnfold.verify import passes, side_by_side
+from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.judges import float64
 from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.cut import cut, node_reads
+from onnx_lnfold.verify.oracle.reference import exact_tensors
+from onnx_lnfold.verify.readback import ReadBack
+from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
 
 from conftest import MODELS
@@ -108,7 +114,7 @@ def test_a_wrong_fold_is_refused_block_by_block(monkeypatch, forced, budget):
         onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=budget)
     assert "the folded model is not what the plan wrote" in str(info.value)  # the read-back, first
     # The judge on its own, block by block: with the read-back out of the way it refuses the fold too.
-    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    monkeypatch.setattr(passes, "read_back", lambda *args: ReadBack())
     monkeypatch.setattr(side_by_side, "read_back_steps", _no_read_back)  # where it runs beside the others
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
         onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=budget)
@@ -119,7 +125,7 @@ def test_a_wrong_fold_is_refused_block_by_block(monkeypatch, forced, budget):
 
 
 def _no_read_back(*args):
-    return check.ReadBack()
+    return ReadBack()
     yield
 
 
@@ -175,7 +181,7 @@ def test_the_passes_over_a_model_run_side_by_side(monkeypatch, forced):
     together (verify.oracle.paced): each pass reads a block while the others are within a block of
     it, and the judge takes the twins those passes gave (it runs none of its own)."""
     log = _recording(monkeypatch)
-    monkeypatch.setattr(float64, "_twins", lambda *args: pytest.fail("the twins ran again"))
+    monkeypatch.setattr(passes.EachAlone, "twins", lambda *args: pytest.fail("the twins ran again"))
     monkeypatch.setattr(side_by_side, "PASS_WORKERS", 1)  # one step at a time: the order is the pacing's
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.status == "passed" and verification.judgment == FLOAT64
@@ -208,7 +214,7 @@ def test_side_by_side_the_twins_judge_the_first_set_and_keep_their_deadline(monk
     """Beside ONNX Runtime's passes the twins run on the first input set (the others compared in ONNX
     Runtime, the note says why), and the original's twin is paced by its own time: over its
     allowance it stops and the fold is judged without float64, the reason given."""
-    monkeypatch.setattr(float64, "_twins", lambda *args: pytest.fail("the twins ran again"))
+    monkeypatch.setattr(passes.EachAlone, "twins", lambda *args: pytest.fail("the twins ran again"))
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.status == "passed" and verification.judgment == FLOAT64
     assert any(
@@ -219,3 +225,32 @@ def test_side_by_side_the_twins_judge_the_first_set_and_keep_their_deadline(monk
     verification = onnx_lnfold.fold(MODELS / "gpt2.onnx").report.verification
     assert verification.status == "passed" and verification.judgment == SENSITIVITY
     assert "over its allowance" in verification.judgment_reason
+
+
+@pytest.mark.parametrize("budget", [None, 0])
+def test_each_pass_says_where_it_is_to_the_progress_it_is_given_and_to_the_log(tmp_path, forced, budget, caplog):
+    """Block by block, the passes (side by side by default, each alone with a float64 budget of 0 s,
+    the perturbed original's among them) say which block or share of the weights they are on to
+    the request's `progress`, and to the log."""
+    result = onnx_lnfold.fold(MODELS / "gpt2.onnx", verify=False)
+    computed = exact_tensors(result.model)  # before it is written: writing rounds them
+    result.save(tmp_path / "folded.onnx")
+    said: list[str] = []
+    request = VerifyRequest(float64_budget=budget, computed=computed, progress=said.append)
+    with caplog.at_level(logging.INFO, logger="onnx_lnfold.verify.oracle"):
+        verification = check_equivalence(MODELS / "gpt2.onnx", tmp_path / "folded.onnx", result.model, request)
+    assert verification.status == "passed"
+    expected = [
+        "Verifying in onnxruntime: gpt2.onnx, block 1 of ",
+        "Verifying in onnxruntime: folded.onnx, block 1 of ",
+    ]
+    if budget is None:
+        expected += [
+            "Verifying in float64: the original, 100% ",
+            "Verifying in float64: the fold, as written and exact, 100% ",
+        ]
+    else:
+        expected += ["Verifying in onnxruntime: gpt2.onnx, its weights perturbed, block 1 of "]
+    for start in expected:
+        assert any(line.startswith(start) for line in said), (start, said)
+    assert sorted(said) == sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("Verifying in "))

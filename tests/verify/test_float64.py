@@ -19,9 +19,10 @@ from onnx import TensorProto, helper
 import onnx_lnfold
 from onnx_lnfold.apply import centering
 from onnx_lnfold.feeds.sets import verification_input_sets
-from onnx_lnfold.verify import check
+from onnx_lnfold.verify import passes
 from onnx_lnfold.verify.oracle.reference import Float64Model, Float64Unavailable
 from onnx_lnfold.verify.oracle.shadow import float64_twin
+from onnx_lnfold.verify.readback import ReadBack
 from onnx_lnfold.verify.sessions import run_model
 from onnx_lnfold.verify.verdict import EXACT_RTOL, FLOAT64, SENSITIVITY
 
@@ -298,7 +299,7 @@ def _off_by_a_small_constant(monkeypatch, relative: float = 1e-6) -> None:
 
     monkeypatch.setattr(centering.CenteredTensor, "_float64_blocks", wrong)
     # The float64 judgment on its own: the read-back (verify.readback) refuses these folds first.
-    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    monkeypatch.setattr(passes, "read_back", lambda *args: ReadBack())
 
 
 def test_a_centering_off_by_a_small_constant_is_refused_where_the_old_check_passed_it(monkeypatch):
@@ -392,7 +393,7 @@ def test_without_a_float64_reference_the_originals_sensitivity_decides_and_the_r
 def test_a_wrong_fold_is_still_refused_without_a_float64_reference(monkeypatch):
     fold_with_a_wrong_epsilon(monkeypatch)
     # The sensitivity judgment on its own: the read-back refuses this fold first (test_readback.py).
-    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    monkeypatch.setattr(passes, "read_back", lambda *args: ReadBack())
     with pytest.raises(onnx_lnfold.VerificationFailed) as info:
         onnx_lnfold.fold(_with_an_op_the_reference_lacks())
     assert "> rtol 0.0001 + 10 x the original's sensitivity " in str(info.value)

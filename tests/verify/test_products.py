@@ -1,4 +1,4 @@
-"""The float64 twins' streamed products (verify.oracle.reference) and OpenBLAS's thread count while
+"""The float64 twins' streamed products (verify.oracle.part_reads) and OpenBLAS's thread count while
 the passes run side by side (verify.oracle.blas_threads)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import onnx_ir as ir
 import pytest
 
 from onnx_lnfold.apply.centering import CenteredTensor
-from onnx_lnfold.verify.oracle import blas_threads, reference
+from onnx_lnfold.verify.oracle import blas_threads, part_reads
 
 
 def _matmul() -> onnx.NodeProto:
@@ -20,11 +20,11 @@ def _matmul() -> onnx.NodeProto:
 
 @pytest.mark.parametrize("block_bytes", [1 << 10, 3000, 1 << 20])  # many blocks, a short last one, one block
 def test_streamed_product_is_the_float64_product_of_every_set(monkeypatch, block_bytes):
-    monkeypatch.setattr(reference, "_STREAM_BYTES", block_bytes)
+    monkeypatch.setattr(part_reads, "STREAM_BYTES", block_bytes)
     rng = np.random.default_rng(1)
     weight = rng.standard_normal((37, 23), dtype=np.float32)
     sets = [{"x": rng.standard_normal((2, 5, 37))}, {"x": rng.standard_normal((3, 37))}]
-    got = reference._streamed_matmul(_matmul(), ir.Tensor(weight), sets)
+    got = part_reads.streamed_matmul(_matmul(), ir.Tensor(weight), sets)
     assert got is not None and len(got) == 2
     for out, feeds in zip(got, sets):
         want = feeds["x"] @ weight.astype(np.float64)
@@ -33,20 +33,20 @@ def test_streamed_product_is_the_float64_product_of_every_set(monkeypatch, block
 
 
 def test_streamed_exact_product_is_that_of_the_centered_weight(monkeypatch):
-    monkeypatch.setattr(reference, "_STREAM_BYTES", 1 << 10)
+    monkeypatch.setattr(part_reads, "STREAM_BYTES", 1 << 10)
     rng = np.random.default_rng(2)
     weight = rng.standard_normal((29, 11), dtype=np.float32)
     centered = CenteredTensor(ir.Tensor(weight, name="w"), 1, "w")
     rows = rng.standard_normal((4, 29))
-    (got,) = reference._streamed_exact_matmul(_matmul(), centered, [{"x": rows}])
+    (got,) = part_reads.streamed_exact_matmul(_matmul(), centered, [{"x": rows}])
     wide = weight.astype(np.float64)
     np.testing.assert_allclose(got, rows @ (wide - wide.mean(axis=1, keepdims=True)), rtol=1e-12, atol=1e-13)
 
 
 def test_streamed_product_declines_activations_that_are_not_float64_rows():
     weight = ir.Tensor(np.ones((4, 3), dtype=np.float32))
-    assert reference._streamed_matmul(_matmul(), weight, [{"x": np.ones((2, 4), dtype=np.float32)}]) is None
-    assert reference._streamed_matmul(_matmul(), weight, [{"x": np.ones((2, 5))}]) is None
+    assert part_reads.streamed_matmul(_matmul(), weight, [{"x": np.ones((2, 4), dtype=np.float32)}]) is None
+    assert part_reads.streamed_matmul(_matmul(), weight, [{"x": np.ones((2, 5))}]) is None
 
 
 def test_blas_threads_lowered_within_and_restored_after():

@@ -8,7 +8,8 @@ import pytest
 import onnx_lnfold
 from onnx_lnfold.apply import centering
 from onnx_lnfold.decide.targets import BETA_SITE_WORDS
-from onnx_lnfold.verify import check
+from onnx_lnfold.verify import passes
+from onnx_lnfold.verify.readback import ReadBack
 from onnx_lnfold.verify.verdict import FLOAT64, SENSITIVITY
 
 from conftest import MODELS
@@ -52,6 +53,6 @@ def test_one_edit_off_by_a_small_constant_is_refused_without_float64(monkeypatch
 def test_the_sensitivity_alone_would_pass_that_fold(monkeypatch):
     """Why the read-back is needed: without it the same wrong fold is within the tolerance."""
     _one_edit_off(monkeypatch, "model.transformer.h.1.mlp.c_proj.weight")
-    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    monkeypatch.setattr(passes, "read_back", lambda *args: ReadBack())
     result = onnx_lnfold.fold(MODELS / "gpt2.onnx", float64_budget=0)
     assert result.report.verification.passed and result.report.verification.judgment == SENSITIVITY

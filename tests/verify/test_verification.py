@@ -15,8 +15,9 @@ import onnx_lnfold
 from onnx_lnfold.feeds.dims import DimExpr
 from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.feeds.synthesize import synthesize_inputs
-from onnx_lnfold.verify import check
+from onnx_lnfold.verify import passes
 from onnx_lnfold.verify.oracle.shadow import float32_shadow
+from onnx_lnfold.verify.readback import ReadBack
 from onnx_lnfold.verify.sessions import run_model
 
 from conftest import MODELS
@@ -230,7 +231,7 @@ def test_a_wrong_fold_in_the_branch_a_true_flag_skips_is_caught(monkeypatch):
 
     monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
     # The comparison on its own: the read-back refuses this fold first (test_readback.py).
-    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    monkeypatch.setattr(passes, "read_back", lambda *args: ReadBack())
     with pytest.raises(onnx_lnfold.VerificationFailed, match="output 'if_"):
         onnx_lnfold.fold(_if_on_a_bool_input(), fold_costly=True)
 
@@ -287,7 +288,7 @@ def test_bfloat16_wrong_fold_is_caught_by_the_shadow(tmp_path, monkeypatch):
 
     monkeypatch.setattr("onnx_lnfold._pipeline.apply_plan", broken)
     # The shadow on its own: the read-back refuses this fold first (test_readback.py).
-    monkeypatch.setattr(check, "read_back", lambda *args: check.ReadBack())
+    monkeypatch.setattr(passes, "read_back", lambda *args: ReadBack())
     with pytest.raises(onnx_lnfold.VerificationFailed, match="output 'logits' differs"):
         onnx_lnfold.fold(src)
 

@@ -18,7 +18,6 @@ cannot evaluate, or a twin far from ONNX Runtime's run of the original (an op ev
 from __future__ import annotations
 
 import math
-import time
 
 from onnx_lnfold.verify.case import Case, Compared, Declined
 from onnx_lnfold.verify.judges.allowance import (
@@ -28,7 +27,7 @@ from onnx_lnfold.verify.judges.allowance import (
     over_budget,
     within,
 )
-from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model, Float64Unavailable, failing_node
+from onnx_lnfold.verify.oracle.reference import Float64Unavailable, failing_node
 from onnx_lnfold.verify.sessions import first_line, relative
 from onnx_lnfold.verify.verdict import (
     EXACT_RTOL,
@@ -48,13 +47,17 @@ def judge(case: Case, why: str = "") -> Verification | Declined:
     budget, fold_seconds = case.request.float64_budget, case.request.fold_seconds
     allowance = float64_allowance(budget, fold_seconds)
     first = first_allowance(budget, fold_seconds)
-    # The first set's twins are timed as they run when no budget was asked for (ONNX Runtime's time
-    # for a model run block by block is mostly its weights being read, no guide to float64's).
-    beside = case.side is not None and case.side.twins_for([run.feeds for run in case.compared])
-    if beside:  # the twins ran beside ONNX Runtime's passes (`verify.side_by_side`), on the first set
-        chosen = case.compared
-    else:
-        chosen = within(case.compared, allowance, first if budget is not None else math.inf)
+
+    def fitting() -> tuple[int, str]:
+        # The first set's twins are timed as they run when no budget was asked for (ONNX Runtime's
+        # time for a model run block by block is mostly its weights being read, no guide to float64's).
+        fit = within(case.compared, allowance, first if budget is not None else math.inf)
+        whole = float64_estimate(sum(run.seconds for run in case.compared))
+        return len(fit), f"float64 on all would take about {whole:.0f} s, over its allowance of {allowance:.0f} s"
+
+    # Where the twins ran already (beside ONNX Runtime's passes, `verify.side_by_side`), the sets they ran on.
+    count, not_all = case.passes.float64_sets([run.feeds for run in case.compared], fitting)  # type: ignore[union-attr]
+    chosen = case.compared[:count]
     if budget is not None and budget <= 0:
         return Declined("none asked for (a float64 budget of 0 s)")
     if not chosen:
@@ -68,33 +71,23 @@ def judge(case: Case, why: str = "") -> Verification | Declined:
         return Declined(disagrees)
     partial = len(chosen) < len(case.compared)
     if partial:
-        if beside:
-            why = "the model runs block by block, its float64 twins on the first set beside onnxruntime's runs"
-        else:
-            whole = float64_estimate(sum(run.seconds for run in case.compared))
-            why = f"float64 on all would take about {whole:.0f} s, over its allowance of {allowance:.0f} s"
         case.notes.append(
             f"judged in float64 on the first {len(chosen)} of {len(case.compared)} input sets, the others in "
-            f"onnxruntime against the original: {why}"
+            f"onnxruntime against the original: {not_all}"
         )
     reason = float64_failure(case.outputs, partial)
     return case.verdict("failed" if reason else "passed", reason, judgment=FLOAT64)
 
 
 def float64_figures(case: Case, compared: list[Compared], budget: float) -> int:
-    """Run the float64 twins on the input sets `compared` (all sets at once, node by node: each
-    weight read once by the original's twin, once for both readings of the fold's), and add their figures to `case.worst`. Raises `Float64Unavailable`
+    """The float64 twins on the input sets `compared` (`verify.passes.Passes.twins`: all sets at
+    once, node by node, each weight read once by the original's twin, once for both readings of the
+    fold's), their figures added to `case.worst`. Raises `Float64Unavailable`
     when they cannot run (nothing added then), or when the original's twin shows the three would
     take more than `budget` seconds (the first set alone is judged where all would not fit: the
     number of sets judged is returned)."""
     try:
-        side = case.side
-        if side is not None and side.twins_for([run.feeds for run in compared]):  # run beside ONNX Runtime's
-            if side.twin_error is not None:
-                raise side.twin_error
-            truths, written, exactly = side.truths, side.written, side.exactly
-        else:
-            truths, written, exactly = _twins(case, compared, budget)
+        truths, written, exactly = case.passes.twins([run.feeds for run in compared], budget)  # type: ignore[union-attr]
         compared = compared[: len(truths)]  # the sets that fit
         figures: list[dict[str, OutputDiff]] = []
         for number, (run, truth) in enumerate(zip(compared, truths)):
@@ -121,23 +114,6 @@ def float64_figures(case: Case, compared: list[Compared], budget: float) -> int:
         for name, diff in per_output.items():
             case.worst[name].merge(diff)
     return len(figures)
-
-
-def _twins(case: Case, compared: list[Compared], budget: float) -> tuple[list, list, list | None]:
-    """The original's twin on the sets `compared` (as many as fit `budget`), then the fold's on
-    those, as written and, where the fold's computed constants are at hand, exact."""
-    exact = case.request.computed
-    original, folded = Float64Model(case.original), Float64Model(case.folded, exact)
-    original.label = "the original"
-    folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
-    started = time.perf_counter()
-    # The fold's two readings share one pass (each weight read once), at most twice the
-    # original's work: three of its passes bound all.
-    truths = original.run_many([run.feeds for run in compared], Deadline(started, budget, 3))
-    feeds = [run.feeds for run in compared[: len(truths)]]
-    if exact is not None:
-        return truths, *folded.run_as_written_and_exact(feeds)
-    return truths, folded.run_many(feeds), None
 
 
 def twin_disagrees(outputs: list[OutputDiff], output_types: dict[str, int]) -> str:

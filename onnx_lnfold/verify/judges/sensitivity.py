@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_lnfold.verify.case import Case, Compared, Declined
+from onnx_lnfold.verify.oracle.paced import Progress
 from onnx_lnfold.verify.sessions import ModelBytesOrPath, first_line, relative, run_sets, session_for
 from onnx_lnfold.verify.verdict import RTOL_ONLY, SENSITIVITY, SENSITIVITY_FACTOR, Judgment, OutputDiff, Verification
 
@@ -17,7 +18,7 @@ def judge(case: Case, why: str) -> Verification | Declined:
     """The verdict against the original's sensitivity, or why it could not be measured. `why`: why
     the float64 judge declined."""
     try:
-        measure_sensitivity(case.ort_original, case.compared, case.worst)  # type: ignore[arg-type]
+        measure_sensitivity(case.ort_original, case.compared, case.worst, case.request.progress)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001 - the perturbed original does not run: rtol alone, said so
         return Declined(f"{why}; the original's sensitivity could not be measured: {first_line(e)}")
     return _judged(case, why, SENSITIVITY)
@@ -33,15 +34,17 @@ def _judged(case: Case, why: str, judgment: Judgment) -> Verification:
     return case.verdict("failed" if reason else "passed", reason, judgment=judgment, judgment_reason=why)
 
 
-def measure_sensitivity(original: ModelBytesOrPath, compared: list[Compared], worst: dict[str, OutputDiff]) -> None:
+def measure_sensitivity(
+    original: ModelBytesOrPath, compared: list[Compared], worst: dict[str, OutputDiff], progress: Progress | None = None
+) -> None:
     """The original's own change, on each input set, when every float weight of two or more
     elements moves by up to one rounding step (`perturb`; scalars stay: a mask's lowest value, a
     scale compared with another are the graph's logic, not its weights). Run block by block
     (`verify.oracle.blockwise`), each block's weights perturbed in memory: no copy is written.
     Raises where the perturbed original does not run or gives another shape (a length it rounds
     from its weights: a duration predictor); `worst` is then as it was, so no partial measure
-    loosens the rtol the next judge holds the fold to."""
-    session = session_for(original, perturbed=True)
+    loosens the rtol the next judge holds the fold to. Which block it is on is said to `progress`."""
+    session = session_for(original, perturbed=True, progress=progress)
     results = run_sets(session, [run.ort_feeds for run in compared])
     del session
     measured = []

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Generator
-from contextlib import contextmanager
+from collections.abc import Generator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +25,7 @@ import numpy as np
 import onnx
 
 from onnx_lnfold.verify.oracle.cut import Cut, cut, tensor_bytes
-from onnx_lnfold.verify.oracle.paced import drain
+from onnx_lnfold.verify.oracle.paced import Progress, drain, telling
 
 logger = logging.getLogger(__name__)
 
@@ -41,29 +39,6 @@ _INLINE_BYTES = 1 << 16
 _FLOATS = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 )
-
-
-_progress: list[Callable[[str], None]] = []  # where `say` reports (the CLI's progress line)
-
-
-@contextmanager
-def reporting(callback: Callable[[str], None]):
-    """Within it, `say` reports to `callback`: which block the check is on."""
-    _progress.append(callback)
-    try:
-        yield
-    finally:
-        _progress.remove(callback)
-
-
-_saying = threading.Lock()  # passes side by side report from their own threads (`verify.oracle.paced`)
-
-
-def say(text: str) -> None:
-    logger.info(text)
-    with _saying:
-        for callback in _progress:
-            callback(text)
 
 
 def load_structure(model: bytes | str | Path) -> tuple[onnx.ModelProto, str | None]:
@@ -109,13 +84,21 @@ def runs_blockwise(proto: onnx.ModelProto) -> bool:
 class BlockwiseSession:
     """A model run block by block, with the part of `onnxruntime.InferenceSession`'s interface the
     check uses (`get_outputs`, `run`), and `run_many` to run every input set through each block
-    while its session is held (each block's weights read once for all sets)."""
+    while its session is held (each block's weights read once for all sets). Which block it is on
+    is logged and said to `progress`, where given."""
 
     def __init__(
-        self, proto: onnx.ModelProto, folder: str | None, options_for, perturbed: bool = False, label: str = "the model"
+        self,
+        proto: onnx.ModelProto,
+        folder: str | None,
+        options_for,
+        perturbed: bool = False,
+        label: str = "the model",
+        progress: Progress | None = None,
     ):
         self._proto, self._folder, self._options_for, self._perturbed = proto, folder, options_for, perturbed
         self.label = f"{label}, its weights perturbed" if perturbed else label
+        self._say = telling(progress, logger)
         self.cut: Cut = cut(proto.graph, block_bytes())
         self._outputs = [o.name for o in proto.graph.output]
         self._initializers = {t.name: (index, t) for index, t in enumerate(proto.graph.initializer)}
@@ -154,7 +137,7 @@ class BlockwiseSession:
         blocks = self.cut.blocks
         total, done = max(sum(b.weight_bytes for b in blocks), 1), 0
         for number, block in enumerate(blocks):
-            say(
+            self._say(
                 f"Verifying in onnxruntime: {self.label}, block {number + 1} of {len(blocks)} ({block.weight_bytes / 1e9:.2f} GB)"
             )
             live = [v for v in values if isinstance(v, dict)]

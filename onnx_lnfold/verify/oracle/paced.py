@@ -7,15 +7,46 @@ its model's weights in graph order and yields, after each step, the share of the
 by side, a block apart, so a block's pages read from disk by the first pass are still in the page
 cache when the others read them. Run one after the other, each pass over a model larger than the
 page cache reads the whole file from disk again.
+
+Each pass says where it is (which block, what share of the weights: `telling`) in the log and to
+the caller's progress line, where one was given (`VerifyRequest.progress`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
+
+# A line for the caller's progress display: where a pass is.
+Progress = Callable[[str], None]
+
+
+def telling(progress: Progress | None, logger: logging.Logger) -> Progress:
+    """How a pass says where it is: to `logger`, and to `progress` where one is given."""
+
+    def say(text: str) -> None:
+        logger.info(text)
+        if progress is not None:
+            progress(text)
+
+    return say
+
+
+def one_at_a_time(progress: Progress | None) -> Progress | None:
+    """`progress` said to by one pass at a time: `run_together`'s passes report from their own threads."""
+    if progress is None:
+        return None
+    saying = threading.Lock()
+
+    def said(text: str) -> None:
+        with saying:
+            progress(text)
+
+    return said
 
 
 def drain(steps: Generator[Any, None, Any]) -> Any:

@@ -13,11 +13,10 @@ original by float64 rounding only. An op that no implementation covers (ONNX Run
 
 from __future__ import annotations
 
-import math
+import logging
 import re
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,16 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.core.ops import MS_DOMAIN
-from onnx_lnfold.io.tensor_io import float64_row_blocks, row_blocks
+from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
-from onnx_lnfold.verify.oracle.blockwise import available_memory, say
+from onnx_lnfold.verify.oracle.blockwise import available_memory
 from onnx_lnfold.verify.oracle.cut import body_reads, topological
 from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
-from onnx_lnfold.verify.oracle.paced import drain
+from onnx_lnfold.verify.oracle.paced import Progress, drain, telling
+from onnx_lnfold.verify.oracle.part_reads import PART_READERS, stacked_matmul, widened
 from onnx_lnfold.verify.oracle.shadow import float64_feeds, widen_to_float64
+
+logger = logging.getLogger(__name__)
 
 
 class Float64Unavailable(Exception):
@@ -63,7 +65,6 @@ def exact_tensors(model: ir.Model) -> dict[str, Any]:
             if hasattr(value.const_value, "exact_float64"):
                 found[name] = value.const_value
     return found
-
 
 
 _FLOAT_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
@@ -112,11 +113,6 @@ def _ops(proto: onnx.ModelProto) -> set[tuple[str, str]]:
     return found
 
 
-def _widened(array: np.ndarray) -> np.ndarray:
-    kind = array.dtype.kind
-    return array.astype(np.float64) if kind == "f" or array.dtype.name == "bfloat16" else array
-
-
 class Float64Model:
     """A model's float64 twin, evaluated node by node in `onnx.reference`: every float tensor,
     type, Cast target and dtype attribute widened to double (`verify.oracle.shadow`), the weights read
@@ -130,13 +126,15 @@ class Float64Model:
     (`exact_float64()`: the fold's unrounded centered weights, `exact_tensors`):
     `run_as_written_and_exact` evaluates both readings in one pass, `run_many` the model as
     written. Raises `Float64Unavailable` when the evaluator cannot take the model (an op it does
-    not know, named)."""
+    not know, named). What share of the weights a run has read is logged and said to `progress`,
+    where given."""
 
     def __init__(
         self,
         model: ir.Model | onnx.ModelProto | bytes | str | Path,
         exact: dict[str, Any] | None = None,
         memory_budget: int | None = None,
+        progress: Progress | None = None,
     ):
         if not isinstance(model, ir.Model):
             model = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else _load_ir(model)
@@ -154,11 +152,14 @@ class Float64Model:
                 last[name] = index
         self._last_use = last
         available = available_memory()
-        self.memory_budget = memory_budget if memory_budget is not None else (
-            int(MEMORY_SHARE * available) if available is not None else None
+        self.memory_budget = (
+            memory_budget
+            if memory_budget is not None
+            else (int(MEMORY_SHARE * available) if available is not None else None)
         )
         self.peak_bytes = 0  # the most the last run held, activations and weights together
         self.label = "the model"  # what progress calls it
+        self._say = telling(progress, logger)
 
     @staticmethod
     def _evaluator_of(proto: onnx.ModelProto) -> Evaluator:
@@ -170,7 +171,9 @@ class Float64Model:
         ours = {(cls.op_domain, cls.__name__) for cls in FLOAT64_OPS}
         functions = {(f.domain, f.name) for f in proto.functions}
         unknown = sorted(
-            f"{domain}::{op}" for domain, op in ops if (domain, op) not in ours | functions and domain not in KNOWN_DOMAINS
+            f"{domain}::{op}"
+            for domain, op in ops
+            if (domain, op) not in ours | functions and domain not in KNOWN_DOMAINS
         )
         if unknown:
             raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
@@ -222,7 +225,7 @@ class Float64Model:
             return exact.exact_float64()
         tensor = self._weights[name]
         if tensor.dtype not in _FLOAT_DTYPES or not tuple(tensor.shape):
-            return _widened(np.asarray(tensor.numpy()))
+            return widened(np.asarray(tensor.numpy()))
         # Read by blocks of rows from the file, not mapped: a mapping's pages would stay in this
         # process's memory until the tensor is released, every weight of the model by the end.
         out = np.empty(tuple(tensor.shape), dtype=np.float64)
@@ -231,10 +234,10 @@ class Float64Model:
         return out
 
     def _read_in_part(self, node: onnx.NodeProto, names: list[str], reading: dict[str, Any]) -> str | None:
-        """The weight of a node that needs only part of it (`_PART_READERS`), read once: never held
+        """The weight of a node that needs only part of it (`PART_READERS`), read once: never held
         whole in float64. An exact value in this `reading` is computed whole, unless the reader can
-        ask for its part (`_PartReader.exact_in_part`)."""
-        reader = _PART_READERS.get(node.op_type) if node.domain in ("", "ai.onnx") and len(node.input) == 2 else None
+        ask for its part (`PartReader.read_exact`)."""
+        reader = PART_READERS.get(node.op_type) if node.domain in ("", "ai.onnx") and len(node.input) == 2 else None
         if reader is None:
             return None
         name, other = node.input[reader.weight], node.input[1 - reader.weight]
@@ -323,7 +326,9 @@ class Float64Model:
                 for i, produced in zip(group, outputs):
                     results = sets[i]
                     held[i] += _put(results, weights.items())
-                    held[i] += _put(results, ((name, value) for name, value in zip(node.onnx_node.output, produced) if name))
+                    held[i] += _put(
+                        results, ((name, value) for name, value in zip(node.onnx_node.output, produced) if name)
+                    )
                     current += held[i] - weight_bytes
                 del weights, outputs
             read -= seen  # a weight two nodes read counts once
@@ -333,7 +338,7 @@ class Float64Model:
             done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
             if done * 10 >= told + 1:
                 told = int(done * 10)
-                say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
+                self._say(f"Verifying in float64: {self.label}, {done:.0%} of the weights")
             kept = len(sets) // len(readings)
             if deadline is not None:
                 kept = deadline.keeps(done, kept)
@@ -363,10 +368,12 @@ class Float64Model:
         """One node on `sets` (all of one reading): the weights it was given whole, the weight it
         read in part (or None), and each set's outputs."""
         in_part = self._read_in_part(node.onnx_node, names, reading)
-        weights = {n: self._weight(n, reading) for n in names if n in self._weights and n not in sets[0] and n != in_part}
+        weights = {
+            n: self._weight(n, reading) for n in names if n in self._weights and n not in sets[0] and n != in_part
+        }
         stacked = None
         if in_part:
-            reader = _PART_READERS[node.op_type]
+            reader = PART_READERS[node.op_type]
             if in_part in reading:  # a computed weight: its exact values, where it gives them in part
                 stacked = reader.read_exact(node.onnx_node, reading[in_part], sets)  # type: ignore[misc]
             else:
@@ -374,7 +381,7 @@ class Float64Model:
         if in_part and stacked is None:  # inputs it does not take: the weight is read whole
             weights[in_part] = self._weight(in_part, reading)
         if stacked is None:
-            stacked = _stacked_matmul(node.onnx_node, weights, sets)
+            stacked = stacked_matmul(node.onnx_node, weights, sets)
         if stacked is not None:
             return weights, in_part, [[out] for out in stacked]
         outputs = []
@@ -385,113 +392,6 @@ class Float64Model:
             else:  # the inputs alone, not a copy of every live tensor per node
                 outputs.append(node.run(*[weights[n] if n in weights else results[n] for n in node.input]))
         return weights, in_part, outputs
-
-
-# Rows of a weight widened and multiplied at a time: a few MB, which OpenBLAS multiplies by few
-# rows faster than larger blocks (benchmarks/float64_products.py).
-_STREAM_BYTES = 4 << 20
-
-
-def _streamed_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
-    """`_stacked_matmul` with the weight read from its file by blocks of rows, each widened to
-    float64 and multiplied in as it comes (the product summed over the blocks): the weight is never
-    held whole, in its type or in float64. None where the activations are not float64 rows of it."""
-    return _matmul_by_rows(node, tuple(tensor.shape), float64_row_blocks(tensor, _STREAM_BYTES), sets)
-
-
-def _streamed_exact_matmul(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
-    """`_streamed_matmul` of a weight the fold computed, at its exact values, computed a block of
-    rows at a time (`exact_float64_blocks`); None where it cannot give them so (it is then computed
-    whole)."""
-    blocks = getattr(tensor, "exact_float64_blocks", None)
-    if blocks is None:
-        return None
-    return _matmul_by_rows(node, tuple(tensor.shape), blocks(_STREAM_BYTES), sets)
-
-
-def _matmul_by_rows(node: onnx.NodeProto, shape: tuple, blocks, sets: list[dict[str, Any]]) -> list | None:
-    """The product of each set's activations by a 2-D weight of `shape` given as float64 (rows,
-    block) pairs in order, summed over the blocks; None where the activations are not float64 rows
-    of it."""
-    depth, width = (int(d) for d in shape)
-    lefts = [results.get(node.input[0]) for results in sets]
-    if any(
-        not isinstance(a, np.ndarray) or a.ndim < 2 or a.shape[-1] != depth or a.dtype != np.float64 for a in lefts
-    ):
-        return None
-    rows = _stacked_rows(lefts, depth)
-    # One product buffer for every block: a fresh one costs its pages' zeroing twice (the kernel's
-    # and OpenBLAS's own, as it clears its output) per block.
-    product, part_product = np.zeros((rows.shape[0], width)), np.empty((rows.shape[0], width))
-    for part, block in blocks:
-        np.matmul(rows[:, part], block, out=part_product)
-        product += part_product
-    return _split_rows(product, lefts)
-
-
-def _stacked_rows(lefts: list[np.ndarray], depth: int) -> np.ndarray:
-    """Every set's activations as rows of `depth` entries, one set after another."""
-    return np.concatenate([a.reshape(-1, depth) for a in lefts]) if len(lefts) > 1 else lefts[0].reshape(-1, depth)
-
-
-def _split_rows(product: np.ndarray, lefts: list[np.ndarray]) -> list[np.ndarray]:
-    """The rows of a product of `_stacked_rows(lefts)`, given back to each set in its own shape."""
-    out, start = [], 0
-    for a in lefts:
-        count = math.prod(a.shape[:-1])
-        out.append(product[start : start + count].reshape(*a.shape[:-1], product.shape[-1]))
-        start += count
-    return out
-
-
-def _row_indices(node: onnx.NodeProto, sets: list[dict[str, Any]]) -> list[np.ndarray] | None:
-    """Each set's indices of a Gather along axis 0; None where it gathers along another axis or its
-    indices are not integers at hand."""
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-    indices = [results.get(node.input[1]) for results in sets]
-    if axis != 0 or any(not isinstance(i, np.ndarray) or i.dtype.kind not in "iu" for i in indices):
-        return None
-    return indices  # type: ignore[return-value]
-
-
-def _gathered_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
-    """A Gather along axis 0 of a float table on every input set, only the rows its indices name read
-    (the table mapped, its pages read where gathered) and widened to float64: an embedding table's few
-    rows, not the whole table in float64. None where `_row_indices` has none."""
-    indices = _row_indices(node, sets)
-    if indices is None:
-        return None
-    table = np.asarray(tensor.numpy())
-    return [_widened(np.take(table, i, axis=0)) for i in indices]  # negative indices count from the end, as in ONNX
-
-
-def _gathered_exact_rows(node: onnx.NodeProto, tensor, sets: list[dict[str, Any]]) -> list | None:
-    """`_gathered_rows` of a table the fold computed, at its exact values (`exact_float64_rows`: only
-    the rows gathered are computed); None where it cannot give them so (the table is then computed whole)."""
-    indices = _row_indices(node, sets)
-    exact_rows = getattr(tensor, "exact_float64_rows", None)
-    if indices is None or exact_rows is None:
-        return None
-    rows = [exact_rows(i) for i in indices]
-    return None if any(r is None for r in rows) else rows
-
-
-def _stacked_matmul(node: onnx.NodeProto, weights: dict[str, np.ndarray], sets: list[dict[str, Any]]) -> list | None:
-    """A MatMul of activations by a 2-D weight, on every input set as one product of the rows of
-    all (the weight streamed through memory once, not once a set, and one 2-D product instead of a
-    batch of them); None where the node is not that."""
-    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.input[1] not in weights:
-        return None
-    weight = weights[node.input[1]]
-    lefts = [results.get(node.input[0]) for results in sets]
-    if weight.ndim != 2 or any(
-        not isinstance(a, np.ndarray) or a.ndim < 2 or a.shape[-1] != weight.shape[0] or a.dtype != weight.dtype
-        for a in lefts
-    ):
-        return None
-    rows = _stacked_rows(lefts, weight.shape[0])
-    # As (weight^T rows^T)^T: OpenBLAS streams a wide weight by few rows 2-3x faster that way round.
-    return _split_rows(np.ascontiguousarray((weight.T @ rows.T).T), lefts)
 
 
 class Deadline:
@@ -591,22 +491,3 @@ def failing_node(error: BaseException) -> str | None:
 
 
 _RUN_CODE = (Float64Model._steps.__code__, Float64Model._run_node.__code__)
-
-
-@dataclass(frozen=True)
-class _PartReader:
-    weight: int  # the input that is the weight
-    takes_rank: Callable[[int], bool]  # the weight ranks it reads in part
-    read: Callable[..., list | None]  # (node, weight tensor, sets) -> each set's output, or None
-    # The same for a weight the fold computed, from its exact values (None: it is computed whole).
-    read_exact: Callable[..., list | None] | None = None
-
-
-# The nodes whose weight `Float64Model._read_in_part` reads in part, and how: a MatMul's 2-D weight
-# streamed through the product by blocks of rows (of a weight the fold centered, its exact values
-# computed a block at a time: `CenteredTensor.exact_float64_blocks`); a Gather's table, only the rows it gathers (of a
-# table the fold centered, those rows' exact values: `CenteredTensor.exact_float64_rows`).
-_PART_READERS = {
-    "MatMul": _PartReader(1, lambda rank: rank == 2, _streamed_matmul, _streamed_exact_matmul),
-    "Gather": _PartReader(0, lambda rank: rank >= 1, _gathered_rows, _gathered_exact_rows),
-}
