@@ -20,7 +20,8 @@ from onnx_lnfold.verify.readback import PlannedChanges
 @dataclass(frozen=True)
 class VerifyRequest:
     """The check of one fold: the caller's settings (`enabled` to `float64_budget`, as
-    `CheckSettings` and `RunShapes` validated them) and what the fold hands the check (the rest)."""
+    `CheckSettings` and `RunShapes` validated them), what the fold hands the check (`plan` to
+    `folder`), and where the check says which block it is on (`progress`)."""
 
     enabled: bool = True
     disabled_because: str = "disabled by the caller"  # the report's reason when not enabled
