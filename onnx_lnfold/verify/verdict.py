@@ -57,8 +57,45 @@ Judgment = Literal["float64 reference", "fp32 sensitivity", "rtol alone"]
 FLOAT64: Judgment = "float64 reference"
 SENSITIVITY: Judgment = "fp32 sensitivity"
 RTOL_ONLY: Judgment = "rtol alone"  # neither a float64 run nor the original's sensitivity could be had
-# How the summary line names each.
-_RESTS_ON = {FLOAT64: "in float64, ", SENSITIVITY: "without float64, ", RTOL_ONLY: "by rtol alone, "}
+
+
+@dataclass(frozen=True)
+class JudgmentWords:
+    """How the report says a verdict rests on one judgment: `rests_on` begins the summary line's
+    figure ("in float64, "); `heading` ends the report's "Verification (passed, ...)" line;
+    `lines` follow it, with `{why}` (the judgment's reason: why no stronger judge judged),
+    `{inputs}` and `{rtol}` filled in; `exact` the judgment also holds the fold to `EXACT_RTOL`."""
+
+    rests_on: str
+    heading: str
+    lines: tuple[str, ...]
+    exact: bool = False
+
+
+# Each judgment's words, in one place: a new judge adds its entry here.
+JUDGMENT_WORDS: dict[str, JudgmentWords] = {
+    FLOAT64: JudgmentWords(
+        "in float64, ",
+        "judged in float64",
+        ("inputs {inputs}", f"tolerance: exact {EXACT_RTOL:g}, as written {{rtol}}"),
+        exact=True,
+    ),
+    SENSITIVITY: JudgmentWords(
+        "without float64, ",
+        "judged without float64",
+        (
+            "no float64 reference: {why}",
+            "inputs {inputs}",
+            f"tolerance: {{rtol}} + {SENSITIVITY_FACTOR:g} x the original's sensitivity (how much its outputs "
+            "move when its weights move by one rounding step)",
+        ),
+    ),
+    RTOL_ONLY: JudgmentWords(
+        "by rtol alone, ",
+        "judged by rtol alone",
+        ("no float64 reference and no sensitivity: {why}", "inputs {inputs}", "tolerance: {rtol}"),
+    ),
+}
 
 
 def rtol_for(elem_type: int | None) -> float:
@@ -154,7 +191,7 @@ class Verification:
         if self.status == "passed":
             rtol = f" <= rtol {self.rtol:g}" if self.rtol is not None else ""
             sets, outputs = len(self.input_sets), len(self.outputs)
-            where = {FLOAT64: "in float64, ", SENSITIVITY: "without float64, "}.get(self.judgment, "")
+            where = JUDGMENT_WORDS[self.judgment].rests_on if self.judgment in (FLOAT64, SENSITIVITY) else ""
             text = (
                 f"{where}worst relative diff {self.decisive_rel_diff:.2g}{rtol}, {outputs} output{'s' * (outputs != 1)}"
             )
@@ -184,7 +221,7 @@ class Verification:
         """A few words for the report's summary line: the verdict and the figure it rests on (`diff`
         names that figure); a skipped check says why, as the detail does."""
         if self.status == "passed":
-            where = _RESTS_ON.get(self.judgment, "")
+            where = JUDGMENT_WORDS[self.judgment].rests_on if self.judgment else ""
             if self.judgment != FLOAT64 and self.edits_checked:
                 where += f"{self.edits_checked} edits read back, "
             return f"verified ({where}{diff} {self.decisive_rel_diff:.2g})"
@@ -214,7 +251,7 @@ class Verification:
             "judgment_reason": self.judgment_reason,
             "edits_checked": self.edits_checked,
             "rtol": self.rtol,
-            "exact_rtol": EXACT_RTOL if self.judgment == FLOAT64 else None,
+            "exact_rtol": EXACT_RTOL if self.judgment and JUDGMENT_WORDS[self.judgment].exact else None,
             "max_rel_diff": self.max_rel_diff if self.outputs else None,
             "input_shapes": self.input_shapes,
             "input_sets": self.input_sets,
@@ -236,27 +273,11 @@ class Verification:
         if not self.judgment:
             rtol = f", {rtol}" if self.rtol is not None and len(rtols) <= 1 else ""
             lines = [f"Verification ({self.status}, {how}, inputs {'; '.join(self.input_sets)}{rtol}):"]
-        elif self.judgment == FLOAT64:
-            lines = [
-                f"Verification ({self.status}, judged in float64; {how}):",
-                f"  inputs {'; '.join(self.input_sets)}",
-                f"  tolerance: exact {EXACT_RTOL:g}, as written {rtol}",
-            ]
-        elif self.judgment == SENSITIVITY:
-            lines = [
-                f"Verification ({self.status}, judged without float64; {how}):",
-                f"  no float64 reference: {self.judgment_reason}",
-                f"  inputs {'; '.join(self.input_sets)}",
-                f"  tolerance: {rtol} + {SENSITIVITY_FACTOR:g} x the original's sensitivity (how much its outputs "
-                "move when its weights move by one rounding step)",
-            ]
         else:
-            lines = [
-                f"Verification ({self.status}, judged by rtol alone; {how}):",
-                f"  no float64 reference and no sensitivity: {self.judgment_reason}",
-                f"  inputs {'; '.join(self.input_sets)}",
-                f"  tolerance: {rtol}",
-            ]
+            words = JUDGMENT_WORDS[self.judgment]
+            fill = {"why": self.judgment_reason, "inputs": "; ".join(self.input_sets), "rtol": rtol}
+            lines = [f"Verification ({self.status}, {words.heading}; {how}):"]
+            lines += [f"  {line.format(**fill)}" for line in words.lines]
         for o in self.outputs:
             own = f" (rtol {o.rtol:g})" if len(rtols) > 1 and o.rtol is not None else ""
             lines.extend(f"  {line}" for line in o.format_lines(own))

@@ -28,7 +28,8 @@ REQUIRED = {
     "A new cost kind",
     "A new verification judgment",
     "A new report field",
-    "A new option",
+    "A new fold option",
+    "A new check option",
 }
 
 
@@ -114,7 +115,7 @@ def _assigned(path: str) -> set[str]:
         ("bench/calibrate.py", "CHAIN_OF"),
         ("verify/judges/__init__.py", "LADDER"),
         ("verify/verdict.py", "Judgment"),
-        ("verify/verdict.py", "_RESTS_ON"),
+        ("verify/verdict.py", "JUDGMENT_WORDS"),
         ("core/options.py", "OPTIONS"),
         ("core/blocked.py", "CODES"),
         ("report/kept.py", "HEADINGS"),
@@ -188,4 +189,4 @@ def test_every_judge_is_on_the_ladder_and_every_judgment_has_its_words():
     judging = [m for m in judging if hasattr(m, "judge")]
     assert len(judging) >= 2
     assert {m.judge for m in judging} == set(judges.LADDER)
-    assert set(get_args(verdict.Judgment)) == set(verdict._RESTS_ON)
+    assert set(get_args(verdict.Judgment)) == set(verdict.JUDGMENT_WORDS)
