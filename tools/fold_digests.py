@@ -9,7 +9,13 @@ same graphs every run but the last few, so fuzz cases are keyed by the graph and
 both runs drew one) with and without explicit centering, all without verification. Records,
 per case, the SHA-256 of the folded model's serialized bytes, of its plan (the fields listed in
 `_PLAN_FIELDS`: fields added later do not count), of the `-v` proof lines, or of the one-line
-error. `--dump DIR` also writes each case's plan and proof as JSON, to diff two runs.
+error. `--dump DIR` also writes each case's plan and proof as JSON, to diff two runs. `--only
+gpt2,bert` folds those committed models alone (and compares only their cases); `--fuzz 0` no fuzz
+graph.
+
+The model's digest is of its bytes without what the fold says of itself: node doc_strings that
+begin with `NOTE_PREFIX` ("onnx_lnfold: ") and `metadata_props` entries whose key begins with
+"onnx_lnfold" (`without_notes`), so that wording them changes no digest.
 
 The digests depend on the onnx, onnx-ir and numpy versions (serialization, float64 sums): compare
 runs made in one environment.
@@ -31,6 +37,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # the fuzz generator
 
 import onnx_lnfold  # noqa: E402
 from onnx_lnfold._pipeline import analyze_for_target  # noqa: E402
+from onnx_lnfold.apply.notes import NOTE_PREFIX  # noqa: E402
 from onnx_lnfold.report.trace import explain  # noqa: E402
 
 OPTION_SETS: dict[str, dict] = {
@@ -63,6 +70,40 @@ def _plan_view(plan: onnx_lnfold.CenteringPlan) -> dict:
     return view
 
 
+def without_notes(proto):
+    """A copy of the model proto without the fold's notes on itself: node doc_strings beginning
+    with `NOTE_PREFIX`, `metadata_props` entries whose key begins with the package's name (of the
+    model, its graphs and their nodes, subgraphs included)."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+
+    def drop_props(owner) -> None:
+        kept = [p for p in owner.metadata_props if not p.key.startswith("onnx_lnfold")]
+        if len(kept) != len(owner.metadata_props):
+            del owner.metadata_props[:]
+            owner.metadata_props.extend(kept)
+
+    def clean(graph) -> None:
+        drop_props(graph)
+        for node in graph.node:
+            if node.doc_string.startswith(NOTE_PREFIX):
+                node.ClearField("doc_string")
+            drop_props(node)
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    clean(sub)
+
+    drop_props(copy)
+    clean(copy.graph)
+    for function in copy.functions:
+        for node in function.node:
+            if node.doc_string.startswith(NOTE_PREFIX):
+                node.ClearField("doc_string")
+    return copy
+
+
 def fingerprint(model, options: dict, dump: Path | None, case: str) -> dict:
     """Digests of one fold: {"model", "plan", "proof"} or {"error"}."""
     try:
@@ -79,7 +120,7 @@ def fingerprint(model, options: dict, dump: Path | None, case: str) -> dict:
     if dump is not None:
         (dump / f"{case}.json").write_text(json.dumps({"plan": view, "proof": proof}, indent=1, default=str))
     return {
-        "model": _sha(result.model_proto.SerializeToString(deterministic=True)),
+        "model": _sha(without_notes(result.model_proto).SerializeToString(deterministic=True)),
         "plan": _sha(json.dumps(view, sort_keys=True, default=str)),
         "proof": _sha("\n".join(proof or [])),
     }
@@ -91,9 +132,12 @@ def _load(model):
     return load_model(model)[0]
 
 
-def committed_cases(dump: Path | None) -> dict[str, dict]:
+def committed_cases(dump: Path | None, only: set[str] | None = None) -> dict[str, dict]:
+    """The committed models' cases (those of `only`, by stem, where given)."""
     out = {}
     for path in sorted(MODELS.glob("*.onnx")):
+        if only is not None and path.stem not in only:
+            continue
         for label, options in OPTION_SETS.items():
             case = f"{path.stem}/{label}"
             out[case] = fingerprint(path, options, dump, case.replace("/", "."))
@@ -133,19 +177,31 @@ def main() -> int:
     mode.add_argument("--check", metavar="FILE.json")
     parser.add_argument("--fuzz", type=int, default=300, help="fuzz graphs to fold (default 300)")
     parser.add_argument("--dump", metavar="DIR", help="also write each case's plan and proof as JSON")
+    parser.add_argument(
+        "--only", metavar="NAME[,NAME]", help="fold these committed models alone (stems of models/*.onnx); with --check, compare their cases"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+    if only is not None and args.write:
+        parser.error("--only records part of the cases: --write records them all")
+    unknown = sorted(only - {p.stem for p in MODELS.glob("*.onnx")}) if only else []
+    if unknown:
+        parser.error(f"no committed model {', '.join(unknown)}")
     dump = Path(args.dump) if args.dump else None
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    cases = committed_cases(dump)
-    cases.update(fuzz_cases(args.fuzz, dump))
+    cases = committed_cases(dump, only)
+    if args.fuzz:
+        cases.update(fuzz_cases(args.fuzz, dump))
     elapsed = time.monotonic() - started
     if args.write:
         Path(args.write).write_text(json.dumps({"cases": cases}, indent=0, sort_keys=True) + "\n")
         print(f"{len(cases)} cases recorded in {args.write} ({elapsed:.0f} s)")
         return 0
     baseline = json.loads(Path(args.check).read_text())["cases"]
+    if only is not None:  # the cases of the models asked for
+        baseline = {c: v for c, v in baseline.items() if c.startswith("fuzz-") or c.split("/", 1)[0] in only}
     # Every committed-model case must be there; fuzz graphs are compared where both runs drew them.
     compared = [c for c in baseline.keys() | cases.keys() if not c.startswith("fuzz-") or (c in baseline and c in cases)]
     differ = sorted(c for c in compared if baseline.get(c) != cases.get(c))

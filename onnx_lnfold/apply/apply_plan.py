@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.bound import BoundCentering, BoundEdit, BoundPlan
+from onnx_lnfold.apply import notes
 from onnx_lnfold.apply.centering import CenteredTensor, RowMeans
-from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like
+from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like, written_axes
 from onnx_lnfold.core.ir import constant_of, set_constant_value
 from onnx_lnfold.core.names import CENTERING_NODES, CENTERING_STEM, fresh_name, taken_names
-from onnx_lnfold.core.ops import MS_DOMAIN
-from onnx_lnfold.decide.targets import SKIP_RMS_OP
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +31,7 @@ def _derived_copy(graph: ir.Graph, bound: BoundEdit, source: ir.TensorProtocol) 
     owner = producer.graph if producer is not None else value.graph or graph
     means = new_constant(owner, RowMeans(source, edit.axis, edit.means_name or ""))  # type: ignore[arg-type]
     centered = ir.Value(name=edit.new_name, shape=value.shape, type=value.type)
-    sub = ir.Node("", "Sub", [value, means], outputs=[centered], name=f"{edit.new_name}/sub")
+    sub = ir.Node("", "Sub", [value, means], outputs=[centered], name=f"{edit.new_name}/sub", doc_string=notes.derived_at_load(edit))
     if producer is not None:
         owner.insert_after(producer, [sub])
     else:
@@ -69,14 +67,12 @@ def _apply_centering(graph: ir.Graph, bound: BoundCentering, opset: int, taken: 
         mean_shape = ir.Shape(dims)
     mean = ir.Value(name=fresh_name(f"{x.name}.mean", taken), shape=mean_shape, type=x.type)
     stem = fresh_name(f"{x.name}/{CENTERING_STEM}", taken)
-    if opset >= 18:
-        axes = new_constant(graph, ir.Tensor(np.array([centering.axis], dtype=np.int64), name=fresh_name(f"{stem}/axes", taken)))
-        reduce = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean], name=f"{stem}/{CENTERING_NODES['ReduceMean']}")
-    else:
-        attrs = [ir.AttrInt64s("axes", [centering.axis]), ir.AttrInt64("keepdims", 1)]
-        reduce = ir.Node("", "ReduceMean", [x], attrs, outputs=[mean], name=f"{stem}/{CENTERING_NODES['ReduceMean']}")
+    axes, attrs = written_axes(graph, (centering.axis,), opset, f"{stem}/axes", taken)
+    note = notes.centers(centering)
+    name = f"{stem}/{CENTERING_NODES['ReduceMean']}"
+    reduce = ir.Node("", "ReduceMean", [x, *axes], [*attrs, ir.AttrInt64("keepdims", 1)], outputs=[mean], name=name, doc_string=note)
     centered = value_like(x, centering.new_name)
-    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/{CENTERING_NODES['Sub']}")
+    sub = ir.Node("", "Sub", [x, mean], outputs=[centered], name=f"{stem}/{CENTERING_NODES['Sub']}", doc_string=note)
     producer = x.producer()
     if producer is None:
         owner = x.graph or graph
@@ -100,8 +96,8 @@ def apply_plan(model: ir.Model, bound: BoundPlan) -> None:
         _apply_centering(graph, centering, opset, taken)
     for fold in bound.folds:
         rewrite_layer_norm(graph, fold.decision, fold.rewrite, taken)
-    if any(d.rewrite == SKIP_RMS_OP for d in plan.folded) and MS_DOMAIN not in model.opset_imports:
-        model.opset_imports[MS_DOMAIN] = 1
+    for domain in sorted({node.domain for fold in bound.folds for node in fold.rewrite.emission.nodes} - {""}):
+        model.opset_imports.setdefault(domain, 1)  # com.microsoft for SkipSimplifiedLayerNormalization
     # Constant nodes whose every use now reads a centered copy are dead.
     edited = {e.value for e in bound.edits}
     for node in list(graph):

@@ -1,6 +1,7 @@
-"""Rewrite one folded LN as the plan says (`Rewrite`, from `decide.targets`): the RMS op it becomes,
-one function per emitted op, then what every op shares: beta (an `Add`, or folded into the
-consumers' biases), the output name moved onto the new tensor, the replaced nodes removed.
+"""Rewrite one folded LN as the plan says (`Rewrite`, from `decide.targets`): the nodes its
+`emission` records (`decide.emission`: the RMS op, or the primitive target's ops, and beta's Add
+where beta stays one), each noting the LN it stands for (`apply.notes`); beta's shares added to
+the consumers' biases; the output names moved onto the new tensors; the replaced nodes removed.
 
 New nodes take the place of the nodes they replace (node order is kept: ONNX Runtime's memory
 planning follows it), and every new tensor gets its type and shape, because ONNX shape inference
@@ -13,11 +14,12 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import LnDecision
+from onnx_lnfold.apply import notes
 from onnx_lnfold.apply.centering import bias_plus_beta
 from onnx_lnfold.core.ir import constant_of, is_standard
 from onnx_lnfold.core.names import fresh_name
-from onnx_lnfold.core.ops import PRIMITIVE_OPS, SKIP_RMS_NORM
-from onnx_lnfold.decide.targets import ONNX_RMS_OP, PRIMITIVE_RMS_OP, RMS_OP, SKIP_RMS_OP, Rewrite, bias_slot
+from onnx_lnfold.decide.emission import Axes, BiasShare, Emission, Filled, Output, Produced
+from onnx_lnfold.decide.targets import Rewrite
 
 
 def new_constant(graph: ir.Graph, tensor: ir.TensorProtocol) -> ir.Value:
@@ -39,118 +41,62 @@ def value_like(value: ir.Value, name: str, dtype: ir.DataType | None = None) -> 
     return ir.Value(name=name, shape=value.shape, type=declared)
 
 
-def _read(slots) -> list[ir.Value]:
-    return [node.inputs[index] for node, index in slots]  # type: ignore[misc]
-
-
-def _scale(graph: ir.Graph, rewrite: Rewrite, taken: set[str]) -> ir.Value:
-    """The RMSNorm scale: gamma, or ones for a decomposed LN written without one."""
-    cand = rewrite.cand
-    if cand.scale is not None:
-        return cand.scale
-    dim, dtype = cand.ones_scale  # type: ignore[misc]
-    ones = ir.Tensor(np.ones((dim,), dtype=dtype.numpy()), dtype=dtype, name=fresh_name(f"{cand.name}.scale", taken))
-    return new_constant(graph, ones)
-
-
-def _rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> ir.Node:
-    """SimplifiedLayerNormalization (or RMSNormalization, same inputs and attributes)."""
-    cand = rewrite.cand
-    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_dtype)
-    # Every folded LN normalizes its last axis (the forms keep the others: several-axes,
-    # not-last-axis), written -1 as exporters write it: OpenVINO cannot read a
-    # SimplifiedLayerNormalization whose axis is written non-negative (its translator builds
-    # Range(axis, rank) with the rank as a 1-D shape and refuses the model; the version measured:
-    # docs/DESIGN.md section 4).
-    assert decision.axis is not None
-    attributes = [
-        ir.AttrInt64("axis", -1),
-        ir.AttrFloat32("epsilon", decision.epsilon),
-        ir.AttrInt64("stash_type", 1),
-    ]
-    inputs = [*_read(rewrite.site.inputs), _scale(graph, rewrite, taken)]
-    op = ONNX_RMS_OP if rewrite.op == ONNX_RMS_OP else RMS_OP
-    return ir.Node("", op, inputs, attributes, outputs=[y], name=fresh_name(f"{cand.name}/rms", taken))
-
-
-def _skip_rms(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> ir.Node:
-    """com.microsoft::SkipSimplifiedLayerNormalization: input + skip (+ bias), normalized; its
-    output 3 takes over the residual sum when anything else reads it."""
-    cand, site = rewrite.cand, rewrite.site
-    inputs = [*_read(site.inputs), _scale(graph, rewrite, taken)]
-    if site.skip_bias is not None:
-        inputs += _read((site.skip_bias,))
-    old_sum, replaced = site.old_sum, rewrite.replaced
-    keep_sum = old_sum is not None and (old_sum.is_graph_output() or any(n not in replaced for n, _ in old_sum.uses()))
-    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_dtype)
-    outputs = [y]
-    if keep_sum:  # outputs 1 and 2 (mean, inv_std_var) stay unnamed: not computed
-        outputs += [ir.Value(), ir.Value(), value_like(old_sum, fresh_name(f"{old_sum.name}.sum", taken))]  # type: ignore[union-attr]
-    rms = ir.Node(
-        SKIP_RMS_NORM.domain,
-        SKIP_RMS_NORM.op_type,
-        inputs,
-        [ir.AttrFloat32("epsilon", decision.epsilon)],
-        outputs=outputs,
-        name=fresh_name(f"{cand.name}/skip_rms", taken),
-    )
-    if keep_sum:
-        rms.outputs[1].name = rms.outputs[2].name = ""
-    return rms
-
-
-def _primitive(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> list[ir.Node]:
-    """RMSNorm as standard ops, in the form ONNX Runtime's and OpenVINO's RMSNorm fusions both
-    recognize (`core.ops.PRIMITIVE_OPS`): `Pow(x, 2)`, `ReduceMean` over the last axis (axes an
-    input from opset 18, an attribute below; keepdims), `Add(epsilon)`, `Sqrt`, `Div(x, .)`,
-    `Mul(., gamma)`. The constants are of x's type (valid at every opset since Pow-7) and
-    scalars; each intermediate is read by the next op alone. A gamma of ones keeps its `Mul`:
-    ONNX Runtime's SimplifiedLayerNormFusion needs it (docs/DESIGN.md section 2.5)."""
-    pow_, reduce_mean, add, sqrt, div, mul = PRIMITIVE_OPS
-    cand = rewrite.cand
-    (x,) = _read(rewrite.site.inputs)
-    shape = tuple(cand.out.shape) if cand.out.shape is not None else None
-    dtype = rewrite.out_dtype or (x.type.dtype if x.type is not None else ir.DataType.FLOAT)
-    numpy_type = dtype.numpy()
-    base = cand.name
-
-    def constant(what: str, array: np.ndarray, of: ir.DataType) -> ir.Value:
-        return new_constant(graph, ir.Tensor(array, dtype=of, name=fresh_name(f"{base}.{what}", taken)))
-
-    def tensor(what: str, dims) -> ir.Value:
-        known = ir.Shape(list(dims)) if dims is not None else None
-        return ir.Value(name=fresh_name(f"{base}/{what}", taken), shape=known, type=ir.TensorType(dtype))
-
-    rows = (*shape[:-1], 1) if shape is not None else None
-    two = constant("two", np.array(2.0, dtype=numpy_type), dtype)
-    squares = tensor("squares", shape)
-    mean_square = tensor("mean_square", rows)
-    with_eps = tensor("mean_square_eps", rows)
-    rms = tensor("rms", rows)
-    normalized = tensor("normalized", shape)
-    y = value_like(cand.out, fresh_name(f"{cand.out.name}.rms", taken), rewrite.out_dtype)
-    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 18))
+def written_axes(
+    graph: ir.Graph, axes: tuple[int, ...], opset: int, stem: str, taken: set[str]
+) -> tuple[list[ir.Value], list[ir.Attr]]:
+    """A ReduceMean's axes as its opset writes them: (the input, no attribute) from opset 18, where
+    axes became an input (a constant named from `stem`); (no input, the attribute) before."""
     if opset >= 18:
-        axes = constant("axes", np.array([-1], dtype=np.int64), ir.DataType.INT64)
-        mean = ir.Node("", reduce_mean, [squares, axes], [ir.AttrInt64("keepdims", 1)], outputs=[mean_square])
-    else:
-        mean = ir.Node("", reduce_mean, [squares], [ir.AttrInt64s("axes", [-1]), ir.AttrInt64("keepdims", 1)], outputs=[mean_square])
-    epsilon = constant("epsilon", np.array(decision.epsilon, dtype=numpy_type), dtype)
-    nodes = [
-        ir.Node("", pow_, [x, two], outputs=[squares]),
-        mean,
-        ir.Node("", add, [mean_square, epsilon], outputs=[with_eps]),
-        ir.Node("", sqrt, [with_eps], outputs=[rms]),
-        ir.Node("", div, [x, rms], outputs=[normalized]),
-        ir.Node("", mul, [normalized, _scale(graph, rewrite, taken)], outputs=[y]),
-    ]
-    for node, what in zip(nodes, ("square", "mean", "add_eps", "sqrt", "div", "scale")):
-        node.name = fresh_name(f"{base}/rms_{what}", taken)
+        tensor = ir.Tensor(np.array(axes, dtype=np.int64), dtype=ir.DataType.INT64, name=fresh_name(stem, taken))
+        return [new_constant(graph, tensor)], []
+    return [], [ir.AttrInt64s("axes", list(axes))]
+
+
+def _output(spec: Output, taken: set[str]) -> ir.Value:
+    if spec.stem is None:
+        return ir.Value()
+    name = fresh_name(spec.stem, taken)
+    if spec.like is not None:
+        return value_like(spec.like, name, spec.dtype)
+    shape = ir.Shape(list(spec.dims)) if spec.dims is not None else None
+    return ir.Value(name=name, shape=shape, type=ir.TensorType(spec.dtype))  # type: ignore[arg-type]
+
+
+def build_nodes(graph: ir.Graph, emission: Emission, opset: int, taken: set[str], notes: list[str]) -> list[ir.Node]:
+    """The nodes of `emission`, with `notes[k]` the doc_string of its node k. Names are handed out
+    outputs first, then the constants, then the nodes, each in node order; an input slot is read
+    now (an earlier rewrite may have replaced the tensor in it)."""
+    outputs = [[_output(o, taken) for o in spec.outputs] for spec in emission.nodes]
+    inputs: list[list[ir.Value | None]] = []
+    attributes: list[list[ir.Attr]] = []
+    for spec in emission.nodes:
+        read: list[ir.Value | None] = []
+        extra: list[ir.Attr] = []
+        for source in spec.inputs:
+            if isinstance(source, Filled):
+                tensor = ir.Tensor(source.array(), dtype=source.dtype, name=fresh_name(source.stem, taken))
+                read.append(new_constant(graph, tensor))
+            elif isinstance(source, Axes):
+                axes_input, extra = written_axes(graph, source.values, opset, source.stem, taken)
+                read += axes_input
+            elif isinstance(source, Produced):
+                read.append(outputs[source.node][source.output])
+            elif isinstance(source, tuple):  # an input slot of the original graph
+                node, index = source
+                read.append(node.inputs[index])
+            else:  # a tensor of the original, or an optional input left out
+                read.append(source)
+        inputs.append(read)
+        attributes.append([*extra, *spec.attributes])
+    nodes = []
+    for k, spec in enumerate(emission.nodes):
+        name = fresh_name(spec.stem, taken)
+        node = ir.Node(spec.domain, spec.op_type, inputs[k], attributes[k], outputs=outputs[k], name=name, doc_string=notes[k])
+        for value, out in zip(node.outputs, spec.outputs):
+            if out.stem is None:
+                value.name = ""
+        nodes.append(node)
     return nodes
-
-
-# The op a target writes -> the function that builds its nodes (a new target op adds its builder here).
-EMITTERS = {RMS_OP: _rms, ONNX_RMS_OP: _rms, SKIP_RMS_OP: _skip_rms, PRIMITIVE_RMS_OP: _primitive}
 
 
 def _add_beta_to_bias(
@@ -178,7 +124,7 @@ def _add_beta_to_bias(
     node.replace_input_with(bias_index, new_constant(graph, summed))
 
 
-def _created_bias(graph: ir.Graph, matmul: ir.Node, tensor: ir.TensorProtocol, taken: set[str]) -> ir.Node:
+def _created_bias(graph: ir.Graph, matmul: ir.Node, tensor: ir.TensorProtocol, taken: set[str], note: str) -> None:
     """An `Add(matmul output, bias)` after a MatMul that had no bias; its output takes over the
     MatMul output's readers and name (a graph output stays one, under its name)."""
     out = matmul.outputs[0]
@@ -186,70 +132,63 @@ def _created_bias(graph: ir.Graph, matmul: ir.Node, tensor: ir.TensorProtocol, t
     summed = value_like(out, fresh_name(f"{name}.with_bias", taken))
     out.replace_all_uses_with(summed, replace_graph_outputs=True)
     add = ir.Node("", "Add", [out, new_constant(graph, tensor)], outputs=[summed],
-                  name=fresh_name(f"{matmul.name or 'matmul'}/bias_from_beta", taken))
+                  name=fresh_name(f"{matmul.name or 'matmul'}/bias_from_beta", taken), doc_string=note)
     matmul.graph.insert_after(matmul, [add])  # type: ignore[union-attr]
     out.name = fresh_name(f"{name}.without_bias", taken)
     summed.name = name
-    return add
 
 
-def _fold_beta_into_consumers(graph: ir.Graph, sites, beta: np.ndarray, taken: set[str]) -> None:
-    """consumer(y + beta) == consumer(y) with bias += beta @ W, for every linear consumer whose
-    site is a bias (its own or one created for it); a key projection whose share the attention's
-    Softmax removes is left as it is (`decide.softmax_shift`)."""
-    for site in sites:
-        if site.how == "softmax":
-            continue
-        node = site.node
+def _fold_beta_into_consumers(
+    graph: ir.Graph, shares: tuple[BiasShare, ...], beta: np.ndarray, taken: set[str], decision: LnDecision
+) -> None:
+    """consumer(y + beta) == consumer(y) with bias += scale * (beta @ W), for every linear consumer
+    the emission gives a share of beta (a key projection whose share the attention's Softmax
+    removes has none: `decide.softmax_shift`). W as it is now: centered where the plan centers it."""
+    for share in shares:
+        node = share.consumer
         weight = constant_of(node.inputs[1])
         assert weight is not None
-        attrs = node.attributes
-        trans_b = node.op_type == "Gemm" and bool(attrs.get_int("transB", 0))
-        # A beta of shape [1] (or a scalar) is broadcast over the normalized axis: beta @ W
-        # needs it as a row of K.
-        rows = weight.shape[1] if trans_b else weight.shape[0]
-        row = np.broadcast_to(beta.reshape(-1), (rows,))
-        if node.op_type == "Gemm":
-            scale = attrs.get_float("alpha", 1.0) / attrs.get_float("beta", 1.0)  # Gemm computes alpha * (A @ B) + beta_g * C
-            if len(node.inputs) > 2 and node.inputs[2] is not None:
-                _add_beta_to_bias(graph, (node, 2), row, weight, taken, trans=trans_b, scale=scale)
-            else:
-                name = fresh_name(f"{node.name or 'gemm'}.bias_from_beta", taken)
-                tensor = bias_plus_beta(None, row, weight, trans=trans_b, scale=scale, dtype=weight.dtype, name=name)
-                node.resize_inputs(3)
-                node.replace_input_with(2, new_constant(graph, tensor))
+        # A beta of shape [1] (or a scalar) is broadcast over the normalized axis: beta @ W needs
+        # it as a row of K.
+        row = np.broadcast_to(beta.reshape(-1), (share.rows,))
+        how = {"trans": share.trans, "scale": share.scale}
+        if share.how == "bias":
+            _add_beta_to_bias(graph, share.slot, row, weight, taken, **how)  # type: ignore[arg-type]
             continue
-        if site.how == "created":
-            name = fresh_name(f"{node.name or 'matmul'}.bias_from_beta", taken)
-            _created_bias(graph, node, bias_plus_beta(None, row, weight, dtype=weight.dtype, name=name), taken)
-            continue
-        slot = bias_slot(node)
-        assert slot is not None, node.name
-        _add_beta_to_bias(graph, slot, row, weight, taken)
+        name = fresh_name(share.stem, taken)  # type: ignore[arg-type]
+        tensor = bias_plus_beta(None, row, weight, dtype=weight.dtype, name=name, **how)
+        if share.how == "new_add":
+            _created_bias(graph, node, tensor, taken, notes.bias_share(decision, node.name or ""))
+        else:
+            slot_node, index = share.slot  # type: ignore[misc]
+            slot_node.resize_inputs(index + 1)
+            slot_node.replace_input_with(index, new_constant(graph, tensor))
 
 
 def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, taken: set[str]) -> None:
-    """Replace one folded LN (its nodes, and the residual Add it takes in) by the op planned."""
-    cand, site = rewrite.cand, rewrite.site
-    out, out_name = cand.out, cand.out.name
-    emitted = EMITTERS[rewrite.op](graph, decision, rewrite, taken)
-    new_nodes = emitted if isinstance(emitted, list) else [emitted]
-    rms = new_nodes[-1]  # the node whose output 0 is the normalized tensor (and 3 the sum, for a Skip op)
-    y = rms.outputs[0]
-    final = y
-    if rewrite.beta.how == "add":
-        final = value_like(out, fresh_name(f"{out_name}.beta", taken), rewrite.out_dtype)
-        new_nodes.append(ir.Node("", "Add", [y, cand.bias], outputs=[final], name=fresh_name(f"{cand.name}/beta", taken)))
-    elif rewrite.beta.how == "consumers":
+    """Replace one folded LN (its nodes, and the residual Add it takes in) by what its emission
+    writes, each new node noting the LN it stands for (`apply.notes`)."""
+    cand, site, emission = rewrite.cand, rewrite.site, rewrite.emission
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 18))
+    written = [
+        notes.adds_beta(decision, rewrite.beta.why) if spec.adds_beta else notes.replaces(decision)
+        for spec in emission.nodes
+    ]
+    new_nodes = build_nodes(graph, emission, opset, taken, written)
+    if emission.shares:
         beta = np.asarray(constant_of(cand.bias).numpy()).astype(np.float64)  # type: ignore[union-attr]
-        _fold_beta_into_consumers(graph, rewrite.beta.sites, beta, taken)
+        _fold_beta_into_consumers(graph, emission.shares, beta, taken, decision)
     owner = site.anchor.graph  # the main graph, or the If/Loop body the LN lives in
     owner.insert_after(site.anchor, new_nodes)  # type: ignore[union-attr]
-    out.replace_all_uses_with(final, replace_graph_outputs=True)
-    old_sum, sum_name = site.old_sum, None
-    if old_sum is not None and len(rms.outputs) > 3:
-        sum_name = old_sum.name
-        old_sum.replace_all_uses_with(rms.outputs[3], replace_graph_outputs=True)
+    # The tensors the new ones take over: their readers now, their names once the old are gone.
+    taken_over = [
+        (out.takes, value)
+        for node, spec in zip(new_nodes, emission.nodes)
+        for value, out in zip(node.outputs, spec.outputs)
+        if out.takes is not None
+    ]
+    for old, new in taken_over:
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
     owner.remove(rewrite.replaced, safe=True)  # type: ignore[union-attr]
     for param in (cand.scale, cand.bias):  # gamma/beta the rewrite no longer reads
         if param is None or param.uses() or param.is_graph_output():
@@ -261,8 +200,6 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, 
             producer.graph.remove(producer, safe=True)  # type: ignore[union-attr]  # an all-zero beta as TorchScript writes it
     # The replaced tensors' names move to the tensors that now hold their values: consumers,
     # graph outputs and anything downstream that refers to tensors by name stay valid.
-    out.name = None
-    final.name = out_name
-    if sum_name is not None:
-        old_sum.name = None  # type: ignore[union-attr]
-        rms.outputs[3].name = sum_name
+    for old, new in taken_over:
+        name, old.name = old.name, None
+        new.name = name

@@ -2,10 +2,10 @@
 
 Every step that names one of these ops reads it here: the forms that recognize an LN
 (`forms`), the proof that stops at a normalization's output (`analysis.zero_mean`), what a fold
-emits and what that costs (`decide`), the rewrite (`apply.rewrite`), the fusion check that tells the
-fold's own changes from lost fusions (`ort_fusions`), the report's "already folded", and the
-`--target` help. A new emission target is one `NormOp` here with its `target`, its node builder in
-`apply.rewrite`, and its choice in `decide.targets` if it needs one (docs/DESIGN.md section 8).
+emits and what that costs (`decide`), the fusion check that tells the fold's own changes from lost
+fusions (`ort_fusions`), the report's "already folded", and the `--target` help. A new emission
+target is one `NormOp` here with its `target`, the nodes it writes in `decide.emission`, and its
+choice in `decide.targets` if it needs one (docs/DESIGN.md section 8).
 
 Imports nothing: the command line's `--help` reads the targets from here.
 """

@@ -11,6 +11,8 @@ mutates nothing.
   standard ops at any opset, which ONNX Runtime (ORT_ENABLE_EXTENDED and up) fuses back into
   `SimplifiedLayerNormalization` and OpenVINO's CPU plugin into its RMS node.
 
+What each writes, node by node, is the rewrite's `emission` (`decide.emission`).
+
 `beta` goes where it costs nothing (`beta_placement`): the consumers' biases, a key projection's
 share dropped where the attention's Softmax removes it (`decide.softmax_shift`), a bias created where
 that costs less than the Add; else it stays an explicit `Add`. `cost_refusal` keeps an LN whose
@@ -25,35 +27,30 @@ import onnx_ir as ir
 
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import constant_of, is_standard, node_label, reads_only_shape
-from onnx_lnfold.core.ops import (
-    LAYER_NORM,
-    ONNX_RMS_NORM,
-    PRIMITIVE_RMS,
-    PRIMITIVE_TARGET,
-    RMS_NORM,
-    SKIP_LAYER_NORM,
-    SKIP_RMS_NORM,
-)
+from onnx_lnfold.core.ops import LAYER_NORM, PRIMITIVE_TARGET, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.core.values import is_zero
 from onnx_lnfold.decide.costs import LAYOUT_WORDS, NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
+from onnx_lnfold.decide.emission import (
+    ONNX_RMS_OP,
+    PRIMITIVE_RMS_OP,
+    RMS_OP,
+    SKIP_RMS_OP,
+    BiasShare,
+    Emission,
+    emission_for,
+)
 from onnx_lnfold.decide.pricing import pricing_for
 from onnx_lnfold.decide.softmax_shift import softmax_removes
 from onnx_lnfold.forms import LnCandidate, LnKind, RewriteSite
 from onnx_lnfold.shapes.table import ShapeTable, dims_equal
 
-# What a folded LN becomes (`Rewrite.op`, the plan's `LnDecision.rewrite`), by target.
-RMS_OP = RMS_NORM.qualified
-SKIP_RMS_OP = SKIP_RMS_NORM.qualified
-ONNX_RMS_OP = ONNX_RMS_NORM.qualified
-PRIMITIVE_RMS_OP = PRIMITIVE_RMS
-
 
 @dataclass(frozen=True)
 class Rewrite:
     """What one folded LN becomes, bound to the IR objects of the model it was planned on:
-    `apply.rewrite` carries it out, and nothing else needs it (the plan reports `op`, `beta` and the
-    residual Add's name)."""
+    `apply.rewrite` writes its `emission`, which the check's read-back reads the written file back
+    against (the plan reports `op`, `beta` and the residual Add's name)."""
 
     cand: LnCandidate  # the LN replaced: its nodes, output, gamma and beta
     op: str  # RMS_OP, SKIP_RMS_OP, ONNX_RMS_OP or PRIMITIVE_RMS_OP
@@ -63,6 +60,7 @@ class Rewrite:
     beta: BetaPlacement  # where beta goes
     out_dtype: ir.DataType | None  # the LN output's inferred element type, for new tensors where the model declares none
     pricing: Pricing  # the cost table and the token count this LN's fold is judged at
+    emission: Emission  # every node and bias share the fold writes
 
     @property
     def replaced(self) -> set[ir.Node]:
@@ -335,14 +333,41 @@ def _residual_site(add: ir.Node, bias_add: ir.Node | None) -> RewriteSite:
     return RewriteSite(tuple(inputs), bias, add.outputs[0], add)
 
 
+def bias_share(site: BetaSite) -> BiasShare | None:
+    """Where a linear consumer's share of beta goes, as the rewrite writes it (None: dropped, the
+    attention's Softmax removes it)."""
+    if site.how == "softmax":
+        return None
+    node = site.node
+    weight = constant_of(node.inputs[1])
+    assert weight is not None
+    if node.op_type != "Gemm":
+        rows = int(weight.shape[0])
+        if site.how == "created":
+            return BiasShare(node, "new_add", None, False, 1.0, rows, f"{node.name or 'matmul'}.bias_from_beta")
+        slot = bias_slot(node)
+        assert slot is not None, node.name
+        return BiasShare(node, "bias", slot, False, 1.0, rows)
+    attrs = node.attributes
+    trans = bool(attrs.get_int("transB", 0))
+    scale = attrs.get_float("alpha", 1.0) / attrs.get_float("beta", 1.0)  # Gemm computes alpha * (A @ B) + beta_g * C
+    rows = int(weight.shape[1] if trans else weight.shape[0])
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        return BiasShare(node, "bias", (node, 2), trans, scale, rows)
+    return BiasShare(node, "new_input", (node, 2), trans, scale, rows, f"{node.name or 'gemm'}.bias_from_beta")
+
+
 def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, claimed: set[ir.Node]) -> Rewrite:
     """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in."""
     pricing = pricing_for(cand, shapes, table_for(options))
     beta = beta_placement(cand, shapes, pricing)
     out_dtype = shapes.dtype(cand.out)
+    shares = tuple(s for s in map(bias_share, beta.sites) if s is not None) if beta.how == "consumers" else ()
 
     def rewrite(op: str, site: RewriteSite, add: ir.Node | None = None, taken_in: tuple = ()) -> Rewrite:
-        return Rewrite(cand, op, site, add, taken_in, beta, out_dtype, pricing)
+        replaced = set(cand.nodes) | set(taken_in)
+        emission = emission_for(cand, op, site, replaced, beta.how == "add", shares, out_dtype)
+        return Rewrite(cand, op, site, add, taken_in, beta, out_dtype, pricing, emission)
 
     if cand.form.has_skip:
         return rewrite(SKIP_RMS_OP, cand.form.site(cand))

@@ -144,6 +144,7 @@ def test_a_bias_is_created_where_it_costs_less_than_the_add():
     assert d.beta == "consumers" and d.beta_sites == ("head/matmul: a bias created for it",)
     (add,) = [n for n in result.model_proto.graph.node if n.name.endswith("bias_from_beta")]
     assert add.op_type == "Add" and add.output[0] == "head/matmul_out"  # the graph output keeps its name
+    assert add.doc_string.startswith("onnx_lnfold: adds to 'head/matmul' its share of the beta of LayerNormalization 'ln'")
 
 
 def test_no_bias_is_created_over_a_wider_output_and_the_ln_is_kept():

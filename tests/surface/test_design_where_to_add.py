@@ -106,7 +106,7 @@ def _assigned(path: str) -> set[str]:
         ("carry/rules.py", "RULES"),
         ("forms/__init__.py", "FORMS"),
         ("core/ops.py", "TARGETS"),
-        ("apply/rewrite.py", "EMITTERS"),
+        ("decide/emission.py", "EMITTERS"),
         ("decide/costs.py", "KINDS"),
         ("decide/costs.py", "LAYOUT_KINDS"),
         ("decide/costs.py", "LAYOUT_FALLBACK"),
@@ -147,10 +147,10 @@ def test_every_form_class_is_in_forms():
 
 
 def test_every_target_has_its_ops_in_emit():
-    """Each `--target` emits ops `apply/rewrite.py` `EMITTERS` builds, and the options offer it."""
-    from onnx_lnfold.apply.rewrite import EMITTERS
+    """Each `--target` emits ops `decide/emission.py` `EMITTERS` writes down, and the options offer it."""
     from onnx_lnfold.core import ops
     from onnx_lnfold.core.options import TARGETS
+    from onnx_lnfold.decide.emission import EMITTERS
 
     for target in ops.TARGETS:
         emitted = [op.qualified for op in ops.NORM_OPS if op.target == target.name]

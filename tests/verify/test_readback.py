@@ -61,7 +61,7 @@ def test_an_epsilon_off_is_refused_and_named():
         node.attributes["epsilon"] = ir.AttrFloat32("epsilon", node.attributes.get_float("epsilon") * 10)
 
     verification = _fold("gpt2.onnx", fault)
-    assert verification.status == "failed" and "epsilon 0.0001, where the LN's is 1e-05" in verification.reason
+    assert verification.status == "failed" and "has epsilon 0.0001, where the plan writes 1e-05" in verification.reason
 
 
 def test_a_gamma_swapped_for_another_tensor_is_refused():
@@ -71,7 +71,8 @@ def test_a_gamma_swapped_for_another_tensor_is_refused():
         node.replace_input_with(1, other)
 
     verification = _fold("gpt2.onnx", fault)
-    assert verification.status == "failed" and "its scale is " in verification.reason and "not the LN's gamma" in verification.reason
+    assert verification.status == "failed"
+    assert "ln_2.weight'], not the planned [" in verification.reason and verification.reason.endswith("ln_1.weight']")
 
 
 def test_a_node_the_plan_does_not_insert_is_refused():
@@ -84,7 +85,7 @@ def test_a_node_the_plan_does_not_insert_is_refused():
         node.replace_input_with(0, copy)
 
     verification = _fold("gpt2.onnx", fault)
-    assert verification.status == "failed" and "reads ['inserted'], not the planned" in verification.reason
+    assert verification.status == "failed" and "reads ['inserted', " in verification.reason and "not the planned" in verification.reason
 
 
 def test_a_dropped_explicit_centering_is_refused():
@@ -137,6 +138,93 @@ def test_row_means_of_a_table_derived_at_load_off_are_refused():
 
     verification = _fold("gpt2.onnx", fault)
     assert verification.status == "failed" and "is off the row means by" in verification.reason
+
+
+def _initializer_read_by(model: ir.Model, node_name_end: str, index: int) -> ir.Value:
+    node = next(n for n in model.graph if n.name.endswith(node_name_end))
+    return node.inputs[index]
+
+
+def _times(name_end: str, index: int, factor: float):
+    """A fault: the constant input `index` of the first node named `...name_end`, times `factor`."""
+
+    def fault(model: ir.Model, plan) -> None:
+        value = _initializer_read_by(model, name_end, index)
+        values = np.array(value.const_value.numpy())
+        value.const_value = ir.Tensor(values * np.array(factor, values.dtype), name=value.name)
+
+    return fault
+
+
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        (_times("/rms_add_eps", 1, 10.0), "holds [0.0001] of shape [], not the planned 1e-05 of shape []"),
+        (_times("/rms_square", 1, 1.5), "holds [3.] of shape [], not the planned 2 of shape []"),
+        (_times("/rms_mean", 1, 2), "ReduceMean is over axes [-2], not the planned axes [-1]"),
+    ],
+)
+def test_a_constant_of_the_primitive_form_off_is_refused(fault, words):
+    verification = _fold("gpt2.onnx", fault, FoldOptions(target="primitive"))
+    assert verification.status == "failed"
+    assert "the RMSNorm of 'node_layer_norm': " in verification.reason and words in verification.reason, verification.reason
+
+
+def test_an_attribute_the_plan_does_not_write_is_refused():
+    def fault(model, plan):
+        _rms_nodes(model)[0].attributes["stash_type"] = ir.AttrInt64("stash_type", 0)
+
+    verification = _fold("gpt2.onnx", fault)
+    assert verification.status == "failed" and "has stash_type 0, where the plan writes 1" in verification.reason
+
+
+def test_a_skip_op_without_its_bias_is_refused():
+    """bert_ort_opt1's SkipLayerNormalization nodes read a bias: the Skip op written in their place
+    reads it (an input slot of the original, read when the rewrite runs)."""
+
+    def fault(model, plan):
+        skip = next(n for n in _rms_nodes(model) if len(n.inputs) == 4)
+        skip.resize_inputs(3)
+
+    verification = _fold("bert_ort_opt1.onnx", fault)
+    assert verification.status == "failed" and "SkipSimplifiedLayerNormalization reads [" in verification.reason
+
+
+def _without_gamma() -> ir.Model:
+    """A decomposed LN written without gamma or beta: its RMSNorm gets a scale of ones it creates."""
+    from graphs import Graph, decomposed_ln
+
+    g = Graph()
+    g.output(decomposed_ln(g, g.linear(g.input("x", [2, "s", 4]), 4, 8, "p"), 8, "dec", affine=False))
+    return ir.from_proto(g.model())
+
+
+def test_a_scale_of_ones_the_fold_creates_is_read_back_by_value():
+    request = _pipeline.VerifyRequest(float64_budget=0.0)
+    run = _pipeline.run_pipeline(_without_gamma(), None, FoldOptions(fold_costly=True), request)
+    assert run.report.verification.passed, run.report.verification.reason
+
+    def fault(model, plan):
+        value = model.graph.initializers["dec/mean.scale"]
+        value.const_value = ir.Tensor(np.full(8, 1.0 + 1e-6, np.float32), name="dec/mean.scale")
+
+    run = _pipeline.run_pipeline(_without_gamma(), None, FoldOptions(fold_costly=True), request, after_apply=fault)
+    verification = run.report.verification
+    assert verification.status == "failed" and "'dec/mean.scale' holds [1.000001 " in verification.reason, verification.reason
+    assert "not the planned 1 of shape [8]" in verification.reason
+
+
+def test_doc_strings_are_no_difference():
+    """The fold notes on each node it writes what it stands for; any node's doc_string, the fold's
+    notes or the original's, is no difference the read-back counts."""
+
+    def fault(model, plan):
+        for node in model.graph:
+            node.doc_string = "edited"
+
+    verification = _fold("bert.onnx", fault)
+    assert verification.passed, verification.reason
+    assert verification.edits_checked > 0
 
 
 def test_the_read_back_runs_on_the_float64_judgment_too():
