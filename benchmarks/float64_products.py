@@ -3,7 +3,7 @@
     python -m benchmarks.float64_products [--rows 16] [--rounds 5] [--out benchmarks/results/float64_products]
 
 A float64 twin multiplies a few rows of activations (16 on the first input set) by each weight,
-read in blocks of rows and widened to float64 (`verify.oracle.reference._streamed_matmul`). Times,
+read in blocks of rows and widened to float64 (`verify.oracle.part_reads.streamed_matmul`). Times,
 interleaved round by round, on a GPT-2-style layer's weight shapes:
 
     shipped         the product as the check computes it, OpenBLAS on one thread (as while the passes
@@ -31,7 +31,7 @@ import onnx_ir as ir
 
 from benchmarks.common import fmt_ratio, log, machine_info, ratio_of_medians, results_header
 from onnx_lnfold.io.tensor_io import row_blocks
-from onnx_lnfold.verify.oracle import reference
+from onnx_lnfold.verify.oracle import part_reads
 from onnx_lnfold.verify.oracle.blas_threads import blas_threads_at_most
 
 SHAPES = [(4096, 12288), (4096, 4096), (4096, 16384), (16384, 4096)]  # qkv, projection, MLP in, MLP out
@@ -53,7 +53,7 @@ def _before(weight: ir.Tensor, rows: np.ndarray) -> np.ndarray:
 
 def _shipped(weight: ir.Tensor, rows: np.ndarray) -> np.ndarray:
     node = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
-    (out,) = reference._streamed_matmul(node, weight, [{"x": rows}])
+    (out,) = part_reads.streamed_matmul(node, weight, [{"x": rows}])
     return out
 
 

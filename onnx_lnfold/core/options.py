@@ -1,7 +1,7 @@
 """`FoldOptions`: the choices that shape a fold, validated once, and the model's precondition.
 
 `OPTIONS` is the one table of them: each option's name, default, choices, command-line flag and
-help, which the command line's parser, the Olive pass's config and docs/OPTIONS.md are made from.
+help, which the command line's parser, the Olive pass's config and docs/COMMAND_LINE.md's table are made from.
 Every internal step takes one `FoldOptions`; the public entry points (`fold()`, `analyze()`,
 `LnFoldPass`) also take its fields as keywords (`keywords_to_options`). Imports nothing heavy:
 the command line builds its parser from this module.
@@ -60,7 +60,7 @@ TIED_WEIGHTS = ("auto", "center", "untie", "derive")
 UNTIE_BUDGET = 0.01
 
 # Seconds the verification's float64 reference may take: None (the default) scales the allowance
-# with the fold's own time (verify.judge.first_allowance); a number replaces it (0: none; the fold is
+# with the fold's own time (verify.judges.allowance.first_allowance); a number replaces it (0: none; the fold is
 # then judged against the original's own fp32 sensitivity). docs/DESIGN.md section 6.
 FLOAT64_BUDGET_S: float | None = None
 
@@ -74,7 +74,7 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 class FoldOptions:
     """How to fold; raises `InvalidInput` (one line; a `ValueError`) for a value outside the choices.
 
-    What each field does: `OPTIONS` below (`help(onnx_lnfold.core.options)`, docs/OPTIONS.md).
+    What each field does: `OPTIONS` below (`help(onnx_lnfold.core.options)`, docs/COMMAND_LINE.md).
     """
 
     target: str = "ort"
