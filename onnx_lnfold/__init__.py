@@ -18,7 +18,7 @@ start-up, `-V` and `--help`) loads neither numpy nor onnx nor onnx_ir.
 import importlib as _importlib
 import typing as _typing
 
-__version__ = "0.1.0"
+from onnx_lnfold.core.version import VERSION as __version__
 
 # public name -> module that defines it
 _EXPORTS = {

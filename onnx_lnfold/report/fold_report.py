@@ -16,9 +16,9 @@ from typing import Any, Iterable
 
 import onnx_ir as ir
 
-from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan, LnDecision
 from onnx_lnfold.core.ops import RMS_OPS, TARGETS
+from onnx_lnfold.core.version import VERSION
 from onnx_lnfold.decide.pricing import DEFAULT
 from onnx_lnfold.decide.targets import BETA_SITE_WORDS
 from onnx_lnfold.report import kept
@@ -125,7 +125,7 @@ class FoldReport:
         )
         return {
             "tool": "onnx_lnfold",
-            "version": __version__,
+            "version": VERSION,
             "source": os.path.abspath(self.source) if self.source else None,
             "output": os.path.abspath(self.output) if self.output else None,
             "output_identical": self.output_identical,

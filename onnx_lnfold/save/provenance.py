@@ -23,9 +23,9 @@ from typing import Protocol
 
 import onnx_ir as ir
 
-from onnx_lnfold import __version__
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.options import FOLD_OPTIONS, FoldOptions
+from onnx_lnfold.core.version import VERSION
 from onnx_lnfold.verify.verdict import Verification
 
 # Every key this module writes starts with it; every key that starts with it is this tool's.
@@ -75,7 +75,7 @@ def verification_words(verification: Verification) -> str:
 def provenance(report: FoldOutcome, options: FoldOptions) -> dict[str, str]:
     """The `metadata_props` entries that say what the fold of `report` did, with `options`."""
     return {
-        PREFIX + "version": __version__,
+        PREFIX + "version": VERSION,
         PREFIX + "options": options_words(options),
         PREFIX + "folded": folded_words(report.plan),
         PREFIX + "verification": verification_words(report.verification),
