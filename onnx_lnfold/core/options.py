@@ -426,8 +426,8 @@ def check_preconditions(model: ir.Model, options: FoldOptions) -> None:
     if needed is not None:
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
         if opset < needed:
-            raise InvalidInput(
-                f"--target {options.target} emits {target_op_names(options.target)} (opset {needed}); the model analyzed "
+            raise SettingMismatch(
+                f"{{target={options.target}}} emits {target_op_names(options.target)} (opset {needed}); the model analyzed "
                 f"is at opset {opset}: convert it first (onnx_lnfold.fold and the command line do)"
             )
 

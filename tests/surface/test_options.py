@@ -118,7 +118,7 @@ def test_the_entry_points_convert_and_the_analysis_refuses_an_unconverted_model(
     model = ir.serde.deserialize_model(_opset18_model())
     assert onnx_lnfold.analyze(model, target="onnx").converted_from == 18
     message = (
-        "--target onnx emits RMSNormalization (opset 23); the model analyzed is at opset 18: convert it first "
+        "target='onnx' emits RMSNormalization (opset 23); the model analyzed is at opset 18: convert it first "
         "(onnx_lnfold.fold and the command line do)"
     )
     with pytest.raises(onnx_lnfold.InvalidInput, match=f"^{re.escape(message)}$"):
