@@ -200,15 +200,15 @@ def _without_gamma() -> ir.Model:
 
 
 def test_a_scale_of_ones_the_fold_creates_is_read_back_by_value():
-    request = _pipeline.VerifyRequest(float64_budget=0.0)
-    run = _pipeline.run_pipeline(_without_gamma(), None, FoldOptions(fold_costly=True), request)
+    request = FoldRequest(options=FoldOptions(fold_costly=True), check=CheckSettings(float64_budget=0.0))
+    run = _pipeline.run_pipeline(_without_gamma(), None, request)
     assert run.report.verification.passed, run.report.verification.reason
 
     def fault(model, plan):
         value = model.graph.initializers["dec/mean.scale"]
         value.const_value = ir.Tensor(np.full(8, 1.0 + 1e-6, np.float32), name="dec/mean.scale")
 
-    run = _pipeline.run_pipeline(_without_gamma(), None, FoldOptions(fold_costly=True), request, after_apply=fault)
+    run = _pipeline.run_pipeline(_without_gamma(), None, request, after_apply=fault)
     verification = run.report.verification
     assert verification.status == "failed" and "'dec/mean.scale' holds [1.000001 " in verification.reason, verification.reason
     assert "not the planned 1 of shape [8]" in verification.reason
