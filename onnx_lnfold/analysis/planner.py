@@ -276,7 +276,8 @@ def _folded(context: AnalysisContext, cand: LnCandidate, edits, centerings, clai
     centered = f"{', '.join(repr(t) for t in aux)} {'is' if len(aux) == 1 else 'are'} centered explicitly" if aux else ""
     reason = f"input is zero-mean {once_centered(n, centered)}"
     shapes, names = context.shapes, context.names
-    rewrite = choose_rewrite(cand, context.options, shapes, claimed)
+    everywhere = frozenset(c.tensor for c in centerings)
+    rewrite = choose_rewrite(cand, context.options, shapes, claimed, everywhere, frozenset(aux))
     decision = LnDecision(
         node=cand.name,
         op_type=str(cand.kind),

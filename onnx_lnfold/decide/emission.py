@@ -204,13 +204,18 @@ def emission_for(
     beta_add: bool,
     shares: tuple[BiasShare, ...],
     out_dtype: ir.DataType | None,
+    centered: frozenset[str] = frozenset(),
 ) -> Emission:
     """What the fold of `cand` into `op` at `site` writes: the op's nodes, replacing `replaced`;
-    with `beta_add`, beta as an Add over their output; `shares`: beta in its consumers' biases."""
+    with `beta_add`, beta as an Add over their output; `shares`: beta in its consumers' biases.
+    `centered`: the tensors the plan centers explicitly, whose centering nodes read them too (a
+    residual sum one of them reads is kept as a Skip op's output 3)."""
     out = cand.out
     y = Output(f"{out.name}.rms", like=out, dtype=out_dtype, takes=None if beta_add else out)
     old_sum = site.old_sum
-    keep_sum = old_sum is not None and (old_sum.is_graph_output() or any(n not in replaced for n, _ in old_sum.uses()))
+    keep_sum = old_sum is not None and (
+        old_sum.is_graph_output() or old_sum.name in centered or any(n not in replaced for n, _ in old_sum.uses())
+    )
     sum_ = Output(f"{old_sum.name}.sum", like=old_sum, takes=old_sum) if keep_sum else None  # type: ignore[union-attr]
     nodes = EMITTERS[op](cand, op, site, y, sum_)
     if beta_add:

@@ -357,8 +357,18 @@ def bias_share(site: BetaSite) -> BiasShare | None:
     return BiasShare(node, "new_input", (node, 2), trans, scale, rows, f"{node.name or 'gemm'}.bias_from_beta")
 
 
-def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, claimed: set[ir.Node]) -> Rewrite:
-    """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in."""
+def choose_rewrite(
+    cand: LnCandidate,
+    options: FoldOptions,
+    shapes: ShapeTable,
+    claimed: set[ir.Node],
+    centered: frozenset[str] = frozenset(),
+    centered_input: frozenset[str] = frozenset(),
+) -> Rewrite:
+    """What `cand` becomes; `claimed` holds the residual Adds earlier LNs took in, `centered` the
+    tensors the plan centers explicitly (their centerings read them: `emission_for`), and
+    `centered_input` those centered for `cand` itself: a residual sum among them stays an Add, since
+    a SkipSimplifiedLayerNormalization would normalize the sum uncentered."""
     pricing = pricing_for(cand, shapes, table_for(options))
     beta = beta_placement(cand, shapes, pricing)
     out_dtype = shapes.dtype(cand.out)
@@ -366,7 +376,7 @@ def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, 
 
     def rewrite(op: str, site: RewriteSite, add: ir.Node | None = None, taken_in: tuple = ()) -> Rewrite:
         replaced = set(cand.nodes) | set(taken_in)
-        emission = emission_for(cand, op, site, replaced, beta.how == "add", shares, out_dtype)
+        emission = emission_for(cand, op, site, replaced, beta.how == "add", shares, out_dtype, centered)
         return Rewrite(cand, op, site, add, taken_in, beta, out_dtype, pricing, emission)
 
     if cand.form.has_skip:
@@ -376,6 +386,8 @@ def choose_rewrite(cand: LnCandidate, options: FoldOptions, shapes: ShapeTable, 
     if options.target == PRIMITIVE_TARGET:
         return rewrite(PRIMITIVE_RMS_OP, cand.form.site(cand))
     add = _residual_add(cand, shapes, claimed, options.fuse_residual, pricing)
+    if add is not None and add.outputs[0].name in centered_input:
+        add = None
     if add is None:
         return rewrite(RMS_OP, cand.form.site(cand))
     claimed.add(add)
