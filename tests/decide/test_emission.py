@@ -5,7 +5,6 @@ import onnx_ir as ir
 import pytest
 
 import onnx_lnfold
-
 from onnx_lnfold import _pipeline
 from onnx_lnfold.core.ops import PRIMITIVE_OPS, RMS_NORM, SKIP_RMS_NORM
 from onnx_lnfold.core.options import FoldOptions
