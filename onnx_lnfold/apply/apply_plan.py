@@ -1,6 +1,6 @@
 """Carry out a plan on the model it was computed from (its `BoundPlan`: the plan and the IR
 objects it names): center and untie constants, insert explicit centerings, then rewrite each
-folded LN (`apply.rewrite`).
+folded LN (`apply.rewrite`), and remove the constants only the replaced nodes read (`apply.orphans`).
 
 The arithmetic (float64, one rounding back) is in `apply.centering`; centered weights stay lazy until
 the model is written.
@@ -15,6 +15,7 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.bound import BoundCentering, BoundEdit, BoundPlan
 from onnx_lnfold.apply import notes
 from onnx_lnfold.apply.centering import CenteredTensor, RowMeans
+from onnx_lnfold.apply.orphans import orphaned_constants, remove_orphans
 from onnx_lnfold.apply.rewrite import new_constant, rewrite_layer_norm, value_like, written_axes
 from onnx_lnfold.core.ir import constant_of, set_constant_value
 from onnx_lnfold.core.names import CENTERING_NODES, CENTERING_STEM, fresh_name, taken_names
@@ -86,6 +87,7 @@ def _apply_centering(graph: ir.Graph, bound: BoundCentering, opset: int, taken: 
 def apply_plan(model: ir.Model, bound: BoundPlan) -> None:
     """Mutate `model` as the plan says. The plan must have been computed on this very model."""
     plan, graph = bound.plan, model.graph
+    orphans = orphaned_constants(bound)  # before the rewrites remove the nodes that read them
     taken = taken_names(graph) | {e.new_name for e in plan.edits if e.new_name}
     taken |= {c.new_name for c in plan.centerings}
     # Centering first: a beta folded into a consumer's bias is computed with the edited weights.
@@ -104,6 +106,7 @@ def apply_plan(model: ir.Model, bound: BoundPlan) -> None:
         if node.op_type == "Constant" and node.outputs[0] in edited:
             if not node.outputs[0].uses() and not node.outputs[0].is_graph_output():
                 graph.remove(node, safe=True)
+    remove_orphans(orphans)
     logger.info(
         "folded %d LayerNorm node(s), centered %d constant(s), inserted %d centering(s)",
         len(plan.folded),

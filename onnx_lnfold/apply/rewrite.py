@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.plan import LnDecision
 from onnx_lnfold.apply import notes
 from onnx_lnfold.apply.centering import bias_plus_beta
-from onnx_lnfold.core.ir import constant_of, is_standard
+from onnx_lnfold.core.ir import constant_of
 from onnx_lnfold.core.names import fresh_name
 from onnx_lnfold.decide.emission import Axes, BiasShare, Emission, Filled, Output, Produced
 from onnx_lnfold.decide.targets import Rewrite
@@ -190,14 +190,6 @@ def rewrite_layer_norm(graph: ir.Graph, decision: LnDecision, rewrite: Rewrite, 
     for old, new in taken_over:
         old.replace_all_uses_with(new, replace_graph_outputs=True)
     owner.remove(rewrite.replaced, safe=True)  # type: ignore[union-attr]
-    for param in (cand.scale, cand.bias):  # gamma/beta the rewrite no longer reads
-        if param is None or param.uses() or param.is_graph_output():
-            continue
-        if param.is_initializer() and not param.is_graph_input():
-            # of the graph that holds it: an If/Loop body's own beta is not the main graph's
-            (param.graph or graph).initializers.pop(param.name)
-        elif (producer := param.producer()) is not None and producer.op_type == "Constant" and is_standard(producer):
-            producer.graph.remove(producer, safe=True)  # type: ignore[union-attr]  # an all-zero beta as TorchScript writes it
     # The replaced tensors' names move to the tensors that now hold their values: consumers,
     # graph outputs and anything downstream that refers to tensors by name stay valid.
     for old, new in taken_over:

@@ -10,10 +10,12 @@ import onnx_ir as ir
 import pytest
 
 from onnx_lnfold import _pipeline
+from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.fold_request import FoldRequest
 from onnx_lnfold.core.options import CheckSettings, FoldOptions
 from onnx_lnfold.load.model import load_model
 from onnx_lnfold.verify import tensor_checks
+from onnx_lnfold.verify.readback import planned_changes, read_back
 
 from conftest import MODELS
 
@@ -367,3 +369,67 @@ def test_a_constant_node_bias_centered_and_given_a_beta_is_read_back():
     model = _constant_node_bias_centered_and_given_a_beta()
     verification = _pipeline.run_pipeline(model, None, request, after_apply=fault).report.verification
     assert verification.status == "failed" and "is off the original bias plus beta @ W" in verification.reason, verification.reason
+
+
+# --------------------------------------------------------------------------- removed constants
+def _decomposed_with_unused() -> ir.Model:
+    """x -> Linear -> decomposed LN -> Linear; x * a scale of its own; an initializer the original
+    reads nowhere."""
+    from graphs import Graph, decomposed_ln
+
+    g = Graph()
+    x = g.input("x", [2, "s", 8])
+    g.output(g.linear(decomposed_ln(g, g.linear(x, 8, 8, "p"), 8, "dec"), 8, 4, "q"))
+    g.output(g.node("Mul", [x, g.const("other.scale", (8,))], name="other"))
+    g.const("unused.table", (3,))
+    return ir.from_proto(g.model())
+
+
+def _fold_built(fault=None):
+    request = FoldRequest(options=FoldOptions(fold_costly=True), check=CheckSettings(float64_budget=0.0))
+    return _pipeline.run_pipeline(_decomposed_with_unused(), None, request, after_apply=fault)
+
+
+def test_the_constants_only_a_folded_ln_read_are_removed_and_read_back():
+    run = _fold_built()
+    assert run.report.verification.passed, run.report.verification.reason
+    stored = set(run.model.graph.initializers) | {n.outputs[0].name for n in run.model.graph if n.op_type == "Constant"}
+    assert "unused.table" in stored
+    assert not stored & {"dec.two", "dec.axes", "dec.axes2", "dec.beta", "dec/eps_const_out"}
+
+
+@pytest.mark.parametrize("name", ["other.scale", "unused.table"])
+def test_a_constant_the_plan_does_not_remove_gone_is_refused(name):
+    """A constant another node reads, or one the original left unread, is no constant the fold
+    removes: the read-back refuses either gone (ONNX Runtime, which loads the fold first, refuses
+    the one still read too)."""
+    model, bound = _pipeline.analyze_for_target(_decomposed_with_unused(), FoldOptions(fold_costly=True))
+    changes = planned_changes(model, bound)
+    assert {"0:dec.two", "0:dec.beta", "0:dec/eps_const_out"} <= changes.orphans
+    apply_plan(model, bound)
+    model.graph.initializers.pop(name)
+    problem = read_back(ir.to_proto(model).SerializeToString(), changes).problem
+    assert problem == f"the constant '{name}' is gone, and the plan does not remove it"
+
+
+def test_a_constant_the_original_left_unread_gone_is_refused_by_the_check():
+    def fault(model, plan):
+        model.graph.initializers.pop("unused.table")
+
+    verification = _fold_built(fault).report.verification
+    assert verification.status == "failed"
+    assert "the constant 'unused.table' is gone, and the plan does not remove it" in verification.reason
+
+
+def test_a_decomposed_ln_model_reads_back_without_its_exponents_and_epsilons():
+    """gpt2_torchscript_opset14 writes each LN's exponent and epsilon as Constant nodes: they go
+    with the LN, and a Constant node anything else reads may not."""
+    assert _fold("gpt2_torchscript_opset14.onnx").passed
+
+    def fault(model, plan):
+        node = next(n for n in model.graph if n.op_type == "Constant" and "/attn/" in (n.name or ""))
+        node.outputs[0].replace_all_uses_with(ir.Value(name=node.outputs[0].name))
+        model.graph.remove(node, safe=True)
+
+    verification = _fold("gpt2_torchscript_opset14.onnx", fault)
+    assert verification.status == "failed" and "/attn/c_attn/Constant_output_0' is not" in verification.reason

@@ -16,7 +16,8 @@ model it was folded from is accounted for by the plan, and checked (docs/DESIGN.
   and its row means);
 - every other node as it was (op, attributes, inputs, where the plan has a use read a centered
   tensor that one), every other constant byte for byte the original's, every removed node one the
-  plan removes, the graph inputs, outputs and opset as they were.
+  plan removes, every constant of the original there but those only the removed nodes read
+  (`PlannedChanges.orphans`, `apply.orphans`), the graph inputs, outputs and opset as they were.
 
 The first thing that differs and that the plan does not account for refuses the fold, named; a
 node's doc_string is no difference (the fold notes on each node it writes what it stands for).

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.bound import BoundPlan
+from onnx_lnfold.apply.orphans import orphaned_constants
 from onnx_lnfold.decide.emission import Axes, EmittedNode, Filled, Produced, Source
 from onnx_lnfold.verify.readback.scopes import NodeAsWas, Scopes, as_was, attribute_value, opset_of, stored_tensors
 
@@ -105,9 +106,9 @@ class PlannedChanges:
     betas: list[PlannedBeta] = field(default_factory=list)
     centerings: list[PlannedCentering] = field(default_factory=list)
     edits: list[PlannedEdit] = field(default_factory=list)
-    # keys of the Constant nodes holding a folded LN's gamma or beta: the rewrite drops the ones it
-    # no longer reads (a zero beta as TorchScript writes it), so each may be gone if nothing reads it
-    released: set[str] = field(default_factory=set)
+    # the constants (scoped names) that only the replaced nodes read, which the fold does not write
+    # (`apply.orphans`): each may be gone, with its Constant node where it has one
+    orphans: set[str] = field(default_factory=set)
 
 
 def _rank(value: ir.Value | None) -> int | None:
@@ -142,6 +143,7 @@ def planned_changes(model: ir.Model, bound: BoundPlan) -> PlannedChanges:
         [v.name or "" for v in model.graph.inputs],
         opset_of(model),
     )
+    changes.orphans = {f"{scopes.of(v)}:{v.name}" for v in orphaned_constants(bound)}
     by_tensor = {(scopes.of(b.value), b.edit.tensor): b.edit for b in bound.edits}
     for b in bound.edits:
         e = b.edit
@@ -179,10 +181,6 @@ def planned_changes(model: ir.Model, bound: BoundPlan) -> PlannedChanges:
         d, r = fold.decision, fold.rewrite
         cand = r.cand
         changes.removed |= {key(n) for n in r.replaced}
-        for param in (cand.scale, cand.bias):
-            producer = param.producer() if param is not None else None
-            if producer is not None and producer.op_type == "Constant":
-                changes.released.add(key(producer))
         planned = tuple(_planned_node(spec, source) for spec in r.emission.nodes)
         changes.norms.append(PlannedNorm(scopes.of(cand.node), d.node, cand.out.name or "", planned))
         for share in r.emission.shares:

@@ -105,13 +105,16 @@ def _check_rest(folded: Folded, changes: PlannedChanges) -> ReadBack:
         if (len(now.inputs) != len(expected) and not resized) or any((key, i) not in beta_slots for i in differing):
             raise Differs(f"the node '{key}' reads {list(now.inputs)}, where the plan has it read {list(expected)}")
     gone = set(changes.nodes) - set(folded.nodes) - changes.removed
-    dead = gone & {f"{e.graph}:{e.tensor}" for e in changes.edits}  # an edited constant's node, untied away
-    # a released gamma or beta may be gone where no node of any graph reads its name
-    read = {name for node in folded.nodes.values() for name in input_names(node)} | set(changes.outputs)
-    dead |= {k for k in gone & changes.released if not set(changes.nodes[k].outputs) & read}
+    # an edited constant's node, untied away; the node of a constant the fold leaves unread
+    dead = gone & ({f"{e.graph}:{e.tensor}" for e in changes.edits} | changes.orphans)
     if gone - dead:
         key = sorted(gone - dead)[0]
         raise Differs(f"the node '{key}' ({changes.nodes[key].op}) is gone, and the plan does not remove it")
+    # a Constant node's output goes with its node, accounted for above
+    missing = set(changes.constants) - set(folded.constants) - changes.orphans - changes.removed - dead
+    if missing:
+        name = sorted(missing)[0].split(":", 1)[1]
+        raise Differs(f"the constant '{name}' is gone, and the plan does not remove it")
     for scoped, tensor in folded.constants.items():
         if scoped in folded.claimed_tensors:
             continue
