@@ -30,19 +30,20 @@ from onnx_lnfold.verify.sessions import compare
 MODELS = ROOT / "models"
 GENERATOR = load_script(MODELS / "make" / "export_quantized_models.py")
 FIXTURES = sorted(GENERATOR.FIXTURES)
-# The op types of the optimized graphs each table names (QLinear*: every op type of that prefix).
-NAMED_OPS = (
-    "DequantizeLinear",
-    "QuantizeLinear",
-    "QLinear*",
-    "MatMulNBits",
-    "DynamicQuantizeMatMul",
-    "MatMulIntegerToFloat",
-    "LayerNormalization",
-    "SkipLayerNormalization",
-    "SimplifiedLayerNormalization",
-    "SkipSimplifiedLayerNormalization",
-)
+# The op types of the optimized graphs each table names, with their column labels (QLinear*: every
+# op type of that prefix).
+NAMED_OPS = {
+    "DequantizeLinear": "DQ",
+    "QuantizeLinear": "Q",
+    "QLinear*": "QLinear*",
+    "MatMulNBits": "NBits",
+    "DynamicQuantizeMatMul": "DynQMatMul",
+    "MatMulIntegerToFloat": "MatMulIntToFloat",
+    "LayerNormalization": "LN",
+    "SkipLayerNormalization": "SkipLN",
+    "SimplifiedLayerNormalization": "SimplifiedLN",
+    "SkipSimplifiedLayerNormalization": "SkipSimplifiedLN",
+}
 
 
 def committed_inputs(name: str) -> dict[str, np.ndarray]:
@@ -143,22 +144,6 @@ def measure(name: str, folder: Path) -> dict:
 
 
 def table(rows: list[dict]) -> list[str]:
-    ops = (
-        "DequantizeLinear",
-        "QuantizeLinear",
-        "QLinear*",
-        "MatMulNBits",
-        "DynamicQuantizeMatMul",
-        "SkipLayerNormalization",
-    )
-    short = {
-        "DequantizeLinear": "DQ",
-        "QuantizeLinear": "Q",
-        "QLinear*": "QLinear*",
-        "MatMulNBits": "NBits",
-        "DynamicQuantizeMatMul": "DynQMatMul",
-        "SkipLayerNormalization": "SkipLN",
-    }
     head = [
         "model",
         "LNs folded (default)",
@@ -166,7 +151,7 @@ def table(rows: list[dict]) -> list[str]:
         "DQ pairs split",
         "fold_costly: folded / centerings / DQ pairs split",
         "ORT nodes original -> folded",
-        *(f"{short[op]}" for op in ops),
+        *NAMED_OPS.values(),
         "max rel fold vs original",
         "max rel original DISABLE vs ENABLE",
         "max rel original vs float source",
@@ -181,7 +166,7 @@ def table(rows: list[dict]) -> list[str]:
             str(r["dequantize_pairs_split"]),
             f"{c['folded']} / {c['centerings']} / {c['dequantize_pairs_split']}",
             f"{o['total']} -> {f['total']}",
-            *(f"{o[op]} -> {f[op]}" for op in ops),
+            *(f"{o[op]} -> {f[op]}" for op in NAMED_OPS),
             f"{r['max_rel_fold_vs_original']:.2e}",
             f"{r['max_rel_original_disable_vs_enable']:.2e}",
             f"{r['max_rel_original_vs_float_source']:.2e}",
