@@ -123,8 +123,12 @@ def int8_cast_mul(source: Path, out: Path) -> None:
                         [numpy_helper.from_array(q, f"{name}_int8"), numpy_helper.from_array(scale, f"{name}_scale")]
                     )
                     new_nodes += [
-                        helper.make_node("Cast", [f"{name}_int8"], [f"{name}_cast"], name=f"{name}_Cast", to=TensorProto.FLOAT),
-                        helper.make_node("Mul", [f"{name}_cast", f"{name}_scale"], [f"{name}_dequantized"], name=f"{name}_Mul"),
+                        helper.make_node(
+                            "Cast", [f"{name}_int8"], [f"{name}_cast"], name=f"{name}_Cast", to=TensorProto.FLOAT
+                        ),
+                        helper.make_node(
+                            "Mul", [f"{name}_cast", f"{name}_scale"], [f"{name}_dequantized"], name=f"{name}_Mul"
+                        ),
                     ]
                     dequantized[name] = f"{name}_dequantized"
                 node.input[1] = dequantized[name]
