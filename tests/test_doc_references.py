@@ -32,6 +32,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import onnx_lnfold
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.save.provenance import provenance
@@ -39,7 +40,18 @@ from onnx_lnfold.verify.verdict import Verification
 
 from conftest import ROOT
 
-PACKAGE = ROOT / "onnx_lnfold"
+# The package's sources: the installed ones where CI tests the wheel (the checkout's otherwise).
+PACKAGE = Path(onnx_lnfold.__file__).resolve().parent
+
+
+def _in_tree(path: Path) -> Path:
+    """`path` as the tree names it: from the package's parent for its modules, else from the root."""
+    return path.relative_to(PACKAGE.parent if PACKAGE in path.parents else ROOT)
+
+
+def _tree_path(name: str) -> Path:
+    """The file a reference `onnx_lnfold/x.py` or `docs/X.md` names."""
+    return PACKAGE.parent / name if name == "onnx_lnfold" or name.startswith("onnx_lnfold/") else ROOT / name
 
 # References that name nothing, in files being rewritten elsewhere: file -> names. An entry goes
 # when its file is fixed (the test fails on one that resolves): this table must shrink to empty.
@@ -60,7 +72,7 @@ METADATA_KEYS = set(
 # Folders a command makes rather than the checkout holds: .gitignore's folders under the root.
 MADE = [
     line.strip("/")
-    for line in (ROOT / ".gitignore").read_text().splitlines()
+    for line in ((ROOT / ".gitignore").read_text() if (ROOT / ".gitignore").is_file() else "").splitlines()
     if line.startswith("/") and line.endswith("/")
 ]
 
@@ -128,7 +140,7 @@ def _own_folder(path: Path) -> tuple[str, re.Pattern] | None:
         return None
     names = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
     names += [p.parent.name for p in folder.glob("*/__init__.py")]
-    return ".".join(folder.relative_to(ROOT).parts), _dotted(sorted(names))
+    return ".".join(_in_tree(folder).parts), _dotted(sorted(names))
 
 
 def _sources() -> Iterator[tuple[Path, Iterator[tuple[int, str]]]]:
@@ -150,7 +162,7 @@ def _placeholder(name: str) -> bool:
 def references() -> list[Reference]:
     found = []
     for path, texts in _sources():
-        file = path.relative_to(ROOT).as_posix()
+        file = _in_tree(path).as_posix()
         own = _own_folder(path)
         imported = _imported_names(path) if path.suffix == ".py" else {}
         for line, text in texts:
@@ -201,11 +213,11 @@ def _path_exists(name: str) -> bool:
     path, _, test = name.partition("::")
     if any(path == made or path.startswith(made + "/") for made in MADE):
         return True
-    target = ROOT / path
+    target = _tree_path(path)
     if not target.exists():
         # `tests/hostile_models.identity_chain`: a module's file and a name it defines
         module, _, attr = path.rpartition(".")
-        return bool(module) and (ROOT / f"{module}.py").is_file() and _defines(ROOT / f"{module}.py", attr)
+        return bool(module) and _tree_path(f"{module}.py").is_file() and _defines(_tree_path(f"{module}.py"), attr)
     if test:
         return re.search(rf"^\s*(?:async )?def {test}\b|^class {test}\b", target.read_text(), re.M) is not None
     return True
@@ -342,7 +354,7 @@ def _code_names() -> set[str]:
 def test_the_private_names_the_package_names_exist():
     """`_decoder_steps` in a docstring or comment of the package is a name its code has."""
     named = [
-        (path.relative_to(ROOT).as_posix(), line, m.group(1))
+        (_in_tree(path).as_posix(), line, m.group(1))
         for path in sorted(PACKAGE.rglob("*.py"))
         for line, text in _python_texts(path)
         for m in re.finditer(r"`(?:\w+\.)*(_\w+)(?:\(\))?`", text)
