@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -87,7 +88,7 @@ class StagedModel:
         self.identical = copy_of is not None
         # The metadata_props entries the written model holds (an unchanged copy's are its input's).
         self._written_metadata = {} if copy_of is not None else dict(model.metadata_props)
-        try:
+        with self._discarded_on_failure(f"{destination}: cannot write the output"):
             if copy_of is not None:
                 shutil.copyfile(copy_of, self.path)
                 return
@@ -105,9 +106,16 @@ class StagedModel:
                 progress.finish()
             if rebind and self.data_name:
                 self._rebind()
+
+    @contextmanager
+    def _discarded_on_failure(self, what: str) -> Iterator[None]:
+        """Within it, any failure removes what was staged; an OSError is raised as `CannotWrite`
+        beginning with `what`."""
+        try:
+            yield
         except OSError as e:
             self.discard()
-            raise _os_error(f"{destination}: cannot write the output", e) from None
+            raise _os_error(what, e) from None
         except BaseException:
             self.discard()
             raise
@@ -172,14 +180,8 @@ class StagedModel:
         hold the same value (ValueError otherwise: appending cannot replace an entry, and a key
         twice fails onnx.checker); an unchanged copy (`identical`) takes none."""
         folder = self.destination.parent
-        try:
+        with self._discarded_on_failure(f"{self.destination}: cannot write the output"):
             added = self._append_metadata(metadata) if metadata else {}
-        except OSError as e:
-            self.discard()
-            raise _os_error(f"{self.destination}: cannot write the output", e) from None
-        except BaseException:
-            self.discard()
-            raise
         try:
             if self.data_name:
                 os.replace(self._dir / self.data_name, folder / self.data_name)
