@@ -4,15 +4,17 @@ centerings that pay for themselves. Mutates nothing.
 
 Cost model: an explicit centering costs one ReduceMean + Sub per run, and each LN it unlocks saves
 what its fold saves (LayerNormalization -> SimplifiedLayerNormalization, or ORT's slow fused
-SkipLayerNormalization replaced), by the measured kernel costs of `decide.costs`: a root is kept only when
-the LNs it unlocks save more than it costs, by more than the figures' spread, at the tokens they run
-at; roots that do not pay are
-denied and the fold set is recomputed without them.
+SkipLayerNormalization replaced), by the measured kernel costs of `decide.costs`. The LNs and the
+centerings they need are priced as sets (`centering_sets`: LNs linked through a centering they
+share): a set's centerings are kept only when its LNs save more than all of them cost together, by
+more than the figures' spread, at the tokens they run at. Where a set does not pay, the centering
+that earns least is denied and the fold set is recomputed without it.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
 import onnx_ir as ir
 
@@ -36,6 +38,8 @@ logger = logging.getLogger(__name__)
 # it comes from); an LN without an entry saves nothing. None: every LN folds whatever it costs
 # (`fold_costly`), and a centering is used wherever it unlocks one.
 Savings = dict[LnCandidate, Saving]
+K = TypeVar("K")
+R = TypeVar("R")
 
 
 def _centering_pays(cands, savings: Savings | None, kind: str = "Centering") -> bool:
@@ -47,6 +51,68 @@ def _centering_pays(cands, savings: Savings | None, kind: str = "Centering") -> 
         return False
     # The LNs a centering unlocks read the one stream it centers: one width, one token count.
     return priced[0].pricing.centering_pays(priced[0].width, priced, kind)
+
+
+def centering_sets(needs: dict[K, set[R]]) -> list[tuple[list[K], list[R]]]:
+    """The LNs of `needs` (each with the centerings its fold needs) in sets linked through the
+    centerings they share, each set with all its centerings; in the order of `needs`. An LN that
+    needs none is in no set."""
+    owner: dict[R, int] = {}
+    groups: list[tuple[list[K], list[R]]] = []
+    for ln, roots in needs.items():
+        if not roots:
+            continue
+        joined = sorted({owner[r] for r in roots if r in owner})
+        if joined:
+            into = joined[0]
+            for other in joined[1:]:  # this LN links sets made so far: merge them into the first
+                lns, more = groups[other]
+                groups[into][0].extend(lns)
+                groups[into][1].extend(more)
+                for r in more:
+                    owner[r] = into
+                groups[other] = ([], [])
+        else:
+            into = len(groups)
+            groups.append(([], []))
+        groups[into][0].append(ln)
+        for r in roots:
+            if owner.get(r) != into:
+                owner[r] = into
+                groups[into][1].append(r)
+    return [group for group in groups if group[0]]
+
+
+def _unpaid_roots(
+    unlocked: dict[ir.Value, set[LnCandidate]], kinds: dict[ir.Value, str], savings: Savings | None
+) -> set[ir.Value]:
+    """The centerings to deny this round: in each set of LNs and the centerings they need
+    (`centering_sets`), none where the set pays as a whole, else the one that earns least (what
+    the LNs it unlocks save, each LN's saving shared evenly among the centerings it needs, less its
+    own cost); every centering whose LNs save nothing by the table."""
+    if savings is None:  # folding whatever it costs: every centering that unlocks an LN stays
+        return set()
+    needs: dict[LnCandidate, set[ir.Value]] = {}
+    for root, cands in unlocked.items():
+        for cand in cands:
+            needs.setdefault(cand, set()).add(root)
+    poor: set[ir.Value] = set()
+    for cands, roots in centering_sets(needs):
+        priced = sorted((savings[c] for c in cands if c in savings), key=lambda s: s.width is None)
+        if not priced or priced[0].width is None:
+            poor |= set(roots)
+            continue
+        # The centerings of a set read the streams its LNs normalize: one width, one token count.
+        pricing, width = priced[0].pricing, priced[0].width
+        if pricing.centerings_pay([(kinds[r], width) for r in roots], priced):
+            continue
+
+        def earned(root: ir.Value) -> tuple[float, str]:
+            shares = sum(savings[c].amount / len(needs[c]) for c in unlocked[root] if c in savings)
+            return shares - pricing.total([(kinds[root], width)]), root.name or ""
+
+        poor.add(min(roots, key=earned))
+    return poor
 
 
 def leaf_order(leaf: Leaf, names: dict[ir.Node, str]) -> tuple:
@@ -162,6 +228,15 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
     return memo[(start, axis)]
 
 
+def _written_into(root: ir.Value, cands: set[LnCandidate], never, shapes: ShapeTable) -> bool:
+    """Whether the centering of `root` would be written at a tensor of `never` (past the Add of a
+    constant it moves over: `analysis.edits.written_site`)."""
+    if not never:
+        return False
+    axis = next((c.axis for c in cands if c.axis is not None), -1)
+    return written_site(root, axis, shapes)[0] in never
+
+
 def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
     """fp16/bf16 roots that unlock an LN of another precision. A mean computed and subtracted in
     10 or 7 mantissa bits leaves a residual mean at that type's rounding: noise for an LN of the
@@ -180,9 +255,9 @@ _JUNCTION_ROUNDS = 8
 
 
 def with_auxiliary_centering(candidates, shapes, sinks, names, savings: Savings | None, denied: frozenset = frozenset()):
-    """Fold with explicit centering roots allowed (but at `denied`), denying the roots whose LNs
-    save less than they cost; then, where LNs stay blocked, try centering the stream sums they share
-    (`_junction_roots`)."""
+    """Fold with explicit centering roots allowed (but at `denied`, nor where one would be written
+    into `denied`: `analysis.edits.written_site`), denying the roots whose LNs save less than they
+    cost; then, where LNs stay blocked, try centering the stream sums they share (`_junction_roots`)."""
     active, blocked = _aux_fold(candidates, shapes, sinks, names, frozenset(), savings, denied)
     # Rounds until no new sum helps: a sum shared by many blocked LNs can unlock only some of
     # them (the rest need a sum further down), and a fold must not leave for a second run what
@@ -190,7 +265,7 @@ def with_auxiliary_centering(candidates, shapes, sinks, names, savings: Savings 
     junctions: frozenset[ir.Value] = frozenset()
     tried: frozenset[ir.Value] = frozenset()
     for _ in range(_JUNCTION_ROUNDS):
-        new = _junction_roots(blocked, shapes, savings, exclude=tried)
+        new = _junction_roots(blocked, shapes, savings, exclude=tried | denied)
         if not new:
             break
         tried |= new
@@ -205,17 +280,15 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value], 
     while True:
         active, blocked = fold_set(candidates, shapes, sinks, names, denied, junctions)
         unlocked: dict[ir.Value, set[LnCandidate]] = {}
-        axes: dict[ir.Value, int | None] = {}
+        kinds: dict[ir.Value, str] = {}
         for cand, leaves in active.items():
-            for leaf in leaves:
+            for leaf in sorted(leaves, key=lambda l: leaf_order(l, names)):
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
-                    axes.setdefault(leaf.value, leaf.axis)
-        poor = {
-            root
-            for root, cands in unlocked.items()
-            if not _centering_pays(cands, savings, centering_kind(*written_site(root, axes[root], shapes), shapes))  # type: ignore[arg-type]
-        }
+                    if leaf.value not in kinds:
+                        kinds[leaf.value] = centering_kind(*written_site(leaf.value, leaf.axis, shapes), shapes)  # type: ignore[arg-type]
+        poor = _unpaid_roots(unlocked, kinds, savings)
+        poor |= {root for root, cands in unlocked.items() if _written_into(root, cands, never, shapes)}
         poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
         poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:

@@ -227,6 +227,10 @@ class CenteringPlan:
     # on the model converted (onnx.version_converter; docs/DESIGN.md section 4); None: not converted.
     converted_from: int | None = None
     converted_to: int | None = None
+    # What the cost rule counted for the whole plan, as ONNX Runtime op types and their counts:
+    # {"original": the ops the folds replace, "emitted": the ops they run instead, explicit
+    # centerings included} (`decide.set_price`).
+    priced_ops: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def folded(self) -> list[LnDecision]:
@@ -291,4 +295,5 @@ class CenteringPlan:
             "opset_converted": None
             if self.converted_from is None
             else {"from": self.converted_from, "to": self.converted_to, "by": "onnx.version_converter"},
+            "priced_ops": {side: dict(ops) for side, ops in self.priced_ops.items()},
         }

@@ -26,24 +26,28 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnx_lnfold.analysis.bound import BoundFold, BoundPlan
+from onnx_lnfold.analysis.bound import BoundCentering, BoundFold, BoundPlan
 from onnx_lnfold.analysis.edits import plan_edits, written_site
-from onnx_lnfold.analysis.fold_set import fold_set, leaf_order, with_auxiliary_centering
+from onnx_lnfold.analysis.fold_set import centering_sets, fold_set, leaf_order, with_auxiliary_centering
 from onnx_lnfold.analysis.plan import FOLDED, KEPT, CenteringPlan, LnDecision
 from onnx_lnfold.analysis.sinks import Sinks
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names, taken_names
 from onnx_lnfold.core.options import FoldOptions, check_preconditions
-from onnx_lnfold.decide.costs import OrtLayout, Saving, table_for
+from onnx_lnfold.core.quantized import inside_units
+from onnx_lnfold.decide.costs import NARROWEST, OrtLayout, Saving, table_for
 from onnx_lnfold.decide.pricing import centering_kind
+from onnx_lnfold.decide.set_price import price_set
 from onnx_lnfold.decide.targets import (
+    CenteringSite,
     Rewrite,
     beta_add_note,
     centering_refusal,
     choose_rewrite,
     cost_nodes,
     cost_refusal,
+    ln_width,
     once_centered,
     target_refusal,
 )
@@ -60,15 +64,15 @@ __all__ = ["Planner", "candidates", "plan_for"]
 class AnalysisContext:
     """What every step of one plan reads, fixed for that plan: the options, the shapes, the LNs as
     sinks of the side-effect rule, the display names, what each LN's fold saves (`_priced`), and
-    the outputs of the LNs kept for an ONNX Runtime fusion, which no explicit centering may read
-    (the fusion would be lost all the same)."""
+    the tensors no explicit centering may be written at: the outputs of the LNs kept for an ONNX
+    Runtime fusion (the fusion would be lost all the same) and those inside a quantized unit."""
 
     options: FoldOptions
     shapes: ShapeTable
     sinks: Sinks
     names: dict[ir.Node, str]
     savings: dict[LnCandidate, Saving]
-    fused: frozenset[ir.Value]
+    untouchable: frozenset[ir.Value]
 
 
 def candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
@@ -148,8 +152,10 @@ def plan_for(
     unfit = {c.name: r.at_stage("form") for c in candidates if not c.form_problem and (r := target_refusal(c, options, shapes))}
     savings, dearer = _priced(candidates, {**kept, **unfit}, options, shapes)
     foldable = [cand for cand in candidates if cand.name not in kept and cand.name not in unfit and cand not in dearer]
-    fused = frozenset(cand.out for cand in candidates if cand.name in kept)
-    context = AnalysisContext(options, shapes, sinks, names, savings, fused)
+    # No centering reads an LN output kept for a fusion (the fusion would be lost all the same), nor
+    # is written inside a quantized unit (`core.quantized`).
+    untouchable = frozenset(cand.out for cand in candidates if cand.name in kept) | frozenset(inside_units(model.graph))
+    context = AnalysisContext(options, shapes, sinks, names, savings, untouchable)
     active, blocked = _folding(context, foldable, options)
     edits, centerings = _edits(model, active, options, names, shapes)
     blocked.update(_kept_for_cost(context, candidates, {**kept, **unfit}, dearer, active, blocked))
@@ -169,12 +175,46 @@ def plan_for(
                 pricing.words, pricing.tokens, pricing.by_default
             )
         decisions.append(decision)
+    priced = _price_sets(folds, centerings, shapes)
     table = table_for(options)
     costs = f"{table.source} ({table.provider_words}, {table.unit_words})"
     plan = CenteringPlan(
-        decisions=decisions, edits=plain_edits, centerings=plain_centerings, target=options.target, costs=costs
+        decisions=decisions,
+        edits=plain_edits,
+        centerings=plain_centerings,
+        target=options.target,
+        costs=costs,
+        priced_ops=priced,
     )
     return BoundPlan(plan, edits, centerings, folds)
+
+
+def _price_sets(folds: list[BoundFold], centerings: list[BoundCentering], shapes: ShapeTable) -> dict[str, dict[str, int]]:
+    """Price the folds that need explicit centerings in the sets they share them in
+    (`decide.set_price`): each of their decisions' cost note names the set's every node, centerings
+    included. Returns what the whole plan counts, as ONNX Runtime op types: {"original": ...,
+    "emitted": ...}."""
+    if not folds:
+        return {"original": {}, "emitted": {}}
+    by_name = {fold.decision.node: fold for fold in folds}
+    needs: dict[str, set[int]] = {fold.decision.node: set() for fold in folds}  # by index in `centerings`
+    for i, bound in enumerate(centerings):
+        for ln in bound.centering.required_by:
+            needs[ln].add(i)
+    every: list[tuple[str, int]] = []
+    for lns, roots in centering_sets(needs):
+        members = [by_name[ln] for ln in lns]
+        width = ln_width(members[0].rewrite.cand, shapes) or NARROWEST
+        priced = [
+            (centering_kind(*written_site(b.value, b.centering.axis, shapes), shapes), width)
+            for b in (centerings[i] for i in sorted(roots))
+        ]
+        note = price_set([m.rewrite for m in members], priced, shapes).note()
+        for member in members:
+            member.decision.cost_note = note
+        every += priced
+    original, emitted = price_set([fold.rewrite for fold in folds], every, shapes).ops()
+    return {"original": dict(sorted(original.items())), "emitted": dict(sorted(emitted.items()))}
 
 
 def _priced(
@@ -208,7 +248,7 @@ def _folding(context: AnalysisContext, foldable: list[LnCandidate], options: Fol
     active, blocked = fold_set(foldable, shapes, sinks, names, None)
     if options.auxiliary_centering and blocked:
         paid = None if options.fold_costly else context.savings  # asked to fold whatever it costs
-        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, context.fused)
+        aux_active, aux_blocked = with_auxiliary_centering(foldable, shapes, sinks, names, paid, context.untouchable)
         # Explicit centering must only ever add folds; the first pass's reasons name the real
         # obstacle for the LNs that stay.
         if set(active) <= set(aux_active) and len(aux_active) > len(active):
@@ -249,24 +289,27 @@ def _kept_for_cost(context: AnalysisContext, candidates, kept, dearer, active, b
     why: dict[LnCandidate, Blocked] = {}
     for cand, refusal in dearer.items():
         why[cand] = refusal.at_stage("cost") if cand in possible else first[cand]
-    # centering -> (axis, the LNs whose fold needs it), in a fixed order: an LN needing several is
-    # told of the first (leaves are a set, whose order changes from run to run)
-    roots: dict[ir.Value, tuple[int, list[LnCandidate]]] = {}
+    # Each LN the centerings it needs, in a fixed order (leaves are a set, whose order changes
+    # from run to run); priced in the sets that share them, less what the plan already centers.
+    axes: dict[ir.Value, int] = {}
+    needs: dict[LnCandidate, list[ir.Value]] = {}
     for cand, leaves in possible.items():
         for leaf in sorted(leaves, key=lambda l: leaf_order(l, names)):
             if leaf.aux:
-                roots.setdefault(leaf.value, (leaf.axis, []))[1].append(cand)
-    for root, (axis, lns) in roots.items():
+                axes.setdefault(leaf.value, leaf.axis)  # type: ignore[arg-type]
+                needs.setdefault(cand, []).append(leaf.value)
+    planned = {leaf.value for cand in active for leaf in active[cand] if leaf.aux}
+    for lns, roots in centering_sets({c: set(r) for c, r in needs.items()}):
         held = [c for c in lns if c not in active and c not in dearer and c in blocked and c not in why]
         if not held:
             continue
-        saved = [savings[c] for c in lns if c in savings and c not in dearer]  # held LNs are among them
+        added = [r for r in dict.fromkeys(r for c in lns for r in needs[c]) if r not in planned]
+        unlocked = [c for c in lns if c not in active]
+        saved = [savings[c] for c in unlocked if c in savings and c not in dearer]  # held LNs are among them
+        sites = [CenteringSite(site.name or "", site_axis, centering_kind(site, site_axis, shapes)) for site, site_axis in (written_site(r, axes[r], shapes) for r in added)]
         for cand in held:
             constants = sum(not leaf.aux for leaf in possible[cand])
-            site, site_axis = written_site(root, axis, shapes)
-            kind = centering_kind(site, site_axis, shapes)
-            refusal = centering_refusal(site.name or "", site_axis, len(lns), saved, constants, kind)
-            why[cand] = refusal.at_stage("cost")
+            why[cand] = centering_refusal(sites, len(unlocked), saved, constants).at_stage("cost")
     return why
 
 

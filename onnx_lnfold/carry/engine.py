@@ -27,6 +27,7 @@ from onnx_lnfold.carry.rules import RULES
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import is_standard, node_label, reads_only_shape
 from onnx_lnfold.core.ops import LAYER_NORM
+from onnx_lnfold.core.quantized import QUANTIZED_WHY, is_quantized_node
 from onnx_lnfold.shapes.parts import WHOLE, Part
 from onnx_lnfold.shapes.table import ShapeTable
 
@@ -66,6 +67,8 @@ def backward(
 ) -> list[Requirement] | Blocked:
     """Which inputs must be zero-mean for `node.outputs[output_index]` to be zero-mean along `axis`
     (in `part`): centering them shifts the output within that part."""
+    if is_quantized_node(node):
+        return Blocked("quantized", f"{node_label(node)} is quantized: {QUANTIZED_WHY}")
     if not is_standard(node):
         return Blocked("not-carried", f"{node_label(node)} ({node.domain}) does not carry a zero mean")
     rule = RULES.get(node.op_type)

@@ -36,6 +36,7 @@ CODES: dict[str, str] = {
     "cost-unresolved": "its cost table cannot tell its fold from the LN within the spread of its figures: never-slower keeps it",
     # proving the input zero-mean (backward, through producers and carry ops)
     "not-carried": "an op on the way does not carry a zero mean",
+    "quantized": "the LN's input comes through a quantized unit, which the fold leaves whole: fold the float model before quantizing",
     "axes-not-constant": "an op's axes are not constants",
     "axis-not-kept": "a layout op does not keep the normalized axis whole",
     "wrong-axis": "a producer's centered axis is not the normalized one",

@@ -52,6 +52,20 @@ KINDS = (
     "BiasAdd",
     "Centering",
 )
+# The ONNX Runtime ops each kind is, as its optimized graph holds them (what a set's price counts:
+# `decide.set_price`).
+KIND_OPS = {
+    LAYER_NORM.op_type: (LAYER_NORM.op_type,),
+    RMS_NORM.op_type: (RMS_NORM.op_type,),
+    SKIP_LAYER_NORM.op_type: (SKIP_LAYER_NORM.op_type,),
+    SKIP_RMS_NORM.op_type: (SKIP_RMS_NORM.op_type,),
+    "Add": ("Add",),
+    "BiasAdd": ("Add",),
+    "Centering": ("ReduceMean", "Sub"),
+    "StridedCentering": ("ReduceMean", "Sub"),
+    "StridedDecomposedLayerNorm": ("ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"),
+    "Transpose": ("Transpose",),
+}
 # What is not a last-axis kernel, priced where a table measured it (a table without them, one
 # calibrated before they were measured, prices each as `LAYOUT_FALLBACK` says):
 #   StridedCentering            x - ReduceMean(x) over a non-last axis: [outer, d, inner], inner > 1
@@ -415,9 +429,13 @@ class Pricing:
         more than the spread of both."""
         if width is None:
             return False
-        cost = [(kind, width)]
-        gain = sum(s.amount for s in savings) - self.total(cost)
-        return gain > sum(s.spread for s in savings) + self.spread(cost)
+        return self.centerings_pay([(kind, width)], savings)
+
+    def centerings_pay(self, centerings: list[tuple[str, int]], savings: list[Saving]) -> bool:
+        """Whether `centerings` ((kind, width) each) together cost less than the LNs that need them
+        save together, by more than the spread of both (docs/DESIGN.md section 2.3)."""
+        gain = sum(s.amount for s in savings) - self.total(centerings)
+        return gain > sum(s.spread for s in savings) + self.spread(centerings)
 
     def fused_residual_pays(self, d: int | None) -> bool:
         """Whether SkipSimplifiedLayerNormalization costs less than the residual `Add` followed by

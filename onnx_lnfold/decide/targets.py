@@ -29,6 +29,7 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import constant_of, is_standard, node_label, reads_only_shape
 from onnx_lnfold.core.ops import LAYER_NORM, PRIMITIVE_TARGET, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
 from onnx_lnfold.core.options import FoldOptions
+from onnx_lnfold.core.quantized import bias_taken_in
 from onnx_lnfold.core.values import is_zero
 from onnx_lnfold.decide.costs import LAYOUT_WORDS, NARROWEST, Comparison, Pricing, Saving, default_pricing, table_for
 from onnx_lnfold.decide.emission import (
@@ -396,10 +397,12 @@ def choose_rewrite(
     return rewrite(SKIP_RMS_OP, _residual_site(add, bias_add), add, taken_in)
 
 
-_NODE_WORDS = {
+# How a reason names each kind of node the cost rule counts (`decide.costs.KINDS`).
+NODE_WORDS = {
     **{op.op_type: op.described for op in (LAYER_NORM, SKIP_LAYER_NORM, RMS_NORM, SKIP_RMS_NORM)},
     "Add": "the residual Add",
     "BiasAdd": "an Add of beta",
+    "Centering": "an explicit centering (ReduceMean + Sub)",
     **LAYOUT_WORDS,
 }
 
@@ -435,22 +438,44 @@ def cost_nodes(rewrite: Rewrite, shapes: ShapeTable) -> tuple[list[tuple[str, in
     costs what that costs. The original's `Add + LayerNormalization`
     counts as the SkipLayerNormalization ORT fuses it into (with the bias Add before it, which
     ORT takes in too); a residual Add that runs in both models is left out of both."""
+    original, emitted = described_nodes(rewrite, shapes)
+    return [(kind, d) for kind, d, _ in original], [(kind, d) for kind, d, _ in emitted]
+
+
+def described_nodes(
+    rewrite: Rewrite, shapes: ShapeTable
+) -> tuple[list[tuple[str, int, str]], list[tuple[str, int, str]]]:
+    """`cost_nodes`, each node with the words a reason names it by (an Add of beta, the projection's
+    bias Add ORT had taken in)."""
     cand = rewrite.cand
     d = ln_width(cand, shapes) or NARROWEST  # unknown: where the fixed costs weigh most
     fused = cand.form.has_skip or ort_fuses_residual(cand, shapes)
     original = [(SKIP_LAYER_NORM.op_type if fused else LAYER_NORM.op_type, d)]
+    emitted: list[tuple[str, int, str]] = []
     if rewrite.op == SKIP_RMS_OP:
-        emitted = [(SKIP_RMS_NORM.op_type, d)]
+        emitted.append((SKIP_RMS_NORM.op_type, d, NODE_WORDS[SKIP_RMS_NORM.op_type]))
     elif fused:
-        emitted = [("Add", d), (RMS_NORM.op_type, d)]
-        if not cand.form.has_skip and _bias_add(cand.x.producer(), shapes) is not None:
-            emitted.append(("BiasAdd", d))  # the projection's bias Add ORT had taken in too
+        emitted += [("Add", d, NODE_WORDS["Add"]), (RMS_NORM.op_type, d, NODE_WORDS[RMS_NORM.op_type])]
+        bias = None if cand.form.has_skip else _bias_add(cand.x.producer(), shapes)
+        if bias is not None and not bias_taken_in(bias):  # ORT had taken it in too; a quantized matmul takes it still
+            emitted.append(("BiasAdd", d, "the projection's bias Add"))
     else:
-        emitted = [(RMS_NORM.op_type, d)]
+        emitted.append((RMS_NORM.op_type, d, NODE_WORDS[RMS_NORM.op_type]))
     if rewrite.beta.how == "add":
-        emitted.append(("BiasAdd", d))
-    emitted += [("BiasAdd", output_width(site.node)) for site in rewrite.beta.sites if site.how == "created"]
-    return rewrite.pricing.as_run(original, emitted)  # as ONNX Runtime runs them, where known
+        emitted.append(("BiasAdd", d, NODE_WORDS["BiasAdd"]))
+    emitted += [
+        ("BiasAdd", output_width(site.node), f"an Add of the bias created for {node_label(site.node)}")
+        for site in rewrite.beta.sites
+        if site.how == "created"
+    ]
+    # As ONNX Runtime runs them, where known (`Pricing.as_run` keeps the emitted nodes in order and
+    # appends the Transposes the layout brings back): what it adds is named by its kind.
+    run_original, run_emitted = rewrite.pricing.as_run(original, [(kind, w) for kind, w, _ in emitted])
+    words = [word for _, _, word in emitted]
+    return (
+        [(kind, w, NODE_WORDS[kind]) for kind, w in run_original],
+        [(kind, w, words[i] if i < len(words) else NODE_WORDS[kind]) for i, (kind, w) in enumerate(run_emitted)],
+    )
 
 
 def once_centered(constants: int, then: str = "") -> str:
@@ -461,44 +486,68 @@ def once_centered(constants: int, then: str = "") -> str:
     return "once " + " and ".join(parts) if parts else "as the graph computes it"
 
 
-def centering_refusal(
-    root: str, axis: int, lns: int, savings: list[Saving], constants: int, kind: str = "Centering"
-) -> Blocked:
-    """Why an LN that folds once `root` is centered explicitly stays: the centering does not cost
-    less than the LNs it would unlock save together (`savings`, of the `lns` LNs that fold with it,
-    by their pricing) by more than the figures' spread (docs/DESIGN.md section 2.3); `constants`:
-    what this LN's proof centers besides. Costs more: code "centering-costs-more"; within the spread:
-    "cost-unresolved". The detail, the same for every LN of that centering, is what the report
-    groups them under."""
+@dataclass(frozen=True)
+class CenteringSite:
+    """An explicit centering as a reason names it: the tensor written, the axis, its cost kind
+    ("Centering", or "StridedCentering" over a non-last axis: `decide.pricing.centering_kind`)."""
+
+    tensor: str
+    axis: int
+    kind: str = "Centering"
+
+    @property
+    def words(self) -> str:
+        text = f"'{self.tensor}' - ReduceMean over axis {self.axis}"
+        if self.kind == "StridedCentering":
+            text += " (ONNX Runtime runs it over a non-last axis: a strided reduction)"
+        return text
+
+
+def centering_refusal(sites: list[CenteringSite], lns: int, savings: list[Saving], constants: int) -> Blocked:
+    """Why an LN that folds once `sites` are centered explicitly stays: those centerings do not
+    cost less together than the LNs that would fold with them save together (`savings`, of the
+    `lns` LNs, by their pricing) by more than the figures' spread (docs/DESIGN.md section 2.3);
+    `constants`: what this LN's proof centers besides. Costs more: code "centering-costs-more";
+    within the spread: "cost-unresolved". The detail, the same for every LN of those centerings, is
+    what the report groups them under."""
     pricing = savings[0].pricing
     table = pricing.table
     d = next((s.width for s in savings if s.width is not None), None) or NARROWEST
-    cost = [(kind, d)]  # "StridedCentering": over a non-last axis (`decide.pricing.centering_kind`)
+    cost = [(site.kind, d) for site in sites]
     cmp = Comparison(
         pricing.total(cost), sum(s.amount for s in savings), pricing.spread(cost) + sum(s.spread for s in savings)
     )
     figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}, d={d}"
-    centering = f"'{root}' - ReduceMean over axis {axis}"
-    if kind == "StridedCentering":
-        centering += " (ONNX Runtime runs it over a non-last axis: a strided reduction)"
+    centering = " and ".join(site.words for site in sites)
+    one = len(sites) == 1
+    inserted = f"{centering} {'is' if one else 'are'} inserted"
     unlocks = f"{lns} LN{'s' * (lns != 1)}"
-    proof = f"kept: its input is zero-mean {once_centered(constants, f'{centering} is inserted')} (an explicit centering)"
+    that = "that centering costs" if one else f"those {len(sites)} centerings cost"
+    proof = f"kept: its input is zero-mean {once_centered(constants, inserted)} ({'an explicit centering' if one else 'explicit centerings'})"
+    unlock = "would unlock" if one else "would together unlock"
     if cmp.dearer:
         return Blocked(
             "centering-costs-more",
-            f"{proof}, and that centering costs {table.provider_words} more than the {unlocks} it would unlock "
+            f"{proof}, and {that} {table.provider_words} more than the {unlocks} {'it' if one else 'they'} would unlock "
             f"save: {figures} ({table.source})",
-            root,
-            detail=f"{centering} would unlock {unlocks}, and costs more than they save: {figures}",
+            sites[0].tensor,
+            detail=f"{centering} {unlock} {unlocks}, and {'costs' if one else 'cost'} more than they save: {figures}",
         )
     figures += f", a difference within the figures' spread of {table.figure(cmp.spread)}"
     return Blocked(
         "cost-unresolved",
-        f"{proof}, and its cost table cannot tell that centering from what the {unlocks} it would unlock save on "
-        f"{table.provider_words} ({figures}): the never-slower rule inserts only what it shows cheaper ({table.source})",
-        root,
-        detail=f"{centering} would unlock {unlocks}, within the spread of what they save: {figures}",
+        f"{proof}, and its cost table cannot tell {'that centering' if one else 'those centerings'} from what the "
+        f"{unlocks} {'it' if one else 'they'} would unlock save on {table.provider_words} ({figures}): the "
+        f"never-slower rule inserts only what it shows cheaper ({table.source})",
+        sites[0].tensor,
+        detail=f"{centering} {unlock} {unlocks}, within the spread of what they save: {figures}",
     )
+
+
+def _node_list(rewrite: Rewrite, shapes: ShapeTable) -> tuple[str, str]:
+    """(what the fold runs, what it replaces), as reasons list them: every node the cost rule counts."""
+    original, emitted = described_nodes(rewrite, shapes)
+    return " + ".join(word for _, _, word in emitted), " + ".join(word for _, _, word in original)
 
 
 def beta_add_note(rewrite: Rewrite, shapes: ShapeTable) -> str:
@@ -509,8 +558,7 @@ def beta_add_note(rewrite: Rewrite, shapes: ShapeTable) -> str:
     pricing, table = rewrite.pricing, rewrite.pricing.table
     cmp = pricing.compare(emitted, original)
     figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}"
-    what = " + ".join(_NODE_WORDS[kind] for kind, _ in emitted)
-    before = _NODE_WORDS[original[0][0]]
+    what, before = _node_list(rewrite, shapes)
     if cmp.cheaper:
         return f"it pays: {what} costs less than {before} on {table.provider_words}: {figures}"
     if cmp.dearer:
@@ -529,13 +577,7 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     if cmp.cheaper:
         return None
     d = original[0][1]
-    norm = [kind for kind, _ in emitted if kind != "BiasAdd"]
-    parts = [_NODE_WORDS[kind] for kind in norm]
-    if rewrite.beta.how == "add":
-        parts.append(_NODE_WORDS["BiasAdd"])
-    parts += [f"an Add of the bias created for {node_label(s.node)}" for s in rewrite.beta.sites if s.how == "created"]
-    what = " + ".join(parts)
-    before = _NODE_WORDS[original[0][0]]
+    what, before = _node_list(rewrite, shapes)
     if rewrite.beta.how == "add":
         head = f"kept: its beta would stay a separate Add over the LN's output ({rewrite.beta.why})"
     elif rewrite.beta.how == "consumers" and rewrite.beta.why:

@@ -1,8 +1,8 @@
 """The quantized fixtures of models/ (models/make/export_quantized_models.py: ONNX Runtime's static QDQ,
 dynamic and MatMulNBits quantizers on `bert` and `gpt2`, and int8 weights read through Cast -> Mul)
 through `fold()` and the command line at the default options: what the fold does on them today,
-and what must hold whatever it comes to do (issue 47): no internal error, an output ONNX Runtime
-loads at ORT_ENABLE_ALL and runs, and no DequantizeLinear split from its consumer by an inserted node.
+and what must hold: no internal error, an output ONNX Runtime loads at ORT_ENABLE_ALL and runs, and
+no DequantizeLinear split from its consumer by an inserted node, whatever the options.
 benchmarks/quantized.py measures the same models (ONNX Runtime's optimized graphs, output differences)."""
 
 from __future__ import annotations
@@ -33,32 +33,25 @@ class Outcome:
     lns: int = 5
 
 
-# The default fold of each fixture today. The float `bert` folds 4/5 with its weights centered and
-# `gpt2` 5/5 with none: once the weights are quantized, none can be centered in place, so each
-# fold needs an explicit centering and gpt2's pre-LN blocks keep their LNs for the cost. QDQ keeps
-# every LN: its beta is a DequantizeLinear of int32 ("beta is not a constant").
+# The default fold of each fixture. The float `bert` folds 4/5 with its weights centered and `gpt2`
+# 5/5 with none: once the weights are quantized, none can be centered (docs/DESIGN.md section 2.6),
+# so each fold needs an explicit centering of its residual sum, and gpt2's pre-LN blocks keep their
+# LNs for the cost. QDQ keeps every LN: its input is a DequantizeLinear's output, inside a unit.
 EXPECTED = {
-    "bert_qdq_int8": Outcome(0, 0, "skipped"),
-    "bert_qdq_int8_per_channel": Outcome(0, 0, "skipped"),
+    "bert_qdq_int8": Outcome(0, 0, "skipped", frozenset({"quantized"})),
+    "bert_qdq_int8_per_channel": Outcome(0, 0, "skipped", frozenset({"quantized"})),
     "bert_dynamic_int8": Outcome(4, 4, "passed"),
-    "bert_matmul_nbits_int4": Outcome(4, 8, "passed"),
+    "bert_matmul_nbits_int4": Outcome(4, 4, "passed"),
     "bert_int8_cast_mul": Outcome(4, 4, "passed"),
-    "gpt2_qdq_int8": Outcome(0, 0, "skipped"),
-    "gpt2_qdq_int8_per_channel": Outcome(0, 0, "skipped"),
+    "gpt2_qdq_int8": Outcome(0, 0, "skipped", frozenset({"quantized"})),
+    "gpt2_qdq_int8_per_channel": Outcome(0, 0, "skipped", frozenset({"quantized"})),
     "gpt2_dynamic_int8": Outcome(1, 1, "passed"),
     "gpt2_int8_cast_mul": Outcome(1, 1, "passed"),
 }
 
-# fold_costly folds the LNs the defaults keep, with explicit centerings between a DequantizeLinear
-# and its LN (QDQ) or its embedding sum (dynamic: the int8 tables' lookups): pairs split today.
-SPLIT_BY_FOLD_COSTLY = {
-    "bert_qdq_int8": 5,
-    "bert_qdq_int8_per_channel": 5,
-    "gpt2_qdq_int8": 5,
-    "gpt2_qdq_int8_per_channel": 5,
-    "bert_dynamic_int8": 3,
-    "gpt2_dynamic_int8": 2,
-}
+# What fold_costly folds (every LN whose proof needs nothing inside a quantized unit), and the
+# codes of the LNs it keeps.
+FOLD_COSTLY = {name: (0, {"quantized"}) if "qdq" in name else (5, set()) for name in EXPECTED}
 
 
 def _loads_and_runs_optimized(model: str | bytes, name: str) -> None:
@@ -116,30 +109,18 @@ def _fold_costly(name: str) -> tuple[int, bytes, int]:
     return len(result.plan.folded), result.model_proto.SerializeToString(), len(split)
 
 
-@pytest.mark.parametrize("name", sorted(SPLIT_BY_FOLD_COSTLY))
-def test_fold_costly_today(name):
+@pytest.mark.parametrize("name", sorted(FOLD_COSTLY))
+def test_fold_costly_leaves_every_quantized_unit_whole(name):
+    """fold_costly folds whatever it costs, but never by a centering inside a quantized unit: no
+    DequantizeLinear -> consumer pair is split, and the LNs that would need one say "quantized"."""
     folded, model, split = _fold_costly(name)
-    assert folded == EXPECTED[name].lns
-    assert split == SPLIT_BY_FOLD_COSTLY[name]
+    want, codes = FOLD_COSTLY[name]
+    assert folded == want
+    assert split == 0
+    plan = onnx_lnfold.analyze(MODELS / f"{name}.onnx", fold_costly=True)
+    assert {d.code for d in plan.kept} == codes
+    assert all("DequantizeLinear" in d.reason and "fold the float model before quantizing" in d.reason for d in plan.kept)
     _loads_and_runs_optimized(model, name)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"issue 47 item 2: fold_costly inserts explicit centerings between {count} "
-                "DequantizeLinear -> consumer pairs",
-            ),
-        )
-        for name, count in sorted(SPLIT_BY_FOLD_COSTLY.items())
-    ],
-)
-def test_fold_costly_splits_no_dequantize_pair(name):
-    assert _fold_costly(name)[2] == 0
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
