@@ -69,9 +69,31 @@ def is_quantized_node(node: ir.Node) -> bool:
     return node.op_type == "Cast" and bool(node.inputs) and _op(node.inputs[0]) in INTEGER_MATMULS
 
 
+# How `quantized_ops` names a Cast of integer weights to float: dequantization written as plain ops.
+IN_GRAPH_DEQUANTIZATION = "Cast of integer weights to float"
+_INTEGER_WEIGHTS = frozenset({ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT4, ir.DataType.UINT4})
+
+
 def quantized_ops(graph: ir.Graph) -> Counter:
-    """The quantized ops of `graph` and its subgraphs, by op type."""
-    return Counter(node.op_type for node in ir.traversal.RecursiveGraphIterator(graph) if node.op_type in QUANTIZED_OPS)
+    """The quantized ops of `graph` and its subgraphs, by op type; a Cast of constant integer weights
+    to float (weights dequantized in the graph, `Cast -> Mul` by a scale) as `IN_GRAPH_DEQUANTIZATION`."""
+    found: Counter = Counter()
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        if node.op_type in QUANTIZED_OPS:
+            found[node.op_type] += 1
+        elif node.op_type == "Cast" and node.inputs and _integer_weights(node.inputs[0]):
+            found[IN_GRAPH_DEQUANTIZATION] += 1
+    return found
+
+
+def _integer_weights(value: ir.Value | None) -> bool:
+    if value is None:
+        return False
+    tensor = value.const_value
+    if tensor is None and value.producer() is not None and value.producer().op_type == "Constant":  # type: ignore[union-attr]
+        attr = value.producer().attributes.get("value")  # type: ignore[union-attr]
+        tensor = attr.value if attr is not None and not attr.is_ref() else None
+    return tensor is not None and tensor.dtype in _INTEGER_WEIGHTS
 
 
 def inside_units(graph: ir.Graph) -> set[ir.Value]:

@@ -18,6 +18,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import Planner
+from onnx_lnfold.core.quantized import quantized_ops
 from onnx_lnfold.forms import LnCandidate
 from onnx_lnfold.ort_fusions.fusion_cost import GEMM_RUN, OPTIMIZER, FusionCheck, OptimizerFirst
 
@@ -120,3 +121,19 @@ def advise(fusions: FusionCheck, planner: Planner, plan: CenteringPlan) -> None:
     plan.optimizer_first = optimizer_first_facts(first)
     embed_kept = [cand for cand in planner.lns if cand.name in fusions.embed_kept]
     plan.advice = order_advice(fusions, folded, embed_kept, bool(plan.folded), first)
+    plan.advice += quantized_advice(planner.model.graph, plan)
+
+
+def quantized_advice(graph: ir.Graph, plan: CenteringPlan) -> list[str]:
+    """One line where the graph is quantized: its quantized ops, that the fold leaves their units
+    whole (docs/DESIGN.md section 2.6) and how many LNs stay for that, and the order that folds them."""
+    ops = quantized_ops(graph)
+    if not ops or not plan.decisions:
+        return []
+    counted = ", ".join(f"{n} {op}" for op, n in sorted(ops.items(), key=lambda item: (-item[1], item[0])))
+    held = sum(d.code == "quantized" for d in plan.kept)
+    stays = f"{held} LN{'s' * (held != 1)} stay for that ('quantized')" if held else "no LN stays for that"
+    return [
+        f"Quantized: {counted}. The fold leaves every quantized unit whole (nothing is centered inside one, "
+        f"no integer weight is centered): {stays}. Fold the float model before quantizing (docs/PIPELINES.md)."
+    ]

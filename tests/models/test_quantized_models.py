@@ -62,6 +62,10 @@ def _loads_and_runs_optimized(model: str | bytes, name: str) -> None:
     assert all(np.isfinite(out).all() for out in session.run(None, committed_inputs(name)))
 
 
+def test_a_float_model_is_not_called_quantized():
+    assert not [line for line in onnx_lnfold.analyze(MODELS / "bert.onnx").advice if line.startswith("Quantized")]
+
+
 def test_every_fixture_is_expected_and_listed():
     assert sorted(EXPECTED) == sorted(FIXTURES)
     readme = (MODELS / "README.md").read_text()
@@ -79,6 +83,10 @@ def test_fold_outcome_today(name):
     assert {d.code for d in plan.kept} <= want.kept_codes, [(d.node, d.code, d.reason) for d in plan.kept]
     assert result.report.verification.status == want.verification
     assert split_dequantize_pairs(onnx.load(str(path)), result.model_proto) == []
+    (said,) = [line for line in plan.advice if line.startswith("Quantized: ")]  # the report says so, with what stays
+    held = sum(d.code == "quantized" for d in plan.kept)
+    assert (f"{held} LNs stay for that ('quantized')" if held else "no LN stays for that") in said
+    assert "Fold the float model before quantizing" in said
     _loads_and_runs_optimized(result.model_proto.SerializeToString(), name)
 
 
