@@ -1,13 +1,14 @@
-"""What the fold does today on the quantized fixtures of models/ (models/make/export_quantized_models.py):
+"""What the fold does on the quantized fixtures of models/ (models/make/export_quantized_models.py):
 per model, its LNs, how many fold at the default options, the explicit centerings inserted, the
 DequantizeLinear -> consumer pairs an inserted node splits (also under `fold_costly`, which folds
 the LNs the defaults keep), the op counts of ONNX Runtime's ORT_ENABLE_ALL optimized graph for the
 original and the folded model, and the folded model's largest relative output difference from the
 original (both at ORT_ENABLE_ALL, on the committed inputs) beside the original's own difference
 between ORT_DISABLE_ALL and ORT_ENABLE_ALL and the quantization's own error (the original against the
-float model it was made from).
+float model it was made from); and where anything folds, the fold's speed against the original by
+`onnx-lnfold bench` (`BENCH_SHAPE`, one thread).
 
-    python -m benchmarks.quantized [--models NAME,...] [--out benchmarks/results/quantized]
+    python -m benchmarks.quantized [--models NAME,...] [--processes 3] [--rounds 10] [--out benchmarks/results/quantized]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import onnxruntime as ort
 
 import onnx_lnfold
 from benchmarks.common import ROOT, load_script, log, machine_info, results_header
+from onnx_lnfold.bench.compare import bench
 from onnx_lnfold.core.ops import NORMALIZATION_TYPES
 from onnx_lnfold.verify.sessions import compare
 
@@ -109,7 +111,41 @@ def max_rel(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) 
     return max(d.rel_diff for d in compare(reference, candidate))
 
 
-def measure(name: str, folder: Path) -> dict:
+# The shape the speed is measured at: batch x sequence = 8192 tokens, the count a fold is priced at
+# where the graph does not fix it (the fixtures' positions stop at 128).
+BENCH_SHAPE = (64, 128)
+
+
+def speed(original: Path, folded: bytes, folder: Path, processes: int, rounds: int) -> dict:
+    """`onnx-lnfold bench` of the fold against the original at `BENCH_SHAPE`, one thread: the
+    ratios original / folded and re-saved / folded with their intervals, and the verdict."""
+    path = folder / f"{original.stem}.folded.onnx"
+    path.write_bytes(folded)
+    names = [i.name for i in onnx.load(str(original), load_external_data=False).graph.input]
+    result = bench(
+        str(original),
+        str(path),
+        input_shapes=dict.fromkeys(names, BENCH_SHAPE),
+        processes=processes,
+        rounds=rounds,
+        threads=1,
+        profile=False,
+        workdir=str(folder),
+    )
+    ratios = result.timing["ratios"]
+    keep = ("ratio", "lo", "hi", "min", "max")
+    return {
+        "shape": list(BENCH_SHAPE),
+        "processes": processes,
+        "rounds": rounds,
+        "median_ms": result.timing["median_ms"],
+        "original/folded": {k: ratios["original/folded"][k] for k in keep},
+        "resaved/folded": {k: ratios["resaved/folded"][k] for k in keep},
+        "verdict": result.verdict,
+    }
+
+
+def measure(name: str, folder: Path, processes: int = 3, rounds: int = 10) -> dict:
     path = MODELS / f"{name}.onnx"
     original = onnx.load(str(path))
     feeds = committed_inputs(name)
@@ -140,7 +176,34 @@ def measure(name: str, folder: Path) -> dict:
         "max_rel_fold_vs_original": max_rel(reference, _run(session_folded, feeds)),
         "max_rel_original_disable_vs_enable": max_rel(reference, unoptimized),
         "max_rel_original_vs_float_source": max_rel(float_source, reference),
+        "speed": speed(path, folded_bytes, folder, processes, rounds) if result.plan.folded else None,
     }
+
+
+def _ratio(r: dict) -> str:
+    return f"x{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] (processes {r['min']:.3f}-{r['max']:.3f})"
+
+
+def speed_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | LNs folded | original ms (median) | original / folded | re-saved / folded | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        s = r["speed"]
+        if s is None:
+            lines.append(f"| {r['model']} | 0/{r['lns']} | - | nothing folded: the file is the original | - | - |")
+            continue
+        cells = [
+            r["model"],
+            f"{r['folded']}/{r['lns']}",
+            f"{s['median_ms']['original']:.1f}",
+            _ratio(s["original/folded"]),
+            _ratio(s["resaved/folded"]),
+            s["verdict"],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -179,19 +242,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", help="comma-separated fixture names (default: all)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quantized")
+    ap.add_argument("--processes", type=int, default=3, help="fresh processes per speed measurement (default 3)")
+    ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds per process (default 10)")
     args = ap.parse_args(argv)
     names = args.models.split(",") if args.models else FIXTURES
     rows = []
     with tempfile.TemporaryDirectory(prefix="quantized-") as tmp:
         for name in names:
             log(f"{name}")
-            rows.append(measure(name, Path(tmp)))
+            rows.append(measure(name, Path(tmp), args.processes, args.rounds))
     machine = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quantized.json").write_text(json.dumps({"machine": machine, "models": rows}, indent=1) + "\n")
     command = "python -m benchmarks.quantized" + (f" --models {args.models}" if args.models else "")
     lines = results_header(
-        "Quantized models: what the fold does today (CPU)",
+        "Quantized models: what the fold does (CPU)",
         command,
         machine,
         "Default options; the ORT graphs are CPU EP, ORT_ENABLE_ALL, one thread.",
@@ -202,6 +267,17 @@ def main(argv=None) -> int:
         "",
     ]
     lines += table(rows)
+    lines += [
+        "",
+        "## Speed: `onnx-lnfold bench`, default fold against the original",
+        "",
+        f"CPU EP, ORT_ENABLE_ALL, one thread, synthesized inputs of {BENCH_SHAPE[0]} x {BENCH_SHAPE[1]} tokens (the "
+        f"count a fold is priced at where the graph does not fix it); {args.processes} fresh processes x "
+        f"{args.rounds} interleaved rounds. A ratio > 1: the fold is faster; median [bootstrap 95% interval] "
+        "(range over processes).",
+        "",
+        *speed_table(rows),
+    ]
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(table(rows)))
     return 0
