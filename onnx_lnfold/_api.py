@@ -67,6 +67,7 @@ def fold(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     inputs: dict[str, np.ndarray] | None = None,
     float64_budget: float | None = FLOAT64_BUDGET_S,
+    deployed_check: str = "auto",
     options: FoldOptions | None = None,
     **option_keywords,
 ) -> _pipeline.FoldResult:
@@ -77,7 +78,7 @@ def fold(
     Accepts a path, an `onnx.ModelProto` or an `onnx_ir.Model`; the caller's object is never
     changed. Raises `VerificationFailed` (with the report as `.report`) instead of returning a
     model whose outputs differ beyond `rtol` (judged in float64: docs/DESIGN.md section 6; the
-    float64 evaluation may take `float64_budget` seconds, 0 for none, by default 3x what the fold took, at least 60 s), its subclass `NotVerified` when something was folded
+    float64 evaluation may take `float64_budget` seconds, 0 for none, by default 3x what the fold took, at least 60 s; with `deployed_check`, also at ORT_ENABLE_ALL: `verify.deployed`), its subclass `NotVerified` when something was folded
     but the check could not run (no onnxruntime, the original does not run on the inputs: pass
     `inputs` or `input_shapes`, or `verify=False` to accept an unverified model), and
     `InvalidInput` for bad input (all three are `LnFoldError`s).
@@ -93,7 +94,7 @@ def fold(
     request = FoldRequest(
         options=keywords_to_options(options, option_keywords, "fold"),
         shapes=RunShapes(input_shapes=input_shapes, inputs=inputs),
-        check=CheckSettings(verify=verify, rtol=rtol, float64_budget=float64_budget),
+        check=CheckSettings(verify=verify, rtol=rtol, float64_budget=float64_budget, deployed_check=deployed_check),
         output=output,
         in_place=True,  # as `save` allows: asked for by naming the input
     )

@@ -154,19 +154,28 @@ class RunShapes:
         return dict(self.input_shapes or {})
 
 
+# When the check also runs both models at ORT_ENABLE_ALL (`CheckSettings.deployed_check`).
+DEPLOYED_CHECKS = ("auto", "always", "never")
+
+
 @dataclass(frozen=True)
 class CheckSettings:
     """Whether (`verify`) and how the fold is checked in ONNX Runtime (docs/DESIGN.md section 6): `rtol`,
     every output's tolerance (None: each output's by its element type); `float64_budget`, the
-    seconds the float64 reference may take (0: none; None: scaled with the fold's own time).
+    seconds the float64 reference may take (0: none; None: scaled with the fold's own time);
+    `deployed_check`, whether both models are also judged at ORT_ENABLE_ALL (`verify.deployed`:
+    "auto" for models with quantized ops, "always", "never").
     `disabled_because` is the report's reason when the check is off."""
 
     verify: bool = True
     rtol: float | None = None
     float64_budget: float | None = FLOAT64_BUDGET_S
+    deployed_check: str = "auto"
     disabled_because: str = "disabled by the caller"
 
     def __post_init__(self) -> None:
+        if self.deployed_check not in DEPLOYED_CHECKS:
+            raise InvalidSetting("deployed_check", f"one of {', '.join(DEPLOYED_CHECKS)}", self.deployed_check)
         # Checked here, for every surface: a negative rtol would run the whole fold and then fail it.
         if self.rtol is not None and not (_is_number(self.rtol) and math.isfinite(self.rtol) and self.rtol > 0):
             raise InvalidSetting("rtol", "a positive number", self.rtol)
@@ -359,6 +368,15 @@ OPTIONS = (
         "its plan in float64 (every changed tensor and node)",
         metavar="SECONDS",
         kind_=float,
+    ),
+    Option(
+        "deployed_check",
+        "--deployed-check",
+        "also run both models at ORT_ENABLE_ALL, the level ONNX Runtime runs by default, and refuse a fold whose "
+        "difference there exceeds rtol plus 10x the original's own sensitivity at that level (its weights moved by "
+        "one rounding step): auto (default) for models with quantized ops, whose fused kernels round otherwise; "
+        "always; never",
+        choices=DEPLOYED_CHECKS,
     ),
     Option(
         "input_shapes",

@@ -26,17 +26,20 @@ import dataclasses
 
 import onnx_ir as ir
 
+from onnx_lnfold.core.quantized import quantized_ops
 from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.feeds.synthesize import InputsUnavailable
 from onnx_lnfold.verify.case import Case
+from onnx_lnfold.verify.deployed import LEVEL, check_deployed
 from onnx_lnfold.verify.judges import judge
 from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.oracle.shadow import bfloat16_rounding, has_bfloat16
 from onnx_lnfold.verify.ort_runs import run_both
+from onnx_lnfold.verify.passes import EachAlone
 from onnx_lnfold.verify.readback import ReadBack
 from onnx_lnfold.verify.request import VerifyRequest
-from onnx_lnfold.verify.sessions import ModelBytesOrPath
-from onnx_lnfold.verify.verdict import FLOAT64, LOW_PRECISION, Verification
+from onnx_lnfold.verify.sessions import ModelBytesOrPath, blockwise_session_needed
+from onnx_lnfold.verify.verdict import FLOAT64, LOW_PRECISION, SENSITIVITY_FACTOR, Verification
 
 
 # --------------------------------------------------------------------------- what the model holds
@@ -99,7 +102,37 @@ def check_equivalence(
     verification = _read_back(judge(case), read)
     if case.shadow and request.plan is not None and verification.status == "passed":
         verification.notes.extend(bfloat16_rounding(model, request.plan))
+    if verification.status == "passed" and _deployed_wanted(request, model):
+        _at_deployed_level(case, verification)
     return verification
+
+
+def _deployed_wanted(request: VerifyRequest, model: ir.Model) -> bool:
+    """Whether the check also runs at ORT_ENABLE_ALL: as asked, or ("auto") for a quantized model."""
+    if request.deployed_check != "auto":
+        return request.deployed_check == "always"
+    return bool(quantized_ops(model.graph))
+
+
+def _at_deployed_level(case: Case, verification: Verification) -> None:
+    """Judge both models at ORT_ENABLE_ALL too (`verify.deployed`): a fold beyond its allowance there
+    fails; where that check cannot run (a model run block by block or through float32 shadows, whose
+    optimized graph is not the deployed one), the report says so."""
+    if case.shadow or not isinstance(case.passes, EachAlone) or blockwise_session_needed(case.original):
+        verification.notes.append(f"not checked at {LEVEL}: the model is run block by block or through float32 shadows")
+        return
+    found = check_deployed(case, case.ort_original or case.original, case.folded)
+    if isinstance(found, str):
+        verification.notes.append(f"not checked at {LEVEL}: {found}")
+        return
+    verification.deployed = found
+    if not found.passed:
+        verification.status = "failed"
+        verification.reason = (
+            f"at {LEVEL}, the level ONNX Runtime runs by default, the fold moves output '{found.output}' by "
+            f"{found.rel_diff:.2g} relative, more than its allowance there ({found.allowed:.2g}: its rtol plus "
+            f"{SENSITIVITY_FACTOR:g} x the original's own sensitivity at that level, {found.sensitivity:.2g})"
+        )
 
 
 def _read_back(verification: Verification, read: ReadBack | None) -> Verification:

@@ -62,6 +62,7 @@ class Check:
             input_shapes=dict(shapes.input_shapes or {}),
             inputs=dict(shapes.inputs) if shapes.inputs is not None else None,
             float64_budget=settings.float64_budget,
+            deployed_check=settings.deployed_check,
             progress=progress,
             plan=bound.plan,
             planned=planned,

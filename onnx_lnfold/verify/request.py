@@ -19,7 +19,7 @@ from onnx_lnfold.verify.readback import PlannedChanges
 
 @dataclass(frozen=True)
 class VerifyRequest:
-    """The check of one fold: the caller's settings (`enabled` to `float64_budget`, as
+    """The check of one fold: the caller's settings (`enabled` to `deployed_check`, as
     `CheckSettings` and `RunShapes` validated them), what the fold hands the check (`plan` to
     `folder`), and where the check says which block it is on (`progress`)."""
 
@@ -29,6 +29,7 @@ class VerifyRequest:
     input_shapes: dict[str, tuple[int, ...]] | None = None
     inputs: dict[str, np.ndarray] | None = None
     float64_budget: float | None = FLOAT64_BUDGET_S  # seconds the float64 reference may take (0: none; None: scaled)
+    deployed_check: str = "auto"  # also at ORT_ENABLE_ALL: "auto" (quantized models), "always", "never"
     plan: CenteringPlan | None = None  # a bfloat16 fold's rounding of its centered weights is reported from it
     planned: PlannedChanges | None = None  # taken before the rewrite: the fold is read back against it
     computed: dict[str, Any] | None = None  # the constants the fold computed, unrounded (None: those the model holds)

@@ -185,6 +185,8 @@ class Verification:
     # The plan's changes read back from the folded file and found as planned (`verify.readback`): centered
     # weights, biases with beta, rewritten and inserted nodes; every other tensor and node was found as it was.
     edits_checked: int = 0
+    # Both models at ORT_ENABLE_ALL (`verify.deployed.DeployedCheck`), where that check ran.
+    deployed: Any = None
 
     def __repr__(self) -> str:
         """One line; the figures per output are `.outputs`, the report's lines `format_lines()`."""
@@ -258,6 +260,7 @@ class Verification:
             "shadow": self.shadow,
             "notes": self.notes,
             "outputs": [o.to_dict() for o in self.outputs],
+            "deployed": self.deployed.to_dict() if self.deployed is not None else None,
         }
 
     def format_lines(self) -> list[str]:
@@ -281,6 +284,8 @@ class Verification:
         for o in self.outputs:
             own = f" (rtol {o.rtol:g})" if len(rtols) > 1 and o.rtol is not None else ""
             lines.extend(f"  {line}" for line in o.format_lines(own))
+        if self.deployed is not None:
+            lines.append(f"  {self.deployed.line()}")
         lines.extend(f"  {note}" for note in self.notes)
         if self.reason:
             lines.append(f"  {self.reason}")

@@ -22,7 +22,7 @@ import pytest
 
 import onnx_lnfold
 from onnx_lnfold._cli import EXIT_OK, main
-from onnx_lnfold.core.options import FOLD_OPTIONS, FoldOptions, fold_keywords
+from onnx_lnfold.core.options import FOLD_OPTIONS, OLIVE_OPTIONS, FoldOptions, fold_keywords
 
 from conftest import MODELS
 
@@ -93,7 +93,8 @@ def test_every_entry_point_makes_the_same_plan(name, keywords, capsys):
     assert {key: report[key] for key in expected} == expected
 
     values = {option.name: getattr(options, option.name) for option in FOLD_OPTIONS}
-    checks = {"verify": False, "rtol": None, "float64_budget": None, "input_shapes": {key: list(dims) for key, dims in shapes.items()}}
+    checks = {o.name: o.default for o in OLIVE_OPTIONS if o.group != "fold"}  # what an Olive config holds
+    checks.update(verify=False, float64_budget=None, input_shapes={key: list(dims) for key, dims in shapes.items()})
     config = SimpleNamespace(**checks, **values)
     olive = onnx_lnfold.fold(path, **fold_keywords(config))
     assert _plain(olive.plan.to_dict()) == expected

@@ -246,7 +246,7 @@ def test_the_command_line_reads_the_options_table():
     defaults = parser.parse_args(["m.onnx"])
     assert options_from(defaults) == FoldOptions() and check_from(defaults) == CheckSettings()
     other = {"target": "onnx", "fuse_residual": "always", "tied_weights": "center", "costs": "c.json", "rtol": 0.5,
-             "float64_budget": 7.0, "input_shapes": {"x": (1, 2), "y": (3,)}, "inputs": "in.npz"}  # fmt: skip
+             "float64_budget": 7.0, "deployed_check": "always", "input_shapes": {"x": (1, 2), "y": (3,)}, "inputs": "in.npz"}  # fmt: skip
     read = {"fold": options_from, "check": check_from, "shapes": vars}
     for option in OPTIONS:
         value = not option.default if option.kind is bool else other[option.name]
