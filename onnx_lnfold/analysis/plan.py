@@ -222,6 +222,9 @@ class CenteringPlan:
     # graph: both counts, the optimizer's settings and the advice, as the JSON gives them
     # (`ort_fusions.order.optimizer_first_facts`); else None.
     optimizer_first: dict[str, Any] | None = None
+    # Where the graph is quantized: what the fold folds of the float model recovered from it, against
+    # this graph, or why none was recovered (`ort_fusions.float_first.float_first_facts`); else None.
+    float_first: dict[str, Any] | None = None
     costs: str | None = None  # the cost table the rule decided by: its file, provider and unit
     # The default opset the model had when the target's op needed a newer one and the plan was made
     # on the model converted (onnx.version_converter; docs/DESIGN.md section 4); None: not converted.
@@ -291,6 +294,7 @@ class CenteringPlan:
             "centerings": [c.to_dict() for c in self.centerings],
             "advice": list(self.advice),
             "optimizer_first": None if self.optimizer_first is None else dict(self.optimizer_first),
+            "float_first": None if self.float_first is None else dict(self.float_first),
             "costs": self.costs,
             "opset_converted": None
             if self.converted_from is None

@@ -6,8 +6,9 @@ on this graph is decided by running it on weightless copies (`ort_fusions.fusion
 only words the advice. Folding an optimized graph costs nothing more: the SkipLayerNormalizations
 it wrote fold into SkipSimplifiedLayerNormalization. Where the fold folds more LNs of the
 optimizer's output than of this graph (`FusionCheck.optimizer_first`), the advice says so with both
-counts, and the JSON report gives the same facts (`optimizer_first_facts`). `advise` gives a
-settled plan both.
+counts, and the JSON report gives the same facts (`optimizer_first_facts`). A quantized graph's
+line says what folding the float model first would fold (`ort_fusions.float_first`). `advise`
+gives a settled plan all of it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import Planner
 from onnx_lnfold.core.quantized import quantized_ops
 from onnx_lnfold.forms import LnCandidate
+from onnx_lnfold.ort_fusions.float_first import FloatFirst, float_first, float_first_facts
 from onnx_lnfold.ort_fusions.fusion_cost import GEMM_RUN, OPTIMIZER, FusionCheck, OptimizerFirst
 
 # What to do where the optimizer's output folds more LNs: the Order line's words and the JSON's.
@@ -121,12 +123,27 @@ def advise(fusions: FusionCheck, planner: Planner, plan: CenteringPlan) -> None:
     plan.optimizer_first = optimizer_first_facts(first)
     embed_kept = [cand for cand in planner.lns if cand.name in fusions.embed_kept]
     plan.advice = order_advice(fusions, folded, embed_kept, bool(plan.folded), first)
-    plan.advice += quantized_advice(planner.model.graph, plan)
+    quantized = float_first(planner, plan) if plan.decisions and quantized_ops(planner.model.graph) else None
+    plan.float_first = float_first_facts(quantized)
+    plan.advice += quantized_advice(planner.model.graph, plan, quantized)
 
 
-def quantized_advice(graph: ir.Graph, plan: CenteringPlan) -> list[str]:
+def _float_first_words(first: FloatFirst | None) -> str:
+    """What folding the float model first folds, as the Quantized line ends."""
+    if first is None:
+        return ""
+    if first.unrecovered is not None:
+        return f": the float model cannot be recovered from this file ({first.unrecovered})"
+    return (
+        f": folding the float model recovered from this file folds {first.folded} of its "
+        f"{first.layer_norms} LNs (here {first.folded_here} of {first.layer_norms_here})"
+    )
+
+
+def quantized_advice(graph: ir.Graph, plan: CenteringPlan, first: FloatFirst | None = None) -> list[str]:
     """One line where the graph is quantized: its quantized ops, that the fold leaves their units
-    whole (docs/DESIGN.md section 2.6) and how many LNs stay for that, and the order that folds them."""
+    whole (docs/DESIGN.md section 2.6) and how many LNs stay for that, and the order that folds them,
+    with what folding the float model first folds (`first`, `ort_fusions.float_first`)."""
     ops = quantized_ops(graph)
     if not ops or not plan.decisions:
         return []
@@ -135,5 +152,6 @@ def quantized_advice(graph: ir.Graph, plan: CenteringPlan) -> list[str]:
     stays = f"{held} LN{'s' * (held != 1)} stay for that ('quantized')" if held else "no LN stays for that"
     return [
         f"Quantized: {counted}. The fold leaves every quantized unit whole (nothing is centered inside one, "
-        f"no integer weight is centered): {stays}. Fold the float model before quantizing (docs/PIPELINES.md)."
+        f"no integer weight is centered): {stays}. Fold the float model before quantizing (docs/PIPELINES.md)"
+        f"{_float_first_words(first)}."
     ]

@@ -58,6 +58,13 @@ def test_the_optimizer_first_keys_are_in_report_md():
     assert facts and not [key for key in sorted(facts) if not re.search(rf"\b{key}\b", doc)]
 
 
+def test_the_float_first_keys_are_in_report_md():
+    """The keys of `float_first`, which a float model leaves null."""
+    facts = onnx_lnfold.analyze(MODELS / "bert_qdq_int8.onnx").to_dict()["float_first"]
+    doc = DOCS["docs/REPORT.md"].split("## The JSON report", 1)[1]
+    assert facts and not [key for key in sorted(facts) if not re.search(rf"\b{key}\b", doc)]
+
+
 def _pipeline_rows() -> dict[str, tuple[str, str]]:
     """PIPELINES.md's fold-count table: committed model -> (foldable, default) counts `N/M`."""
     rows = {}
