@@ -176,6 +176,7 @@ def measure(name: str, folder: Path, processes: int = 3, rounds: int = 10) -> di
         "max_rel_fold_vs_original": max_rel(reference, _run(session_folded, feeds)),
         "max_rel_original_disable_vs_enable": max_rel(reference, unoptimized),
         "max_rel_original_vs_float_source": max_rel(float_source, reference),
+        "deployed_check": result.report.to_dict()["verification"]["deployed"],
         "speed": speed(path, folded_bytes, folder, processes, rounds) if result.plan.folded else None,
     }
 
@@ -186,14 +187,15 @@ def _ratio(r: dict) -> str:
 
 def speed_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| model | LNs folded | original ms (median) | original / folded | re-saved / folded | verdict |",
-        "|---|---|---|---|---|---|",
+        "| model | LNs folded | original ms (median) | original / folded | re-saved / folded | verdict | the check at ORT_ENABLE_ALL: fold vs original / the original's sensitivity |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = r["speed"]
         if s is None:
-            lines.append(f"| {r['model']} | 0/{r['lns']} | - | nothing folded: the file is the original | - | - |")
+            lines.append(f"| {r['model']} | 0/{r['lns']} | - | nothing folded: the file is the original | - | - | - |")
             continue
+        d = r["deployed_check"]
         cells = [
             r["model"],
             f"{r['folded']}/{r['lns']}",
@@ -201,6 +203,9 @@ def speed_table(rows: list[dict]) -> list[str]:
             _ratio(s["original/folded"]),
             _ratio(s["resaved/folded"]),
             s["verdict"],
+            f"{d['rel_diff']:.2g} / {d['sensitivity']:.2g} ({'passed' if d['passed'] else 'refused'})"
+            if d
+            else "not run",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
