@@ -188,8 +188,13 @@ def _piper_measures(ref: Feeds, got: Feeds) -> dict[str, float]:
     }
 
 
-def _committed(name: str) -> Callable[[], Feeds]:
-    return lambda: QUANTIZE.committed_inputs(name)
+def _log_mels(count: int, rng: np.random.Generator) -> list[Feeds]:
+    return [{"input_features": ti.whisper_log_mel(seed=int(rng.integers(1, 1 << 30)))} for _ in range(count)]
+
+
+def _encoder_measures(ref: Feeds, got: Feeds) -> dict[str, float]:
+    r, g = ref["last_hidden_state"], got["last_hidden_state"]
+    return {"encoder output cosine": cosine(r, g), "encoder output max rel": relative(r, g)}
 
 
 def _committed_like(name: str) -> Callable[[int, np.random.Generator], list[Feeds]]:
@@ -233,6 +238,13 @@ MODELS = {
         _images,
         _saliency_measures,
     ),
+    "whisper_tiny_en_encoder_torchscript": Model(
+        TRAINED / "whisper_tiny_en_encoder_torchscript.onnx",
+        "Whisper tiny.en encoder, TorchScript export (9 LNs), 1500 frames",
+        lambda: {"input_features": ti.whisper_log_mel()},
+        _log_mels,
+        _encoder_measures,
+    ),
     "piper_en_us_joe_medium_encoder": Model(
         TRAINED / "piper_en_us_joe_medium_encoder.onnx",
         "Piper en_US-joe-medium text encoder + duration predictor (36 decomposed LNs), noise 0",
@@ -243,7 +255,7 @@ MODELS = {
     "bert": Model(
         MODELS_DIR / "bert.onnx",
         "models/bert.onnx (random weights: a fixture, not a trained model)",
-        _committed("bert"),
+        lambda: QUANTIZE.committed_inputs("bert"),
         _committed_like("bert"),
         _all_outputs_measures,
     ),
@@ -300,9 +312,10 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:300]}"
 
 
-def quantize(kind: str, source: Path, out: Path, calibration: list[Feeds]) -> None:
+def quantize(kind: str, source: Path, out: Path, calibration: list[Feeds]) -> dict[str, int]:
     """`kind` of `source` into `out`, from a copy in a folder of its own (the calibrator writes beside
-    its input); a quantization that writes none of its ops raises LookupError."""
+    its input), and the node counts of what it wrote (all, and of each op type the kind writes); a
+    quantization that writes none of its ops raises LookupError."""
     staged = out.parent / f"{out.stem}.source" / source.name
     staged.parent.mkdir()
     shutil.copyfile(source, staged)
@@ -310,9 +323,11 @@ def quantize(kind: str, source: Path, out: Path, calibration: list[Feeds]) -> No
         KINDS[kind].quantize(staged, out, Calibration(calibration))
     finally:
         shutil.rmtree(staged.parent)
-    ops = {n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node}
-    if not ops & KINDS[kind].writes:
-        raise LookupError(f"no op it quantizes: it wrote no {', '.join(sorted(KINDS[kind].writes))}")
+    ops = [n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node]
+    written = {op: ops.count(op) for op in sorted(KINDS[kind].writes)}
+    if not any(written.values()):
+        raise LookupError(f"no op it quantizes: it wrote no {', '.join(written)}")
+    return {"nodes": len(ops), **written}
 
 
 def measure_kind(
@@ -334,7 +349,7 @@ def measure_kind(
             continue
         out = work / f"{kind}.{variant}.onnx"
         try:
-            quantize(kind, files[variant], out, calibration)
+            row[f"nodes_{variant}"] = quantize(kind, files[variant], out, calibration)
         except LookupError as e:
             row["skipped"] = str(e)
             return row
@@ -484,8 +499,9 @@ def fold_table(results: list[dict]) -> list[str]:
 
 def speed_table(results: list[dict]) -> list[str]:
     lines = [
-        "| model | kind | Q(original) ms | Q(fold) ms | Q(original) / Q(fold) | Q(original) re-saved / Q(fold) | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| model | kind | nodes Q(original) -> Q(fold) | Q(original) ms | Q(fold) ms | Q(original) / Q(fold) | "
+        "Q(original) re-saved / Q(fold) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for k in r["kinds"]:
@@ -493,15 +509,18 @@ def speed_table(results: list[dict]) -> list[str]:
                 continue
             s = k["speed"]
             ms, ratios = s["median_ms"], s["ratios"]
+            nodes = "; ".join(
+                f"{op} {k['nodes_original'][op]} -> {k['nodes_folded'][op]}" for op in k["nodes_original"]
+            )
             lines.append(
-                f"| {r['model']} | {k['kind']} | {ms['original']:.2f} | {ms['folded']:.2f} | "
+                f"| {r['model']} | {k['kind']} | {nodes} | {ms['original']:.2f} | {ms['folded']:.2f} | "
                 f"{fmt_across(ratios['original/folded'])} | {fmt_across(ratios['resaved/folded'])} | "
                 f"{s['verdict']} |"
             )
     return lines
 
 
-def render(results: list[dict], command: str, machine: dict, timing: dict) -> str:
+def render(results: list[dict], command: str, machine: dict, timing: dict, absent: list[str] = ()) -> str:
     lines = results_header(
         "Fold, then quantize, against quantizing the original (CPU)",
         command,
@@ -511,7 +530,8 @@ def render(results: list[dict], command: str, machine: dict, timing: dict) -> st
         f"sets. Speed: ORT_ENABLE_ALL, CPU EP, {timing['threads']} intra-op thread(s), `onnx-lnfold bench`'s code, "
         f"{timing['processes']} fresh processes x {timing['rounds']} interleaved rounds, on the reference input.",
     )
-    lines += ["Models:", ""] + [f"- `{r['model']}`: {r['what']}" for r in results] + [""]
+    lines += ["Models:", ""] + [f"- `{r['model']}`: {r['what']}" for r in results]
+    lines += [f"- `{n}`: not measured, its file is not there ({MODELS[n].path.name})" for n in absent] + [""]
     lines += ["## The fold (fp32, default options)", "", *fold_table(results), ""]
     lines += [
         "## Quality against the fp32 original",
@@ -526,7 +546,8 @@ def render(results: list[dict], command: str, machine: dict, timing: dict) -> st
         "## Speed, Q(original) against Q(fold)",
         "",
         "A ratio > 1: Q(fold) is faster. Median over processes [bootstrap 95% interval] (range over processes); "
-        "the re-saved column is the control (Q(original) written through the fold's writer).",
+        "the re-saved column is the control (Q(original) written through the fold's writer). Nodes: of the quantized "
+        "files (all, and of each op type the quantizer writes).",
         "",
         *speed_table(results),
     ]
@@ -544,7 +565,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fold_then_quantize")
     args = ap.parse_args(argv)
-    names = args.models.split(",") if args.models else list(TRAINED_MODELS)
+    names = args.models.split(",") if args.models else [n for n in TRAINED_MODELS if MODELS[n].path.exists()]
+    absent = [] if args.models else [n for n in TRAINED_MODELS if n not in names]
     kinds = args.kinds.split(",") if args.kinds else list(KINDS)
     unknown = [n for n in names if n not in MODELS] + [k for k in kinds if k not in KINDS]
     if unknown:
@@ -560,13 +582,13 @@ def main(argv=None) -> int:
     machine = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fold_then_quantize.json").write_text(
-        json.dumps({"machine": machine, "timing": timing, "models": results}, indent=1) + "\n"
+        json.dumps({"machine": machine, "timing": timing, "models": results, "not_there": absent}, indent=1) + "\n"
     )
     given = ("models", "kinds", "sets", "calibration", "processes", "rounds", "threads")
     command = "python -m benchmarks.fold_then_quantize" + "".join(
         f" --{k} {getattr(args, k)}" for k in given if getattr(args, k) != ap.get_default(k)
     )
-    text = render(results, command, machine, timing)
+    text = render(results, command, machine, timing, absent)
     (args.out / "README.md").write_text(text)
     print(text)
     return 0
