@@ -67,11 +67,14 @@ class NpzCalibration(CalibrationDataReader):
         return next(self._batches, None)
 
 
-def qdq_int8(source: Path, out: Path, *, per_channel: bool = False) -> None:
+def qdq_int8(
+    source: Path, out: Path, *, per_channel: bool = False, calibration: CalibrationDataReader | None = None
+) -> None:
+    """Static QDQ int8; `calibration` defaults to the committed inputs of `source` (`NpzCalibration`)."""
     quantize_static(
         str(source),
         str(out),
-        NpzCalibration(source.stem),
+        calibration if calibration is not None else NpzCalibration(source.stem),
         quant_format=QuantFormat.QDQ,
         per_channel=per_channel,
         activation_type=QuantType.QInt8,
