@@ -16,7 +16,7 @@ the copy is not made where its float weights would take more than `FLOAT_COPY_BY
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -254,15 +254,7 @@ def float_first(planner: Planner, plan: CenteringPlan) -> FloatFirst | None:
 
 def float_first_facts(first: FloatFirst | None) -> dict[str, Any] | None:
     """The JSON report's `float_first`: both counts, or why the float model was not recovered."""
-    if first is None:
-        return None
-    return {
-        "folded": first.folded,
-        "layer_norms": first.layer_norms,
-        "folded_here": first.folded_here,
-        "layer_norms_here": first.layer_norms_here,
-        "unrecovered": first.unrecovered,
-    }
+    return None if first is None else asdict(first)
 
 
 __all__ = [
