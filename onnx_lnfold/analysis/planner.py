@@ -309,7 +309,8 @@ def _kept_for_cost(context: AnalysisContext, candidates, kept, dearer, active, b
         sites = [CenteringSite(site.name or "", site_axis, centering_kind(site, site_axis, shapes)) for site, site_axis in (written_site(r, axes[r], shapes) for r in added)]
         for cand in held:
             constants = sum(not leaf.aux for leaf in possible[cand])
-            why[cand] = centering_refusal(sites, len(unlocked), saved, constants).at_stage("cost")
+            own = [site for r, site in zip(added, sites) if r in needs[cand]]
+            why[cand] = centering_refusal(own, sites, len(unlocked), saved, constants).at_stage("cost")
     return why
 
 

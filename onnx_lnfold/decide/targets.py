@@ -503,45 +503,57 @@ class CenteringSite:
         return text
 
 
-def centering_refusal(sites: list[CenteringSite], lns: int, savings: list[Saving], constants: int) -> Blocked:
-    """Why an LN that folds once `sites` are centered explicitly stays: those centerings do not
-    cost less together than the LNs that would fold with them save together (`savings`, of the
-    `lns` LNs, by their pricing) by more than the figures' spread (docs/DESIGN.md section 2.3);
-    `constants`: what this LN's proof centers besides. Costs more: code "centering-costs-more";
-    within the spread: "cost-unresolved". The detail, the same for every LN of those centerings, is
-    what the report groups them under."""
+def centering_refusal(
+    own: list[CenteringSite], sites: list[CenteringSite], lns: int, savings: list[Saving], constants: int
+) -> Blocked:
+    """Why an LN that folds once `own` are centered explicitly stays: `sites`, every centering the
+    `lns` LNs that fold with it need (its own among them, each counted once), do not cost less
+    together than those LNs save together (`savings`, by their pricing) by more than the figures'
+    spread (docs/DESIGN.md section 2.3); `constants`: what this LN's proof centers besides. Costs
+    more: code "centering-costs-more"; within the spread: "cost-unresolved". The detail, the same
+    for every LN of those centerings, is what the report groups them under."""
     pricing = savings[0].pricing
     table = pricing.table
     d = next((s.width for s in savings if s.width is not None), None) or NARROWEST
-    cost = [(site.kind, d) for site in sites]
+    cost = [(site.kind, d) for site in sites]  # "StridedCentering": over a non-last axis (`decide.pricing.centering_kind`)
     cmp = Comparison(
         pricing.total(cost), sum(s.amount for s in savings), pricing.spread(cost) + sum(s.spread for s in savings)
     )
     figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}, d={d}"
-    centering = " and ".join(site.words for site in sites)
-    one = len(sites) == 1
-    inserted = f"{centering} {'is' if one else 'are'} inserted"
+    mine = " and ".join(site.words for site in own)
+    every = " and ".join(site.words for site in sites)
+    proof = (
+        f"kept: its input is zero-mean {once_centered(constants, f'{mine} {_is_are(own)} inserted')} "
+        f"({'an explicit centering' if len(own) == 1 else 'explicit centerings'})"
+    )
     unlocks = f"{lns} LN{'s' * (lns != 1)}"
-    that = "that centering costs" if one else f"those {len(sites)} centerings cost"
-    proof = f"kept: its input is zero-mean {once_centered(constants, inserted)} ({'an explicit centering' if one else 'explicit centerings'})"
-    unlock = "would unlock" if one else "would together unlock"
+    if len(sites) == 1:
+        centerings, saved = "that centering", f"the {unlocks} it would unlock save"
+    elif lns == 1:
+        centerings, saved = f"the {len(sites)} centerings it needs", "it saves"
+    else:
+        centerings, saved = f"the {len(sites)} centerings that the {unlocks} sharing them need", "those LNs save"
+    those = f"{centerings} {'costs' if len(sites) == 1 else 'cost'}"
+    unlock = "would unlock" if len(sites) == 1 else "would together unlock"
     if cmp.dearer:
         return Blocked(
             "centering-costs-more",
-            f"{proof}, and {that} {table.provider_words} more than the {unlocks} {'it' if one else 'they'} would unlock "
-            f"save: {figures} ({table.source})",
+            f"{proof}, and {those} {table.provider_words} more than {saved}: {figures} ({table.source})",
             sites[0].tensor,
-            detail=f"{centering} {unlock} {unlocks}, and {'costs' if one else 'cost'} more than they save: {figures}",
+            detail=f"{every} {unlock} {unlocks}, and {'costs' if len(sites) == 1 else 'cost'} more than they save: {figures}",
         )
     figures += f", a difference within the figures' spread of {table.figure(cmp.spread)}"
     return Blocked(
         "cost-unresolved",
-        f"{proof}, and its cost table cannot tell {'that centering' if one else 'those centerings'} from what the "
-        f"{unlocks} {'it' if one else 'they'} would unlock save on {table.provider_words} ({figures}): the "
-        f"never-slower rule inserts only what it shows cheaper ({table.source})",
+        f"{proof}, and its cost table cannot tell {centerings} from what {saved} on {table.provider_words} "
+        f"({figures}): the never-slower rule inserts only what it shows cheaper ({table.source})",
         sites[0].tensor,
-        detail=f"{centering} {unlock} {unlocks}, within the spread of what they save: {figures}",
+        detail=f"{every} {unlock} {unlocks}, within the spread of what they save: {figures}",
     )
+
+
+def _is_are(items: list) -> str:
+    return "is" if len(items) == 1 else "are"
 
 
 def _node_list(rewrite: Rewrite, shapes: ShapeTable) -> tuple[str, str]:

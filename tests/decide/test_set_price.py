@@ -55,7 +55,7 @@ def test_an_ln_is_kept_where_its_centerings_cost_more_together_than_it_saves(pie
     (kept,) = plan.kept
     assert not plan.folded and not plan.centerings
     assert kept.stage == "cost" and kept.code == "centering-costs-more"
-    assert f"those {pieces + 1} centerings cost" in kept.reason and "'r' - ReduceMean over axis 2" in kept.reason
+    assert f"the {pieces + 1} centerings it needs cost" in kept.reason and "'r' - ReduceMean over axis 2" in kept.reason
     costly = onnx_lnfold.analyze(pieces_model(pieces), keep_ort_fusions=False, fold_costly=True)
     (forced,) = costly.folded
     assert len(costly.centerings) == pieces + 1
@@ -94,3 +94,16 @@ def test_what_the_plan_counts_is_what_onnx_runtime_runs(name, costly, tmp_path):
     priced = Counter(result.plan.priced_ops["emitted"])
     priced.subtract(result.plan.priced_ops["original"])
     assert +priced == +ran and -priced == -ran, (dict(ran), dict(priced))
+
+
+def test_each_kept_ln_names_the_centerings_it_needs_and_the_set_it_is_priced_in():
+    """adaln_torchscript: each block's gated residual branch (a Mul by a data-dependent gate) is
+    centered explicitly; an LN further down the stream needs every branch above it, and the 4 LNs
+    sharing those 4 centerings are priced together. Each LN's reason names only its own."""
+    plan = onnx_lnfold.analyze(MODELS / "adaln_torchscript.onnx")
+    kept = [d for d in plan.kept if d.code == "centering-costs-more"]
+    assert len(kept) == 4
+    named = [d.reason.split(" inserted")[0].count("ReduceMean over axis") for d in kept]
+    assert named == [1, 2, 3, 4]
+    assert all("the 4 centerings that the 4 LNs sharing them need cost" in d.reason for d in kept)
+    assert len({d.blocked.detail for d in kept}) == 1  # one set: the report groups them under it
