@@ -250,11 +250,16 @@ def collecting_per_phase() -> Iterator[None]:
 
 # Young collections between full ones: the pipeline's own `_phase_done` runs the full ones.
 _FULL_COLLECTION_EVERY = 1000
+# Python's default third threshold: a phase that made fewer young collections than it leaves the
+# full collection to Python (a small model's in a process whose heap is large, a test run's).
+_FULL_COLLECTION_AFTER = 10
 
 
 def _phase_done() -> None:
-    """A phase's clones and copies (cyclic, as IR graphs are) collected at once."""
-    gc.collect()
+    """A phase's clones and copies (cyclic, as IR graphs are) collected at once, where it made
+    enough objects for Python to have run a full collection itself."""
+    if gc.get_count()[2] > _FULL_COLLECTION_AFTER:
+        gc.collect()
 
 
 def _run_pipeline(
