@@ -205,7 +205,7 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
 
 def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     # The heavy imports (numpy, onnx, onnx_ir: about a second), once the arguments are known good.
-    from onnx_lnfold._pipeline import run_pipeline
+    from onnx_lnfold._pipeline import collecting_per_phase, run_pipeline
     from onnx_lnfold.core.fold_request import FoldRequest
     from onnx_lnfold.core.options import RunShapes
     from onnx_lnfold.feeds.given import load_inputs
@@ -244,9 +244,10 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
                 print(f"onnx_lnfold: warning: {rehearsal}", file=sys.stderr, flush=True)
 
     progress.phase(f"Loading {source}")
-    model, _ = load_model(source)  # checked by ONNX's checker, as every entry point's model
-    _check_json_path(args, source, destination, _input_data(model, source))
-    run = run_pipeline(model, source, request, progress=progress, started=started)
+    with collecting_per_phase():
+        model, _ = load_model(source)  # checked by ONNX's checker, as every entry point's model
+        _check_json_path(args, source, destination, _input_data(model, source))
+        run = run_pipeline(model, source, request, progress=progress, started=started)
     report = run.report
     if rehearsal:
         report.notes.append(f"Warning: {rehearsal}.")

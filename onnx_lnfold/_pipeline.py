@@ -11,9 +11,11 @@ why, and what is refused is decided here once."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,6 +229,48 @@ def run_pipeline(
     `after_apply` changes the folded model before it is staged and checked (the faults of the
     check's mutation campaign, `benchmarks.mutation`). The report's sizes are the input's on disk,
     external data included."""
+    with collecting_per_phase():
+        return _run_pipeline(model, source, request, progress=progress, started=started, after_apply=after_apply)
+
+
+@contextmanager
+def collecting_per_phase() -> Iterator[None]:
+    """Python's full collections, each a walk of every live object, run once per phase of the
+    pipeline (`_phase_done`), where the objects of a model's clones and copies are let go, rather
+    than each time a quarter of the heap is new: a large graph's millions of objects made those
+    walks a large share of the time. The collector's thresholds are restored after. A caller that
+    loads the model enters it around the load too."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], max(thresholds[2], _FULL_COLLECTION_EVERY))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+# Young collections between full ones: the pipeline's own `_phase_done` runs the full ones.
+_FULL_COLLECTION_EVERY = 1000
+# Python's default third threshold: a phase that made fewer young collections than it leaves the
+# full collection to Python (a small model's in a process whose heap is large, a test run's).
+_FULL_COLLECTION_AFTER = 10
+
+
+def _phase_done() -> None:
+    """A phase's clones and copies (cyclic, as IR graphs are) collected at once, where it made
+    enough objects for Python to have run a full collection itself."""
+    if gc.get_count()[2] > _FULL_COLLECTION_AFTER:
+        gc.collect()
+
+
+def _run_pipeline(
+    model: ir.Model,
+    source: Path | None,
+    request: FoldRequest,
+    *,
+    progress: Progress | None,
+    started: float | None,
+    after_apply: Callable[[ir.Model, CenteringPlan], None] | None,
+) -> FoldRun:
     progress = progress or Progress(enabled=False)
     started = time.monotonic() if started is None else started
     input_data = frozenset(external_data_files(model, source.parent)) if source else frozenset()
@@ -240,6 +284,7 @@ def run_pipeline(
     given = model
     model, bound = analyze_model(model, request.options, request.shapes, synthesizing=request.check.verify)
     plan = bound.plan
+    _phase_done()
     # From the model as it was: the rewrite removes IR objects the proof walks.
     trace = explain(model, bound) if request.proof else []
     if not plan.folded:
@@ -279,6 +324,7 @@ def run_pipeline(
             "nothing was folded: the model is unchanged" if request.check.verify else request.check.disabled_because
         )
         report = report_of(Verification("skipped", skipped))
+        _phase_done()
 
         def written() -> Path | None:
             nonlocal staged

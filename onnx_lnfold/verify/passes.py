@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import onnx_ir as ir
 
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
 from onnx_lnfold.verify.readback import ReadBack, read_back
+from onnx_lnfold.verify.readback.folded import model_of
 from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.sessions import ModelBytesOrPath, is_blockwise, run_sets, session_for
 
@@ -89,11 +91,13 @@ class Passes(ABC):
 
 @dataclass
 class EachAlone(Passes):
-    """Each pass runs alone, when it is asked for, on the models as given (`original`, `folded`)."""
+    """Each pass runs alone, when it is asked for, on the models as given (`original`, `folded`).
+    The fold as the read-back read it is kept for its float64 twin: the file is parsed once."""
 
     original: ModelBytesOrPath
     folded: ModelBytesOrPath
     request: VerifyRequest
+    _folded_read: ir.Model | None = field(default=None, init=False, repr=False)
 
     def session(self, model: int, source: ModelBytesOrPath):
         return session_for(source, progress=self.request.progress)
@@ -109,7 +113,8 @@ class EachAlone(Passes):
         and, where the fold's computed constants are at hand, exact."""
         exact, progress = self.request.computed, self.request.progress
         original = Float64Model(self.original, progress=progress)
-        folded = Float64Model(self.folded, exact, progress=progress)
+        read, self._folded_read = self._folded_read, None
+        folded = Float64Model(read if read is not None else self.folded, exact, progress=progress)
         original.label = "the original"
         folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
         started = time.perf_counter()
@@ -123,4 +128,7 @@ class EachAlone(Passes):
 
     def read_back(self) -> ReadBack | None:
         planned = self.request.planned
-        return read_back(self.folded, planned) if planned is not None else None
+        if planned is None:
+            return None
+        self._folded_read = model_of(self.folded)
+        return read_back(self._folded_read, planned)

@@ -146,3 +146,15 @@ def test_flatten2_is_followed_without_an_explicit_centering():
     plan = onnx_lnfold.fold(MODELS / "vit_torchscript.onnx", verify=False).plan
     assert not plan.centerings
     assert any(e.role == "Conv weight" for e in plan.edits)
+
+
+def test_the_pipeline_runs_full_collections_per_phase_and_restores_the_collector():
+    import gc
+
+    from onnx_lnfold._pipeline import collecting_per_phase
+
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), collecting_per_phase():
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > before[2]
+        raise RuntimeError
+    assert gc.get_threshold() == before

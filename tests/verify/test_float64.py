@@ -688,3 +688,22 @@ def test_a_float64_evaluation_that_fails_names_the_op(monkeypatch):
     verification = onnx_lnfold.fold(_time_shift_model()).report.verification
     assert verification.passed and verification.judgment != FLOAT64
     assert "the float64 evaluation failed at Pad 'time_shift': index can't contain negative values" in verification.judgment_reason
+
+
+def test_an_identity_chain_passes_its_values_on_as_new_arrays():
+    """Identities of an activation and of a weight, in a chain: what onnx.reference computes, each
+    output its own array (a later in-place write cannot reach another's values)."""
+    g = Graph()
+    x = g.input("x", [2, 3])
+    chained = g.node("Identity", [g.node("Identity", [x])])
+    weight = g.node("Identity", [g.const("w", value=np.arange(3, dtype=np.float32))])
+    total = g.node("Add", [chained, weight])
+    g.output(chained)
+    g.output(total)
+    model = g.model()
+    feeds = {"x": RNG.standard_normal((2, 3)).astype(np.float32)}
+    got = Float64Model(model).run(feeds)
+    expected = onnx.reference.ReferenceEvaluator(float64_twin(model)).run(None, {"x": feeds["x"].astype(np.float64)})
+    np.testing.assert_array_equal(got[chained], expected[0])
+    np.testing.assert_array_equal(got[total], expected[1])
+    assert got[chained].dtype == np.float64 and not np.shares_memory(got[chained], got[total])

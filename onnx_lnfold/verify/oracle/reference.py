@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_ir as ir
+from onnx.reference.ops.op_identity import Identity
 
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.tensor_io import row_blocks
@@ -384,6 +385,11 @@ class Float64Model:
             stacked = stacked_matmul(node.onnx_node, weights, sets)
         if stacked is not None:
             return weights, in_part, [[out] for out in stacked]
+        if type(node) is Identity and not weights:
+            # What `Identity` computes, a copy, without `OpRun.run`'s checks per call: chains of thousands.
+            values = [results[node.input[0]] for results in sets]
+            if all(type(v) is np.ndarray for v in values):
+                return weights, in_part, [(v.copy(),) for v in values]
         outputs = []
         for results in sets:
             if node.need_context():  # a body reads names of the outer scope: all of them

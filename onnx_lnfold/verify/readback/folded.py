@@ -32,7 +32,10 @@ def _file_position(tensor: ir.TensorProtocol) -> tuple[str, int]:
     return "", -1
 
 
-def model_of(source: ModelBytesOrPath) -> ir.Model:
+def model_of(source: ModelBytesOrPath | ir.Model) -> ir.Model:
+    """The model `source` holds; an `ir.Model` is taken as it is (read from the file already)."""
+    if isinstance(source, ir.Model):
+        return source
     return ir.from_proto(onnx.load_from_string(source)) if isinstance(source, bytes) else load_path(source)
 
 

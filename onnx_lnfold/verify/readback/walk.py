@@ -136,14 +136,14 @@ def _unchanged_check(name: str, original: ir.TensorProtocol, written: ir.TensorP
     return check
 
 
-def read_back(folded: ModelBytesOrPath, changes: PlannedChanges) -> ReadBack:
+def read_back(folded: ModelBytesOrPath | ir.Model, changes: PlannedChanges) -> ReadBack:
     """Account for every difference between the model as it was (`changes`) and `folded`, as
     written: the number of planned changes read back, or the first difference the plan does not
     account for."""
     return drain(read_back_steps(folded, changes))
 
 
-def read_back_steps(folded: ModelBytesOrPath, changes: PlannedChanges) -> Generator[float, None, ReadBack]:
+def read_back_steps(folded: ModelBytesOrPath | ir.Model, changes: PlannedChanges) -> Generator[float, None, ReadBack]:
     """`read_back` a tensor at a time: the structure first, then the tensor checks in the order of
     the file, yielding the share of their bytes read after each (the check advances its passes over
     a file together, `verify.oracle.paced`). A difference in the structure is reported before one
