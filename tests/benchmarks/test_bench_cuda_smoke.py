@@ -227,7 +227,10 @@ def test_kernel_time_comes_from_the_profile_per_visit(tmp_path):
     values, source = phase.finish(profiles)
     assert source == "onnxruntime profiler Node events (CPU EP kernels)"
     assert len(values["cfg"]["small"]) == len(values["cfg"]["big"]) == 2
-    assert min(values["cfg"]["big"]) > 10 * max(values["cfg"]["small"]) > 0  # 1024x the elements
+    # 1024x the elements: every visit of the big one outlasts the small one's, and by 10x its quickest
+    # (a loaded machine can stretch one small visit; it cannot make it outlast a big one's)
+    assert min(values["cfg"]["big"]) > 10 * min(values["cfg"]["small"]) > 0
+    assert min(values["cfg"]["big"]) > max(values["cfg"]["small"])
 
     # a run the phase did not see shifts the attribution: refused, never misattributed
     phase2 = ProfiledPhase("CPUExecutionProvider")
