@@ -228,15 +228,6 @@ def _sums_above(start: ir.Value, axis: int, shapes: ShapeTable, memo) -> frozens
     return memo[(start, axis)]
 
 
-def _written_into(root: ir.Value, cands: set[LnCandidate], never, shapes: ShapeTable) -> bool:
-    """Whether the centering of `root` would be written at a tensor of `never` (past the Add of a
-    constant it moves over: `analysis.edits.written_site`)."""
-    if not never:
-        return False
-    axis = next((c.axis for c in cands if c.axis is not None), -1)
-    return written_site(root, axis, shapes)[0] in never
-
-
 def _mixed_precision_roots(unlocked, shapes: ShapeTable) -> set[ir.Value]:
     """fp16/bf16 roots that unlock an LN of another precision. A mean computed and subtracted in
     10 or 7 mantissa bits leaves a residual mean at that type's rounding: noise for an LN of the
@@ -256,7 +247,7 @@ _JUNCTION_ROUNDS = 8
 
 def with_auxiliary_centering(candidates, shapes, sinks, names, savings: Savings | None, denied: frozenset = frozenset()):
     """Fold with explicit centering roots allowed (but at `denied`, nor where one would be written
-    into `denied`: `analysis.edits.written_site`), denying the roots whose LNs save less than they
+    at a tensor of `denied`: `analysis.edits.written_site`), denying the roots whose LNs save less than they
     cost; then, where LNs stay blocked, try centering the stream sums they share (`_junction_roots`)."""
     active, blocked = _aux_fold(candidates, shapes, sinks, names, frozenset(), savings, denied)
     # Rounds until no new sum helps: a sum shared by many blocked LNs can unlock only some of
@@ -280,15 +271,16 @@ def _aux_fold(candidates, shapes, sinks, names, junctions: frozenset[ir.Value], 
     while True:
         active, blocked = fold_set(candidates, shapes, sinks, names, denied, junctions)
         unlocked: dict[ir.Value, set[LnCandidate]] = {}
-        kinds: dict[ir.Value, str] = {}
+        sites: dict[ir.Value, tuple[ir.Value, int]] = {}  # where each root's centering is written
         for cand, leaves in active.items():
             for leaf in sorted(leaves, key=lambda l: leaf_order(l, names)):
                 if leaf.aux:
                     unlocked.setdefault(leaf.value, set()).add(cand)
-                    if leaf.value not in kinds:
-                        kinds[leaf.value] = centering_kind(*written_site(leaf.value, leaf.axis, shapes), shapes)  # type: ignore[arg-type]
+                    if leaf.value not in sites:
+                        sites[leaf.value] = written_site(leaf.value, leaf.axis, shapes)  # type: ignore[arg-type]
+        kinds = {root: centering_kind(*site, shapes) for root, site in sites.items()}
         poor = _unpaid_roots(unlocked, kinds, savings)
-        poor |= {root for root, cands in unlocked.items() if _written_into(root, cands, never, shapes)}
+        poor |= {root for root, (site, _) in sites.items() if site in never}  # written into a tensor it may not be
         poor |= {root for root in junctions if root not in unlocked}  # blocked otherwise: prove it instead
         poor |= _mixed_precision_roots(unlocked, shapes)
         if not poor:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -201,7 +202,9 @@ def _price_sets(folds: list[BoundFold], centerings: list[BoundCentering], shapes
     for i, bound in enumerate(centerings):
         for ln in bound.centering.required_by:
             needs[ln].add(i)
-    every: list[tuple[str, int]] = []
+    # The folds that need no centering, priced together (their notes are their own: `_folded`).
+    alone = [fold.rewrite for fold in folds if not needs[fold.decision.node]]
+    original, emitted = price_set(alone, [], shapes).ops() if alone else (Counter(), Counter())
     for lns, roots in centering_sets(needs):
         members = [by_name[ln] for ln in lns]
         width = ln_width(members[0].rewrite.cand, shapes) or NARROWEST
@@ -209,11 +212,11 @@ def _price_sets(folds: list[BoundFold], centerings: list[BoundCentering], shapes
             (centering_kind(*written_site(b.value, b.centering.axis, shapes), shapes), width)
             for b in (centerings[i] for i in sorted(roots))
         ]
-        note = price_set([m.rewrite for m in members], priced, shapes).note()
+        price = price_set([m.rewrite for m in members], priced, shapes)
         for member in members:
-            member.decision.cost_note = note
-        every += priced
-    original, emitted = price_set([fold.rewrite for fold in folds], every, shapes).ops()
+            member.decision.cost_note = price.note()
+        was, now = price.ops()
+        original, emitted = original + was, emitted + now
     return {"original": dict(sorted(original.items())), "emitted": dict(sorted(emitted.items()))}
 
 

@@ -16,6 +16,8 @@ from collections import Counter
 
 import onnx_ir as ir
 
+from onnx_lnfold.core.ir import constant_of
+
 # What a reason says of a quantized op on the way to an LN.
 QUANTIZED_WHY = (
     "a centering there would split a quantized unit ONNX Runtime runs as one op, and its integer weights "
@@ -87,12 +89,7 @@ def quantized_ops(graph: ir.Graph) -> Counter:
 
 
 def _integer_weights(value: ir.Value | None) -> bool:
-    if value is None:
-        return False
-    tensor = value.const_value
-    if tensor is None and value.producer() is not None and value.producer().op_type == "Constant":  # type: ignore[union-attr]
-        attr = value.producer().attributes.get("value")  # type: ignore[union-attr]
-        tensor = attr.value if attr is not None and not attr.is_ref() else None
+    tensor = constant_of(value)
     return tensor is not None and tensor.dtype in _INTEGER_WEIGHTS
 
 
@@ -115,9 +112,7 @@ def inside_units(graph: ir.Graph) -> set[ir.Value]:
 
 
 def _is_bias_add(node: ir.Node) -> bool:
-    return node.op_type == "Add" and any(
-        v is not None and (v.const_value is not None or _op(v) == "Constant") for v in node.inputs
-    )
+    return node.op_type == "Add" and any(constant_of(v) is not None for v in node.inputs)
 
 
 def bias_taken_in(add: ir.Node) -> bool:

@@ -556,21 +556,22 @@ def _is_are(items: list) -> str:
     return "is" if len(items) == 1 else "are"
 
 
-def _node_list(rewrite: Rewrite, shapes: ShapeTable) -> tuple[str, str]:
-    """(what the fold runs, what it replaces), as reasons list them: every node the cost rule counts."""
+def _priced_and_named(rewrite: Rewrite, shapes: ShapeTable):
+    """`cost_nodes` (original, emitted), and (what the fold runs, what it replaces) as reasons list
+    them: every node the cost rule counts (`described_nodes`, read once)."""
     original, emitted = described_nodes(rewrite, shapes)
-    return " + ".join(word for _, _, word in emitted), " + ".join(word for _, _, word in original)
+    priced = [(kind, d) for kind, d, _ in original], [(kind, d) for kind, d, _ in emitted]
+    return priced, (" + ".join(word for _, _, word in emitted), " + ".join(word for _, _, word in original))
 
 
 def beta_add_note(rewrite: Rewrite, shapes: ShapeTable) -> str:
     """Why a fold whose beta stays an Add over the stream runs: what it costs against the original,
     by its pricing's table (or that it was asked for, `--fold-costly`, where the table does not
     show it cheaper)."""
-    original, emitted = cost_nodes(rewrite, shapes)
+    (original, emitted), (what, before) = _priced_and_named(rewrite, shapes)
     pricing, table = rewrite.pricing, rewrite.pricing.table
     cmp = pricing.compare(emitted, original)
     figures = f"{table.figure(cmp.emitted)} against {table.figure(cmp.original)} {table.unit_words} {pricing.words}"
-    what, before = _node_list(rewrite, shapes)
     if cmp.cheaper:
         return f"it pays: {what} costs less than {before} on {table.provider_words}: {figures}"
     if cmp.dearer:
@@ -583,13 +584,12 @@ def cost_refusal(rewrite: Rewrite, shapes: ShapeTable) -> Blocked | None:
     tokens it runs at; None when the fold costs less than the LN by more than the table's spread
     (docs/DESIGN.md section 4.1). Costs more: code "costs-more"; the table cannot tell the two
     apart: "cost-unresolved" (the LN stays: never slower)."""
-    original, emitted = cost_nodes(rewrite, shapes)
+    (original, emitted), (what, before) = _priced_and_named(rewrite, shapes)
     pricing, table = rewrite.pricing, rewrite.pricing.table
     cmp = pricing.compare(emitted, original)
     if cmp.cheaper:
         return None
     d = original[0][1]
-    what, before = _node_list(rewrite, shapes)
     if rewrite.beta.how == "add":
         head = f"kept: its beta would stay a separate Add over the LN's output ({rewrite.beta.why})"
     elif rewrite.beta.how == "consumers" and rewrite.beta.why:
