@@ -26,19 +26,21 @@ import dataclasses
 
 import onnx_ir as ir
 
+from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.quantized import quantized_ops
 from onnx_lnfold.feeds.sets import verification_input_sets
 from onnx_lnfold.feeds.synthesize import InputsUnavailable
 from onnx_lnfold.verify.case import Case
 from onnx_lnfold.verify.deployed import LEVEL, check_deployed
 from onnx_lnfold.verify.judges import judge
+from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.oracle.shadow import bfloat16_rounding, has_bfloat16
 from onnx_lnfold.verify.ort_runs import run_both
 from onnx_lnfold.verify.passes import EachAlone
 from onnx_lnfold.verify.readback import ReadBack
 from onnx_lnfold.verify.request import VerifyRequest
-from onnx_lnfold.verify.sessions import ModelBytesOrPath, blockwise_session_needed
+from onnx_lnfold.verify.sessions import ModelBytesOrPath
 from onnx_lnfold.verify.verdict import FLOAT64, LOW_PRECISION, SENSITIVITY_FACTOR, Verification
 
 
@@ -103,7 +105,7 @@ def check_equivalence(
     if case.shadow and request.plan is not None and verification.status == "passed":
         verification.notes.extend(bfloat16_rounding(model, request.plan))
     if verification.status == "passed" and _deployed_wanted(request, model):
-        _at_deployed_level(case, verification)
+        _at_deployed_level(case, verification, model)
     return verification
 
 
@@ -114,11 +116,13 @@ def _deployed_wanted(request: VerifyRequest, model: ir.Model) -> bool:
     return bool(quantized_ops(model.graph))
 
 
-def _at_deployed_level(case: Case, verification: Verification) -> None:
+def _at_deployed_level(case: Case, verification: Verification, model: ir.Model) -> None:
     """Judge both models at ORT_ENABLE_ALL too (`verify.deployed`): a fold beyond its allowance there
     fails; where that check cannot run (a model run block by block or through float32 shadows, whose
-    optimized graph is not the deployed one), the report says so."""
-    if case.shadow or not isinstance(case.passes, EachAlone) or blockwise_session_needed(case.original):
+    optimized graph is not the deployed one), the report says so. Whether the model runs block by
+    block is read from the folded model's weights in memory (`model`), not from its file again."""
+    above = blockwise.blockwise_above()
+    if case.shadow or not isinstance(case.passes, EachAlone) or (above is not None and weight_bytes(model) > above):
         verification.notes.append(f"not checked at {LEVEL}: the model is run block by block or through float32 shadows")
         return
     found = check_deployed(case, case.ort_original or case.original, case.folded)

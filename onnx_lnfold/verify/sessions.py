@@ -67,14 +67,6 @@ def session_for(model: ModelBytesOrPath, perturbed: bool = False, progress: Prog
     return ort.InferenceSession(source, session_options(), providers=["CPUExecutionProvider"])
 
 
-def blockwise_session_needed(model: ModelBytesOrPath) -> bool:
-    """Whether `session_for` runs `model` block by block (`blockwise_session`), without making it."""
-    above = blockwise.blockwise_above()
-    if above is None or (isinstance(model, bytes) and len(model) <= above):
-        return False
-    return blockwise.runs_blockwise(blockwise.load_structure(model)[0])
-
-
 def blockwise_session(model: ModelBytesOrPath, progress: Progress | None = None) -> blockwise.BlockwiseSession | None:
     """`model` run block by block, each block's weights read from the model's file in place, where
     its weights would not sit comfortably in the memory available (which block it is on said to
