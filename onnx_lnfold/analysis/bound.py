@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import AuxCentering, CenteringEdit, CenteringPlan, LnDecision
+from onnx_lnfold.analysis.rebind import counterparts, rebound
 
 if TYPE_CHECKING:
     from onnx_lnfold.decide.targets import Rewrite
@@ -63,3 +64,7 @@ class BoundPlan:
             if fold.decision.node == node:
                 return fold.rewrite
         raise KeyError(node)
+
+    def on_clone(self, model: ir.Model, clone: ir.Model) -> BoundPlan:
+        """This plan, made on `model`, bound to `clone`, a structural copy of it (`analysis.rebind`)."""
+        return rebound(self, counterparts(model, clone))  # type: ignore[return-value]

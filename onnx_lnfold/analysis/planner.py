@@ -84,9 +84,9 @@ def candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
 @dataclass
 class Planner:
     """One model's plans, made as often as the fusion check asks (`FusionCheck.settle`): its LNs,
-    found once (`start`), planned with the LNs kept for a fusion (`plan`), also on a clone of the
-    model (`plan_clone`), priced as ONNX Runtime runs them (`run_as`, `reprice_moved`: on `shapes`,
-    which the clones share); and the plans of another model alike (`alike`)."""
+    found once (`start`), planned with the LNs kept for a fusion (`plan`), priced as ONNX Runtime
+    runs them (`run_as`, `reprice_moved`: on `shapes`); and the plans of another model alike
+    (`alike`)."""
 
     model: ir.Model
     options: FoldOptions
@@ -105,11 +105,6 @@ class Planner:
     def plan(self, kept: dict[str, Blocked]) -> BoundPlan:
         """`plan_for` the model, the LNs of `kept` kept for the reason given."""
         return plan_for(self.model, self.options, self.shapes, self.lns, kept)
-
-    def plan_clone(self, clone: ir.Model, kept: dict[str, Blocked]) -> BoundPlan:
-        """The plan for a clone of the model (the same decisions, bound to the clone's IR objects)."""
-        clone_shapes = self.shapes.for_clone(clone)
-        return plan_for(clone, self.options, clone_shapes, candidates(clone, clone_shapes), kept)
 
     def run_as(self, layouts: dict[str, OrtLayout]) -> None:
         """Price the decomposed LNs of `layouts` as ONNX Runtime runs them, where not as written."""

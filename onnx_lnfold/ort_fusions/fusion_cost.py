@@ -61,7 +61,7 @@ from onnx_lnfold.ort_fusions.probe import (
 )
 from onnx_lnfold.ort_fusions.session_fusions import attribute, footprints, lost_fusions
 from onnx_lnfold.ort_fusions.session_layout import decomposed_layouts, moved_centerings
-from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, clone_model, weightless_clone
+from onnx_lnfold.ort_fusions.weightless import WeightlessFolder, weightless_clone
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ class FusionCheck:
     _folder: WeightlessFolder | None = None
     _original: Path | None = None
     _original_bytes: int = 0  # weights the weightless original stands for
+    _spare: ir.Model | None = None  # the weightless clone written as the original, for one fold to use
     _folded: Path | None = None
     _optimizers: dict[str, TransformersOptimizer] = field(default_factory=dict)  # by the file's digest
     _process: OptimizerProcess | None = None  # the optimizer's child process, for a large model
@@ -196,7 +197,8 @@ class FusionCheck:
     def _original_path(self) -> Path:
         if self._original is None:
             self._folder = self._folder or WeightlessFolder()
-            self._original = self._folder.write(weightless_clone(self.model, self._folder), "original.onnx")
+            self._spare = weightless_clone(self.model, self._folder)
+            self._original = self._folder.write(self._spare, "original.onnx")
             self._original_bytes = self._folder.stripped_bytes
             graph = self.model.graph
             self._made_by = {v.name: n.op_type for n in graph for v in n.outputs if v is not None and v.name}
@@ -251,8 +253,8 @@ class FusionCheck:
         """The plan of `planner`'s model that costs no ONNX Runtime fusion: the LNs the transformers
         optimizer fuses into EmbedLayerNormalization kept (`embed_layer_norm_costs`) and the
         decomposed LNs priced as a session runs them (`layouts`); then, while the plan folds any
-        LN, that plan applied to a weightless clone by `apply` (the pipeline's apply step, a later
-        step than this one, handed in), the LNs whose fold loses a session fusion kept
+        LN, that plan bound to a weightless clone and applied there by `apply` (the pipeline's
+        apply step, a later step than this one, handed in), the LNs whose fold loses a session fusion kept
         (`session_fusion_costs`) and the explicit centerings the folded copy's session runs off
         their written axis priced so, and the plan made again, until it loses none and prices
         every centering as it runs. Inactive: the plan with nothing kept for a fusion."""
@@ -260,13 +262,14 @@ class FusionCheck:
         planner.run_as(self.layouts(planner.lns))
         bound = planner.plan(kept)
         while bound.plan.folded and self.active:
-            lost = self.session_fusion_costs(lambda clone, kept=kept: planner.plan_clone(clone, kept), apply)
+            lost = self.session_fusion_costs(bound, apply)
             lost = {name: blocked for name, blocked in lost.items() if name not in kept}
             mispriced = planner.reprice_moved(bound, self.moved_centerings)
             if not lost and not mispriced:
                 break
             kept = {**kept, **lost}
             bound = planner.plan(kept)
+        self._spare = None
         return bound
 
     # ------------------------------------------------------------------ EmbedLayerNormalization
@@ -359,21 +362,20 @@ class FusionCheck:
     # ------------------------------------------------------------------ session fusions
 
     def session_fusion_costs(
-        self, plan_on: Callable[[ir.Model], BoundPlan], apply: Callable[[ir.Model, BoundPlan], object]
+        self, plan: BoundPlan, apply: Callable[[ir.Model, BoundPlan], object]
     ) -> dict[str, Blocked]:
-        """Apply the plan (as `plan_on` makes it for a clone of the model, by the pipeline's own
-        apply step `apply`, which this check is handed rather than imports) to a weightless copy,
-        run both copies through an ONNX Runtime session, and return the LNs whose fold loses a
+        """Apply `plan` (the model's, bound to a weightless clone: `BoundPlan.on_clone`) to that
+        clone by the pipeline's own apply step `apply` (handed in rather than imported), run both
+        weightless copies through an ONNX Runtime session, and return the LNs whose fold loses a
         fusion the original had, with the reason."""
         if not self.active:
             return {}
         try:
             original = self._session(self._original_path())
             assert self._folder is not None
-            clone = clone_model(self.model)
-            bound = plan_on(clone)  # reads the constants the analysis reads, as the analysis did
+            clone, self._spare = self._spare or weightless_clone(self.model, self._folder), None
+            bound = plan.on_clone(self.model, clone)
             folds = footprints(bound, display_names(clone.graph))
-            self._folder.strip(clone)
             apply(clone, bound)
             self._folder.strip(clone)  # the centered copies, never computed
             self._folded = self._folder.write(clone, "folded.onnx")

@@ -121,10 +121,10 @@ class ShapeTable:
         self._at_given: Inferred | None = None  # inference with the given input shapes
         self.bindings = _bindings(model, self._given)
         # How ONNX Runtime runs the decomposed LNs it does not fuse, by LN name (`ort_fusions.session_layout`;
-        # the cost rule reads it): set by the analysis, shared with clones.
+        # the cost rule reads it): set by the analysis.
         self.ort_layouts: dict = {}
         # The explicit centerings (by the tensor written) a session ran over another axis than
-        # written (`ort_fusions.session_layout.moved_centerings`; priced strided): shared likewise.
+        # written (`ort_fusions.session_layout.moved_centerings`; priced strided).
         self.moved_centerings: set[str] = set()
 
     def _sources(self) -> tuple[Inferred, Inferred, Inferred]:
@@ -138,18 +138,6 @@ class ShapeTable:
     def given(self) -> dict[str, tuple[int, ...]]:
         """The graph input shapes the caller runs the model at (empty: none given)."""
         return dict(self._given)
-
-    def for_clone(self, clone: ir.Model) -> ShapeTable:
-        """This table for `clone`, an `onnx_ir.Model.clone()` of this model (same names, same
-        structure): the inference results are shared, not computed again."""
-        table = ShapeTable(clone)
-        table.bindings, table._given, table._at_given = self.bindings, self._given, self._at_given
-        table._inferred = self._sources()
-        table._shared = self._shared
-        table.ort_layouts = self.ort_layouts
-        table.moved_centerings = self.moved_centerings
-        table._paths = {id(graph): path for path, graph, _ in subgraphs(clone.graph)}
-        return table
 
     def _key(self, value: ir.Value) -> tuple[tuple, str]:
         """(graph path, name), as `shapes.infer` keys results: sibling If branches reuse names."""
