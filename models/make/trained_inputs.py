@@ -40,6 +40,88 @@ def whisper_log_mel(batch: int = 1, seed: int = 0) -> np.ndarray:
     return (0.3 * rng.standard_normal((batch, 80, WHISPER_FRAMES))).astype(np.float32)
 
 
+WHISPER_SAMPLE_RATE = 16000
+WHISPER_FFT = 400  # 25 ms windows
+WHISPER_HOP = 160  # 10 ms: 3000 frames in Whisper's 30 s window
+
+
+def speech_like_audio(seconds: float, seed: int = 0) -> np.ndarray:
+    """Speech-like audio at 16 kHz: words of 1-3 syllables, each a voiced source (the harmonics of a
+    gliding pitch, shaped by three vowel formants and a falling tilt) with an attack and a decay,
+    some led by a fricative (noise between 2.5 and 7 kHz), pauses between words, and background
+    noise 50-60 dB below the voice."""
+    rng = np.random.default_rng(seed)
+    sr = WHISPER_SAMPLE_RATE
+    samples = int(seconds * sr)
+    audio = np.zeros(samples + 2 * sr)  # room for the last word (at most 1.4 s), cut off at the end
+    pitch = rng.uniform(90.0, 210.0)  # the speaker's
+    pos = int(rng.uniform(0.1, 0.5) * sr)
+    while pos < samples - sr // 2:
+        for _ in range(int(rng.integers(1, 4))):
+            if rng.random() < 0.4:
+                length = int(rng.uniform(0.05, 0.12) * sr)
+                spectrum = np.fft.rfft(rng.standard_normal(length))
+                spectrum[(np.fft.rfftfreq(length, 1 / sr) < 2500) | (np.fft.rfftfreq(length, 1 / sr) > 7000)] = 0
+                noise = np.fft.irfft(spectrum, length) * np.hanning(length)
+                audio[pos : pos + length] += rng.uniform(0.01, 0.04) * noise / np.abs(noise).max()
+                pos += length
+            length = int(rng.uniform(0.1, 0.3) * sr)
+            t = np.arange(length) / sr
+            f0 = pitch * rng.uniform(0.85, 1.15) * (1 + rng.uniform(-0.15, 0.15) * t / t[-1])
+            phase = 2 * np.pi * np.cumsum(f0) / sr
+            formants = [(rng.uniform(300, 850), 80), (rng.uniform(850, 2400), 120), (rng.uniform(2400, 3200), 180)]
+            harmonics = np.arange(1, int(7000 / f0.max()) + 1)
+            f = harmonics * f0.mean()
+            gain = sum(1 / (1 + ((f - centre) / width) ** 2) for centre, width in formants) / harmonics
+            voiced = (gain[:, None] * np.sin(harmonics[:, None] * phase[None, :])).sum(axis=0)
+            envelope = np.minimum(1.0, np.minimum(t / 0.02, (t[-1] - t) / 0.05))
+            audio[pos : pos + length] += rng.uniform(0.05, 0.3) * envelope * voiced / np.abs(voiced).max()
+            pos += length + int(rng.uniform(0.0, 0.04) * sr)
+        pos += int(rng.uniform(0.08, 0.5) * sr)
+    return (audio[:samples] + 3e-4 * rng.standard_normal(samples)).astype(np.float32)
+
+
+def whisper_mel_filters(bins: int = 80) -> np.ndarray:
+    """[bins, 201] the Slaney-scale, Slaney-normalized mel filters of Whisper's feature extractor
+    (librosa.filters.mel(sr=16000, n_fft=400, n_mels=bins))."""
+    linear, log_from, log_step = 200.0 / 3, 1000.0, np.log(6.4) / 27
+
+    def to_mel(hz):
+        hz = np.asarray(hz, np.float64)
+        safe = np.maximum(hz, log_from)
+        return np.where(hz < log_from, hz / linear, log_from / linear + np.log(safe / log_from) / log_step)
+
+    def to_hz(mel):
+        return np.where(mel < log_from / linear, mel * linear, log_from * np.exp(log_step * (mel - log_from / linear)))
+
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(WHISPER_SAMPLE_RATE / 2), bins + 2))
+    ramps = edges[:, None] - np.fft.rfftfreq(WHISPER_FFT, 1 / WHISPER_SAMPLE_RATE)[None, :]
+    widths = np.diff(edges)
+    weights = np.maximum(0, np.minimum(-ramps[:-2] / widths[:-1, None], ramps[2:] / widths[1:, None]))
+    return weights * (2.0 / (edges[2:] - edges[:-2]))[:, None]
+
+
+def whisper_features(audio: np.ndarray) -> np.ndarray:
+    """[80, 3000] log-mel features as Whisper's feature extractor makes them: the audio padded with
+    zeros to 30 s, a Hann-windowed STFT (centred, reflect padding), the power through the mel filters,
+    log10 clipped 8 below its maximum, then (x + 4) / 4."""
+    samples = WHISPER_FRAMES * WHISPER_HOP
+    padded = np.pad(np.pad(audio[:samples].astype(np.float64), (0, max(0, samples - audio.size))),
+                    WHISPER_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, WHISPER_FFT)[::WHISPER_HOP][:WHISPER_FRAMES]
+    power = np.abs(np.fft.rfft(frames * np.hanning(WHISPER_FFT + 1)[:-1], axis=1)) ** 2
+    log_mel = np.log10(np.maximum(whisper_mel_filters() @ power.T, 1e-10))
+    return ((np.maximum(log_mel, log_mel.max() - 8.0) + 4.0) / 4.0).astype(np.float32)
+
+
+def whisper_speech_log_mel(batch: int = 1, seed: int = 0) -> np.ndarray:
+    """[batch, 80, 3000] Whisper features of speech-like audio (`speech_like_audio`) of 4-20 s, the
+    rest of the 30 s window silence, as a short utterance reaches the encoder."""
+    rng = np.random.default_rng(seed)
+    return np.stack([whisper_features(speech_like_audio(rng.uniform(4.0, 20.0), int(rng.integers(1 << 30))))
+                     for _ in range(batch)])
+
+
 def natural_image(height: int, width: int, seed: int = 0) -> np.ndarray:
     """An RGB image in [0, 1], [3, H, W]: smooth colour fields plus edges and a little noise, like a photo."""
     rng = np.random.default_rng(seed)

@@ -78,3 +78,21 @@ def test_a_model_without_the_op_a_kind_quantizes_is_skipped(tmp_path):
     assert "MatMulNBits" in KINDS["matmul_nbits_int4"].writes
     with pytest.raises(LookupError, match="no op it quantizes"):
         quantize("matmul_nbits_int4", source, tmp_path / "relu.int4.onnx", [])
+
+
+def test_a_run_of_some_models_replaces_their_rows_and_keeps_the_others(bert_run, tmp_path):
+    out, result = bert_run
+    previous = json.loads((out / "fold_then_quantize.json").read_text())
+    other = {k: v for k, v in result.items() if k != "run"} | {"model": "other_model"}  # as written before runs
+    (tmp_path / "fold_then_quantize.json").write_text(json.dumps(previous | {"models": [other, result]}))
+    main(["--models", "bert", "--kinds", "dynamic_int8", "--sets", "2", "--calibration", "2", "--processes", "0",
+          "--out", str(tmp_path)])  # fmt: skip
+    kept, rerun = json.loads((tmp_path / "fold_then_quantize.json").read_text())["models"]
+    assert kept["model"] == "other_model" and kept["kinds"] == other["kinds"]
+    assert kept["run"]["date"] == previous["machine"]["date"] and kept["run"]["processes"] == 2
+    assert rerun["model"] == "bert" and [k["kind"] for k in rerun["kinds"]] == ["dynamic_int8"]
+    assert rerun["run"]["processes"] == 0 and "speed" not in rerun["kinds"][0]
+    text = (tmp_path / "README.md").read_text()
+    assert "| other_model | matmul_nbits_int4 | cosine (worst output) |" in text
+    assert "| bert | matmul_nbits_int4 |" not in text
+    assert f"(run {previous['machine']['date']}," in text  # each model's run, the rows being from two
