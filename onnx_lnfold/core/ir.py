@@ -38,9 +38,12 @@ def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
     if value.const_value is not None and value.is_initializer():
         return value.const_value
     producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and is_standard(producer):
-        return ir.convenience.get_const_tensor(value)
-    return None
+    if producer is None or producer.op_type != "Constant" or not is_standard(producer):
+        return None
+    attr = producer.attributes.get("value")
+    if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
+        return attr.as_tensor()  # onnx-ir's getter would name it after the value: a read changes nothing
+    return ir.convenience.get_const_tensor(value)  # value_float(s), value_int(s): a new tensor
 
 
 def release_tensor(tensor: ir.TensorProtocol | None) -> None:
