@@ -372,12 +372,18 @@ class FusionCheck:
             return {}
         try:
             original = self._session(self._original_path())
-            assert self._folder is not None
-            clone, self._spare = self._spare or weightless_clone(self.model, self._folder), None
-            bound = plan.on_clone(self.model, clone)
-            folds = footprints(bound, display_names(clone.graph))
-            apply(clone, bound)
-            self._folder.strip(clone)  # the centered copies, never computed
+        except Exception as error:
+            self._give_up("optimize a weightless copy in a session", error)
+            return {}
+        assert self._folder is not None
+        # Binding and applying the plan are this tool's own steps: a failure there is its own, not
+        # ONNX Runtime's, and is raised.
+        clone, self._spare = self._spare or weightless_clone(self.model, self._folder), None
+        bound = plan.on_clone(self.model, clone)
+        folds = footprints(bound, display_names(clone.graph))
+        apply(clone, bound)
+        self._folder.strip(clone)  # the centered copies, never computed
+        try:
             self._folded = self._folder.write(clone, "folded.onnx")
             folded = self._session(self._folded)
             self.moved_centerings = moved_centerings(bound.plan.centerings, folded)  # type: ignore[arg-type]
