@@ -10,7 +10,9 @@ computed in the dtype of their inputs (float64 in a twin):
   expand to that Erf;
 - `GatherElements`, whose reference implementation fails on tables of more than 32 rows;
   `Loop`, which it runs zero times without a condition input and whose scan outputs it
-  concatenates instead of stacking; and `Pad`, which it refuses with negative pads (a crop).
+  concatenates instead of stacking; and `Pad`, which it refuses with negative pads (a crop);
+- `DequantizeLinear` and `QuantizeLinear` at opsets 10 to 18 (`EARLIER_OPSETS`): the reference
+  implements the first only from opset 19 on, and its second wraps around past int32.
 
 `Evaluator` is `onnx.reference`'s evaluator with these ops, in model-local functions too.
 """
@@ -21,9 +23,12 @@ import math
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_19
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
+from onnx.reference.ops.op_quantize_linear import QuantizeLinear_10
 
 from onnx_lnfold.core.ops import MS_DOMAIN
 
@@ -363,6 +368,56 @@ class Pad(OpRun):
         return (np.pad(cropped, widths, mode="constant", constant_values=fill).astype(data.dtype, copy=False),)
 
 
+# The first opset whose DequantizeLinear and QuantizeLinear onnx.reference's own classes serve.
+_REFERENCE_QDQ_OPSET = 19
+# Past this quotient x / scale, QuantizeLinear saturates whatever the zero point (far beyond int8's
+# and uint8's range, the types of opsets 10 to 18, and within int32's, where the reference converts
+# the rounded quotient).
+_SATURATED_QUOTIENT = float(2**24)
+
+
+class DequantizeLinear10(DequantizeLinear_19):
+    """DequantizeLinear at opsets 10 to 18: (x - zero_point) * scale, per tensor, or from opset 13
+    per slice along `axis` (a 1-D scale), on int8, uint8 and int32. Opset 19 only adds types and
+    keeps the formula, so the reference's opset 19 class computes it, under opset 18's schema
+    (no later attribute). The result has the scale's type: float64 in a twin, exact products of
+    the integers and the scale, where the integers fit float32 (the reference converts them to
+    float32 first, as ONNX Runtime does: an int32 past 2^24 is rounded by both)."""
+
+    op_domain = ""
+    op_schema = onnx.defs.get_schema("DequantizeLinear", _REFERENCE_QDQ_OPSET - 1)
+
+
+class QuantizeLinear10(QuantizeLinear_10):
+    """QuantizeLinear at opsets 10 to 18: saturate(round(x / scale) + zero_point) to the zero point's
+    type (uint8 without one), rounding half to even, per tensor or from opset 13 per `axis`. The
+    reference's class, with its quotient held within `_SATURATED_QUOTIENT` first: it converts the
+    rounded quotient to int32, so a quotient past int32's range wrapped around (a large positive x
+    gave the type's minimum), where ONNX Runtime saturates.
+
+    In a twin x and the scale are float64 and so is the quotient. ONNX defines the quotient as the
+    real x / scale; float64 is within 2^-53 of it, ONNX Runtime's float32 within 2^-24, so on the
+    same float32 x and scale both round to the same integer unless the real quotient lies within
+    float32's error of a half, where float64 gives ONNX's integer. The twin's x, computed in
+    float64, differs from ONNX Runtime's float32 one by float32's noise, which moves an integer by
+    one step where x lies that near a boundary: the noise the judge measures, not an error of the
+    twin."""
+
+    op_domain = ""
+    op_schema = onnx.defs.get_schema("QuantizeLinear", _REFERENCE_QDQ_OPSET - 1)
+
+    def _run(self, x, y_scale, zero_point=None, axis=None):
+        axis = 1 if axis is None else axis
+        scale = np.abs(y_scale)
+        if scale.ndim == 1 and scale.size > 1:
+            scale = scale.reshape([-1 if d == axis % x.ndim else 1 for d in range(x.ndim)])
+        bound = _SATURATED_QUOTIENT * scale
+        return super()._run(np.clip(x, -bound, bound).astype(x.dtype, copy=False), y_scale, zero_point, axis=axis)
+
+
+# Op type -> the class for a model below `_REFERENCE_QDQ_OPSET` (`Evaluator._load_impl`).
+EARLIER_OPSETS: dict[str, type[OpRun]] = {"DequantizeLinear": DequantizeLinear10, "QuantizeLinear": QuantizeLinear10}
+
 FLOAT64_OPS: list[type[OpRun]] = [
     GroupQueryAttention,
     MatMulNBits,
@@ -390,3 +445,11 @@ class Evaluator(ReferenceEvaluator):
 
     def __init__(self, proto, *args, new_ops=None, **kwargs):
         super().__init__(proto, *args, new_ops=FLOAT64_OPS if new_ops is None else new_ops, **kwargs)
+
+    def _load_impl(self, node, input_types=None):
+        """`EARLIER_OPSETS`' classes where the main opset is below the reference's own; bodies and
+        functions are evaluated by this class too."""
+        earlier = EARLIER_OPSETS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if earlier is not None and self.opsets.get(node.domain, _REFERENCE_QDQ_OPSET) < _REFERENCE_QDQ_OPSET:
+            return earlier
+        return super()._load_impl(node, input_types)
