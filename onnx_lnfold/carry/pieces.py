@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-import onnx_ir as ir
 
 from onnx_lnfold.carry.layout import LayoutRule, shapes_around, unknown_around
 from onnx_lnfold.carry.rule import In, Link, Out, Rule, fed, from_input
@@ -15,6 +14,7 @@ from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import (
     attr_or_input_ints,
     const_ints,
+    const_tensor,
     node_label,
     normalize_axis,
 )
@@ -211,7 +211,7 @@ class GatherRule(LayoutRule):
         assert not isinstance(mapping, Blocked)
         rank = shapes.rank(node.inputs[0]) or 0
         g = normalize_axis(node.attributes.get_int("axis", 0), rank)
-        tensor = ir.convenience.get_const_tensor(node.inputs[1]) if not node.inputs[1].is_graph_input() else None
+        tensor = const_tensor(node.inputs[1]) if not node.inputs[1].is_graph_input() else None
         indices = None if tensor is None else np.asarray(tensor.numpy()).astype(np.int64).reshape(-1)
         if indices is not None and (indices < 0).any():
             size = (shapes.shape(node.inputs[0]) or (None,) * rank)[g]
@@ -293,7 +293,11 @@ class ConcatRule(Rule):
             length = pieces[end.index][along]  # type: ignore[index]
             if end.axis == along:
                 part = whole_of(end.part, offsets[end.index], length, total)  # type: ignore[index]
-                return from_input(node, part) if isinstance(part, Blocked) else [Link(end.index, end.axis, 0, end.axis, part=part)]
+                return (
+                    from_input(node, part)
+                    if isinstance(part, Blocked)
+                    else [Link(end.index, end.axis, 0, end.axis, part=part)]
+                )
             offset = offsets[end.index] if offsets else None
             part = positions_of_pieces(end.part, along, offset, length, into_piece=False)
             return [Link(end.index, end.axis, 0, end.axis, part=part)]

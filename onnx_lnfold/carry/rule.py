@@ -12,6 +12,7 @@ import onnx_ir as ir
 
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import (
+    const_tensor,
     node_label,
 )
 from onnx_lnfold.shapes.parts import WHOLE, Part
@@ -92,7 +93,7 @@ def axis_vector(node: ir.Node, index: int, out_rank: int, axis: int, shapes: Sha
     value = node.inputs[index]
     if value is None or value.is_graph_input():
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     if tensor is None:
         return None
     shape = tuple(tensor.shape.dims)

@@ -30,6 +30,23 @@ def node_label(node: ir.Node) -> str:
     return f"{node.op_type} '{node.name}'" if node.name else node.op_type
 
 
+def const_tensor(value: ir.Value) -> ir.TensorProtocol | None:
+    """`onnx_ir.convenience.get_const_tensor(value)` without its one write: it names a Constant
+    node's `value` tensor after the node's output, so a read would change the model read (a
+    Constant the export left unnamed written back named)."""
+    producer = value.producer()
+    if value.const_value is None and producer is not None and producer.op_type == "Constant":
+        attr = producer.attributes.get("value")
+        if (
+            len(producer.attributes) == 1
+            and attr is not None
+            and not attr.is_ref()
+            and attr.type == ir.AttributeType.TENSOR
+        ):
+            return attr.as_tensor()
+    return ir.convenience.get_const_tensor(value)  # value_float(s), value_int(s): a new tensor
+
+
 def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
     """The value's tensor if it is a true constant: an initializer that is not a graph input (an
     input can be overridden at run time), or the output of a Constant node."""
@@ -38,12 +55,9 @@ def constant_of(value: ir.Value | None) -> ir.TensorProtocol | None:
     if value.const_value is not None and value.is_initializer():
         return value.const_value
     producer = value.producer()
-    if producer is None or producer.op_type != "Constant" or not is_standard(producer):
-        return None
-    attr = producer.attributes.get("value")
-    if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-        return attr.as_tensor()  # onnx-ir's getter would name it after the value: a read changes nothing
-    return ir.convenience.get_const_tensor(value)  # value_float(s), value_int(s): a new tensor
+    if producer is not None and producer.op_type == "Constant" and is_standard(producer):
+        return const_tensor(value)
+    return None
 
 
 def release_tensor(tensor: ir.TensorProtocol | None) -> None:
@@ -71,7 +85,7 @@ def const_scalar(value: ir.Value | None) -> float | None:
     """A one-element constant (any shape) as a float; None if `value` is not one."""
     if value is None or value.is_graph_input():
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     if tensor is None or tensor.size != 1:
         return None
     return float(np.asarray(tensor.numpy()).reshape(-1)[0])
@@ -81,7 +95,7 @@ def const_ints(value: ir.Value | None) -> list[int] | None:
     """A constant int32/int64 tensor as a flat list (a Reshape target, Slice bounds, axes)."""
     if value is None or value.is_graph_input():
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     if tensor is None or tensor.dtype not in _INT_TYPES:
         return None
     return [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
@@ -101,7 +115,9 @@ def attr_or_input_ints(node: ir.Node, attr_name: str, input_index: int) -> list[
 def weight_bytes(model: ir.Model) -> int:
     """Bytes of every initializer, those of If/Loop/Scan bodies included (read from the tensors'
     headers: external data is not loaded)."""
-    return sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None)
+    return sum(
+        v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None
+    )
 
 
 def normalize_axis(axis: int, rank: int) -> int:

@@ -34,7 +34,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
-from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ir import const_tensor, constant_of
 from onnx_lnfold.core.ops import NORM_OPS
 from onnx_lnfold.core.options import SettingMismatch
 from onnx_lnfold.feeds.budget import check_size
@@ -98,7 +98,7 @@ def _index_bound(value: ir.Value, depth: int = 0) -> int | None:
             data = node.inputs[0]
             shape = data.shape if data is not None else None
             if shape is None and data is not None:  # a Constant node's table: no declared shape
-                table = ir.convenience.get_const_tensor(data)
+                table = const_tensor(data)
                 shape = table.shape if table is not None else None
             axis = node.attributes.get_int("axis", 0)
             if shape is not None and -len(shape) <= axis < len(shape) and isinstance(shape[axis], int):
@@ -501,4 +501,3 @@ def _normalized_image(rng: np.random.Generator, dims: tuple[int, ...]) -> np.nda
     pixels = rng.uniform(0.0, 1.0, dims)
     mean, std = (np.reshape(v, (1, 3, 1, 1)) for v in (_IMAGE_MEAN, _IMAGE_STD))
     return (pixels - mean) / std
-

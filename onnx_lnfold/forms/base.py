@@ -12,7 +12,7 @@ import onnx_ir as ir
 from onnx_lnfold.carry.engine import Requirement
 from onnx_lnfold.core import ops
 from onnx_lnfold.core.blocked import Blocked
-from onnx_lnfold.core.ir import FLOAT_TYPES, attr_or_input_ints, const_scalar, node_label, normalize_axis
+from onnx_lnfold.core.ir import FLOAT_TYPES, attr_or_input_ints, const_scalar, const_tensor, node_label, normalize_axis
 from onnx_lnfold.shapes.table import ShapeTable
 
 
@@ -149,8 +149,10 @@ def centered_square(x: ir.Value, mean: ir.Value) -> tuple[ir.Node, ir.Node] | No
     d = sub[0].outputs[0]
     square = first_use(
         d,
-        lambda n, i: (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0)
-        or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d),
+        lambda n, i: (
+            (n.op_type == "Pow" and i == 0 and const_scalar(n.inputs[1]) == 2.0)
+            or (n.op_type == "Mul" and n.inputs[0] is d and n.inputs[1] is d)
+        ),
     )
     if square is None:
         return None
@@ -180,7 +182,7 @@ def reduce_axis(node: ir.Node, rank: int | None, keepdims: bool | None = True) -
 
 def along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: ShapeTable) -> bool:
     """A constant that varies only along `axis` (gamma / beta of an LN written as ops)."""
-    if value is None or value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
+    if value is None or value.is_graph_input() or const_tensor(value) is None:
         return False
     shape = shapes.shape(value)
     if shape is None:
@@ -189,19 +191,24 @@ def along_axis_constant(value: ir.Value | None, rank: int, axis: int, shapes: Sh
     return all(d == 1 for i, d in enumerate(shape) if i + offset != axis)
 
 
-def check_unrolled(cand: LnCandidate, shapes: ShapeTable, x: ir.Value, axis: int, rank: int,
-                   scale: ir.Value | None, axis_text: str) -> None:
+def check_unrolled(
+    cand: LnCandidate, shapes: ShapeTable, x: ir.Value, axis: int, rank: int, scale: ir.Value | None, axis_text: str
+) -> None:
     """The form checks an LN written out in ops (decomposed, moments) shares: a float input, the
     last axis (`axis_text` says which it is), and without a gamma a known width and type, for the
     ones the RMSNorm op needs as its scale. Sets `cand.form_problem` or `cand.ones_scale`."""
     if cand.form_problem is None:
         cand.form_problem = check_float(cand, shapes)
     if cand.form_problem is None and axis != rank - 1:
-        cand.form_problem = Blocked("not-last-axis", f"it normalizes over {axis_text}, not the last one; RMSNorm ops normalize trailing axes")
+        cand.form_problem = Blocked(
+            "not-last-axis", f"it normalizes over {axis_text}, not the last one; RMSNorm ops normalize trailing axes"
+        )
     if cand.form_problem is None and scale is None:
         dim, dtype = (shapes.shape(x) or (None,) * rank)[axis], shapes.dtype(x)
         if not isinstance(dim, int) or dtype is None:
-            cand.form_problem = Blocked("unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown")
+            cand.form_problem = Blocked(
+                "unknown-shape", "it has no gamma and the length or type of its normalized axis is unknown"
+            )
         else:
             cand.ones_scale = (dim, dtype)
 

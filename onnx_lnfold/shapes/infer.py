@@ -33,6 +33,8 @@ from typing import Union
 import onnx
 import onnx_ir as ir
 
+from onnx_lnfold.core.ir import const_tensor
+
 logger = logging.getLogger(__name__)
 
 # A dim is an int, a symbol name, or None when nothing is known about it.
@@ -210,7 +212,7 @@ def subgraph_proto(model: ir.Model, body: ir.Graph, typed: dict[str, onnx.ValueI
         elif tensor is not None and name not in declared:
             graph.input.append(_typed_input(name, tensor))
     for value in outer_reads(body):
-        tensor = None if value.is_graph_input() else ir.convenience.get_const_tensor(value)
+        tensor = None if value.is_graph_input() else const_tensor(value)
         if tensor is not None and _inlined(tensor):
             graph.initializer.append(_small_constant(value.name, tensor))
         elif tensor is not None:
@@ -279,7 +281,12 @@ def session_view(model: ir.Model) -> Inferred:
         return {}
     named = input_symbols(model)
     return {
-        key: (None if s is None else tuple(None if isinstance(d, str) and d.startswith("unk__") and d not in named else d for d in s), t)
+        key: (
+            None
+            if s is None
+            else tuple(None if isinstance(d, str) and d.startswith("unk__") and d not in named else d for d in s),
+            t,
+        )
         for key, (s, t) in inferred.items()
     }
 
@@ -413,7 +420,11 @@ class _Carried:
 
 
 def _body_types(
-    model: ir.Model, body: ir.Graph, owner: ir.Node | None, paths: dict[int, tuple], sources: tuple[Inferred, ...],
+    model: ir.Model,
+    body: ir.Graph,
+    owner: ir.Node | None,
+    paths: dict[int, tuple],
+    sources: tuple[Inferred, ...],
     shared: set[str],
 ) -> tuple[dict[str, onnx.ValueInfoProto], dict[str, str], dict[str, _Carried]]:
     """Types for a body's run of its own: for the outer values it reads, what the enclosing
@@ -452,7 +463,9 @@ def _body_types(
     return typed, {v: k for k, v in given.items()}, carried
 
 
-def _rebased(found: Inferred, path: tuple, outer: set[str], back: dict[str, str], source: str, shared: set[str]) -> Inferred:
+def _rebased(
+    found: Inferred, path: tuple, outer: set[str], back: dict[str, str], source: str, shared: set[str]
+) -> Inferred:
     """A body's own run keyed and tagged as the whole model's: paths under `path`, the symbols
     given to it named back, its own symbols tagged with `source` (unique to the body and run)."""
     out: Inferred = {}
@@ -462,7 +475,8 @@ def _rebased(found: Inferred, path: tuple, outer: set[str], back: dict[str, str]
         if shape is not None:
             shape = tuple(back.get(d, d) if isinstance(d, str) else d for d in shape)
             shape = tuple(
-                d if not isinstance(d, str) or d in back.values() or _is_shared(d, shared)
+                d
+                if not isinstance(d, str) or d in back.values() or _is_shared(d, shared)
                 else f"{GENERATED_PREFIX}{source}:{d}"
                 for d in shape
             )

@@ -131,7 +131,7 @@ def test_the_bound_plan_follows_the_plan_order():
         assert fold.rewrite.op == fold.decision.rewrite
 
 
-@pytest.mark.parametrize("name", ["deberta_masked_torchscript", "bert_qdq_int8", "gpt2"])
+@pytest.mark.parametrize("name", ["deberta_masked_torchscript", "bert_qdq_int8", "gpt2", "vit_torchscript", "wav2vec2_stable"])
 def test_the_analysis_changes_nothing_of_the_model(name):
     """Reading a constant names no tensor and the analysis writes nothing back: the model it read
     serializes to the same bytes after it (onnx-ir's Constant getter names the attribute's tensor
