@@ -149,7 +149,7 @@ def quantized_advice(graph: ir.Graph, plan: CenteringPlan, first: FloatFirst | N
         return []
     counted = ", ".join(f"{n} {op}" for op, n in sorted(ops.items(), key=lambda item: (-item[1], item[0])))
     held = sum(d.code == "quantized" for d in plan.kept)
-    stays = f"{held} LN{'s' * (held != 1)} stay for that ('quantized')" if held else "no LN stays for that"
+    stays = f"{held} LN{'s stay' if held != 1 else ' stays'} for that ('quantized')" if held else "no LN stays for that"
     return [
         f"Quantized: {counted}. The fold leaves every quantized unit whole (nothing is centered inside one, "
         f"no integer weight is centered): {stays}. Fold the float model before quantizing (docs/PIPELINES.md)"
