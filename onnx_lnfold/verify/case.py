@@ -43,7 +43,8 @@ class Declined:
 @dataclass
 class Case:
     """One check of a fold. `shadow`: the models run in ONNX Runtime as float32 shadows (bfloat16
-    widened), `ort_original` the original as it ran there. `labels` name the input sets as they ran
+    widened), `ort_original` and `ort_folded` the models as they ran there (shadows, random ops seeded
+    alike: `verify.seeded`). `labels` name the input sets as they ran
     (another reading of the shapes may have run), `dropped` those the original ran on in no reading."""
 
     request: VerifyRequest
@@ -53,6 +54,7 @@ class Case:
     output_types: dict[str, int]
     shadow: bool = False
     ort_original: ModelBytesOrPath | None = None
+    ort_folded: ModelBytesOrPath | None = None
     labels: list[str] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
     compared: list[Compared] = field(default_factory=list)

@@ -125,7 +125,7 @@ def _at_deployed_level(case: Case, verification: Verification, model: ir.Model) 
     if case.shadow or not isinstance(case.passes, EachAlone) or (above is not None and weight_bytes(model) > above):
         verification.notes.append(f"not checked at {LEVEL}: the model is run block by block or through float32 shadows")
         return
-    found = check_deployed(case, case.ort_original or case.original, case.folded)
+    found = check_deployed(case, case.ort_original or case.original, case.ort_folded or case.folded)
     if isinstance(found, str):
         verification.notes.append(f"not checked at {LEVEL}: {found}")
         return

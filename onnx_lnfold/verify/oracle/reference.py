@@ -34,6 +34,7 @@ from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS, KNOWN_DOMAINS, Ev
 from onnx_lnfold.verify.oracle.paced import Progress, drain, telling
 from onnx_lnfold.verify.oracle.part_reads import PART_READERS, stacked_matmul, widened
 from onnx_lnfold.verify.oracle.shadow import float64_feeds, widen_to_float64
+from onnx_lnfold.verify.seeded import RANDOM_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,9 @@ class Float64Model:
         )
         if unknown:
             raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
+        drawn = sorted({op for domain, op in ops if op in RANDOM_OPS and domain in ("", "ai.onnx")})
+        if drawn:  # whatever the seed: its generator is not ONNX Runtime's
+            raise Float64Unavailable(f"onnx.reference draws the random numbers of {', '.join(drawn)} otherwise than onnxruntime")
         try:
             return Evaluator(proto)
         except NotImplementedError as e:  # a standard op the reference lacks

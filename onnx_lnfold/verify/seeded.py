@@ -1,0 +1,87 @@
+"""The check's copies of a model that draws random numbers, each random op seeded.
+
+A random op without a `seed` attribute draws what ONNX Runtime's generator for that session gives
+(`core/framework/random_seed.cc`): two sessions of two graphs draw differently (a VITS voice's
+noise, hence its durations and output length, differ from one model to the other), and the fold
+could not be told from the draw. The check runs both models with every such op given the same
+seed, taken from its output's name, which the fold never changes: the two then draw the same
+numbers, and what differs is the fold's. `onnx.reference` draws otherwise than ONNX Runtime
+whatever the seed, so the float64 twin declines such a model (`verify.oracle.reference`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+
+# The standard ops that draw random numbers, each with an optional `seed` attribute.
+RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                yield from _nodes(body)
+
+
+def _all_nodes(proto: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    yield from _nodes(proto.graph)
+    for function in proto.functions:
+        for node in function.node:
+            yield node
+
+
+def _unseeded(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [
+        node
+        for node in _all_nodes(proto)
+        if node.op_type in RANDOM_OPS
+        and node.domain in ("", "ai.onnx")
+        and not any(a.name == "seed" for a in node.attribute)
+    ]
+
+
+def unseeded_random_ops(proto: onnx.ModelProto) -> Counter[str]:
+    """The random ops of `proto` (bodies and functions included) without a seed, by op type."""
+    return Counter(node.op_type for node in _unseeded(proto))
+
+
+def _has_external_data(proto: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def seeded(model: bytes | str | Path) -> tuple[bytes | str | Path, str]:
+    """`model` as the check runs it in ONNX Runtime, with a note: unchanged with no note where no
+    random op lacks a seed; else a copy with each such op seeded from its first output's name (the
+    note says how many), or, for a model whose weights are in external data (its copy would need
+    them beside it), unchanged, and the note says the draws differ."""
+    proto = (
+        onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+    )
+    nodes = _unseeded(proto)
+    if not nodes:
+        return model, ""
+    counted = ", ".join(f"{n} {op}" for op, n in sorted(Counter(node.op_type for node in nodes).items()))
+    if _has_external_data(proto):
+        return model, (
+            f"the model draws random numbers ({counted} without a seed) and its weights are in external data, so "
+            "the check runs it as it is: each model's session draws its own numbers"
+        )
+    for node in nodes:
+        seed = float(zlib.crc32((node.output[0] if node.output else node.name).encode()) % (1 << 24))
+        node.attribute.append(onnx.helper.make_attribute("seed", seed))
+    return (
+        proto.SerializeToString(),
+        f"the model draws random numbers ({counted} without a seed): both models ran with each seeded alike",
+    )
+
+
+__all__ = ["RANDOM_OPS", "seeded", "unseeded_random_ops"]
