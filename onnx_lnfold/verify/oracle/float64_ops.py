@@ -10,7 +10,8 @@ computed in the dtype of their inputs (float64 in a twin):
   expand to that Erf;
 - `GatherElements`, whose reference implementation fails on tables of more than 32 rows;
   `Loop`, which it runs zero times without a condition input and whose scan outputs it
-  concatenates instead of stacking; and `Pad`, which it refuses with negative pads (a crop);
+  concatenates instead of stacking; `Pad`, which it refuses with negative pads (a crop); and
+  `ConvTranspose`, which it scatters element by element in Python;
 - `DequantizeLinear` and `QuantizeLinear` at opsets 10 to 18 (`EARLIER_OPSETS`): the reference
   implements the first only from opset 19 on, and its second wraps around past int32.
 
@@ -416,6 +417,60 @@ class QuantizeLinear10(QuantizeLinear_10):
 
 
 # Op type -> the class for a model below `_REFERENCE_QDQ_OPSET` (`Evaluator._load_impl`).
+class ConvTranspose(OpRun):
+    """The reference scatters each output channel through a Python loop over every input position
+    (`col2im_naive_implementation`): a minute for an image model's three upsampling layers. Here
+    one product over the input channels per kernel position, added into the strided output; pads
+    and output shape as ONNX defines them (an `output_shape` or `auto_pad` SAME sets the pads)."""
+
+    op_domain = ""
+
+    def _run(
+        self,
+        X,
+        W,
+        B=None,
+        auto_pad=None,
+        dilations=None,
+        group=None,
+        kernel_shape=None,
+        output_padding=None,
+        output_shape=None,
+        pads=None,
+        strides=None,
+    ):
+        spatial, kernel = X.shape[2:], W.shape[2:]
+        rank = len(spatial)
+        strides = list(strides or [1] * rank)
+        dilations = list(dilations or [1] * rank)
+        extra = list(output_padding or [0] * rank)
+        group = group or 1
+        # The extent a full scatter covers, before the pads crop it.
+        full = [s * (n - 1) + e + (k - 1) * d + 1 for n, k, s, d, e in zip(spatial, kernel, strides, dilations, extra)]
+        if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            shape = list(output_shape)[-rank:] if output_shape is not None else [n * s for n, s in zip(spatial, strides)]
+            total = [f - o for f, o in zip(full, shape)]
+            begins = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+        else:
+            pads = list(pads or [0] * (2 * rank))
+            begins = pads[:rank]
+            shape = [f - b - e for f, b, e in zip(full, begins, pads[rank:])]
+        size = [max(f, b + o) for f, b, o in zip(full, begins, shape)]
+        batch, channels, per_group = X.shape[0], X.shape[1], W.shape[1]
+        y = np.zeros((batch, group * per_group, *size), dtype=np.result_type(X, W))
+        # (batch, group, positions, channels in the group) @ (group, channels, out per group): BLAS.
+        rows = np.moveaxis(X.reshape(batch, group, channels // group, -1), 2, -1)
+        w_groups = W.reshape(group, channels // group, per_group, *kernel)
+        for position in np.ndindex(*kernel):
+            part = np.moveaxis(np.matmul(rows, w_groups[(..., *position)]), -1, 2)
+            at = tuple(slice(p * d, p * d + s * (n - 1) + 1, s) for p, d, s, n in zip(position, dilations, strides, spatial))
+            y[(slice(None), slice(None), *at)] += part.reshape(batch, group * per_group, *spatial)
+        y = y[(slice(None), slice(None), *(slice(b, b + o) for b, o in zip(begins, shape)))]
+        if B is not None:
+            y = y + B.reshape(1, -1, *[1] * rank)
+        return (y.astype(X.dtype, copy=False),)
+
+
 EARLIER_OPSETS: dict[str, type[OpRun]] = {"DequantizeLinear": DequantizeLinear10, "QuantizeLinear": QuantizeLinear10}
 
 FLOAT64_OPS: list[type[OpRun]] = [
@@ -431,6 +486,7 @@ FLOAT64_OPS: list[type[OpRun]] = [
     Erf,
     _OnnxGelu,
     BatchNormalization,
+    ConvTranspose,
     GatherElements,
     Loop,
     Pad,
