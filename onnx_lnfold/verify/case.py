@@ -55,6 +55,7 @@ class Case:
     shadow: bool = False
     ort_original: ModelBytesOrPath | None = None
     ort_folded: ModelBytesOrPath | None = None
+    random_ops: bool = False  # it has random ops without a seed (`verify.seeded`)
     labels: list[str] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
     compared: list[Compared] = field(default_factory=list)

@@ -40,6 +40,7 @@ from onnx_lnfold.verify.ort_runs import run_both
 from onnx_lnfold.verify.passes import EachAlone
 from onnx_lnfold.verify.readback import ReadBack
 from onnx_lnfold.verify.request import VerifyRequest
+from onnx_lnfold.verify.seeded import unseeded_random_ops
 from onnx_lnfold.verify.sessions import ModelBytesOrPath
 from onnx_lnfold.verify.verdict import FLOAT64, LOW_PRECISION, SENSITIVITY_FACTOR, Verification
 
@@ -95,6 +96,7 @@ def check_equivalence(
     except InputsUnavailable as e:
         return Verification("unverified", f"cannot synthesize verification inputs: {e}", request.rtol, way_out="inputs")
     case = Case(request, original, folded, input_sets, output_types(model), shadow=has_bfloat16(model))
+    case.random_ops = bool(unseeded_random_ops(model))  # the fold leaves them as they are
     verification = run_both(case)
     if verification is not None:
         return verification

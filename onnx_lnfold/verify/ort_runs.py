@@ -49,12 +49,11 @@ def run_both(case: Case) -> Verification | None:
         ort_folded = float32_shadow(case.folded) if case.shadow else case.folded
     except Exception as e:  # noqa: BLE001 - e.g. a shadow over 2 GB
         return case.verdict("unverified", f"cannot build the float32 shadows: {first_line(e)}", way_out="decline")
-    # Random ops seeded alike in both (`verify.seeded`): each model's session would draw its own.
-    case.ort_original, note = seeded(case.ort_original)
-    ort_folded, _ = seeded(ort_folded)
+    if case.random_ops:  # seeded alike in both (`verify.seeded`): each model's session would draw its own
+        case.ort_original, note = seeded(case.ort_original)
+        ort_folded, _ = seeded(ort_folded)
+        case.notes.extend([note] if note else [])
     case.ort_folded = ort_folded
-    if note:
-        case.notes.append(note)
     passes: Passes = EachAlone(case.original, case.folded, case.request)
     if not case.shadow:
         try:

@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
+
+from onnx_lnfold.core.ir import is_standard
 
 # The standard ops that draw random numbers, each with an optional `seed` attribute.
 RANDOM_OPS = frozenset(
@@ -49,9 +52,16 @@ def _unseeded(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
     ]
 
 
-def unseeded_random_ops(proto: onnx.ModelProto) -> Counter[str]:
-    """The random ops of `proto` (bodies and functions included) without a seed, by op type."""
-    return Counter(node.op_type for node in _unseeded(proto))
+def unseeded_random_ops(model: ir.Model) -> Counter[str]:
+    """The random ops of `model` (bodies and functions included) without a seed, by op type: read
+    from the model in memory, so that a model without any is never parsed again for them."""
+    graphs = [*model.graphs(), *model.functions.values()]
+    return Counter(
+        node.op_type
+        for graph in graphs
+        for node in graph
+        if node.op_type in RANDOM_OPS and is_standard(node) and "seed" not in node.attributes
+    )
 
 
 def _has_external_data(proto: onnx.ModelProto) -> bool:
@@ -59,8 +69,8 @@ def _has_external_data(proto: onnx.ModelProto) -> bool:
 
 
 def seeded(model: bytes | str | Path) -> tuple[bytes | str | Path, str]:
-    """`model` as the check runs it in ONNX Runtime, with a note: unchanged with no note where no
-    random op lacks a seed; else a copy with each such op seeded from its first output's name (the
+    """`model` (one with random ops without a seed: `unseeded_random_ops`) as the check runs it in
+    ONNX Runtime, with a note: a copy with each such op seeded from its first output's name (the
     note says how many), or, for a model whose weights are in external data (its copy would need
     them beside it), unchanged, and the note says the draws differ."""
     proto = (

@@ -4,6 +4,7 @@ that reason."""
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lnfold
@@ -44,7 +45,8 @@ def _noisy_model(seed: float | None = None) -> onnx.ModelProto:
 
 def test_random_ops_are_seeded_alike_from_their_output_names():
     model = _noisy_model()
-    assert unseeded_random_ops(model) == {"RandomNormalLike": 1}
+    assert unseeded_random_ops(ir.from_proto(model)) == {"RandomNormalLike": 1}
+    assert not unseeded_random_ops(ir.from_proto(_noisy_model(seed=3.0)))
     copy, note = seeded(model.SerializeToString())
     seeds = [a.f for n in onnx.load_from_string(copy).graph.node for a in n.attribute if a.name == "seed"]
     assert len(seeds) == 1 and "1 RandomNormalLike without a seed" in note
