@@ -36,11 +36,6 @@ sys.path.insert(0, str(HERE.parent))  # this checkout's onnx_lnfold, not whichev
 sys.path.insert(0, str(HERE.parent / "tests"))  # the fuzz generator
 
 import onnx_lnfold  # noqa: E402
-
-if Path(onnx_lnfold.__file__).resolve().parent.parent != HERE.parent:
-    # An editable install's import hook comes before sys.path: it would fold with another checkout.
-    sys.exit(f"onnx_lnfold is imported from {Path(onnx_lnfold.__file__).parent}, not this checkout: run `pip install -e .` here")
-
 from onnx_lnfold._pipeline import analyze_for_target  # noqa: E402
 from onnx_lnfold.apply.notes import NOTE_PREFIX  # noqa: E402
 from onnx_lnfold.report.trace import explain  # noqa: E402
