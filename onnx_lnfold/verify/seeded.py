@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import is_standard
+from onnx_lnfold.core.ir import STANDARD_DOMAINS
+from onnx_lnfold.io.proto_graphs import graphs_within, nodes_within
 
 # The standard ops that draw random numbers, each with an optional `seed` attribute.
 RANDOM_OPS = frozenset(
@@ -27,29 +27,9 @@ RANDOM_OPS = frozenset(
 )
 
 
-def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                yield from _nodes(body)
-
-
-def _all_nodes(proto: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    yield from _nodes(proto.graph)
-    for function in proto.functions:
-        for node in function.node:
-            yield node
-
-
-def _unseeded(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return [
-        node
-        for node in _all_nodes(proto)
-        if node.op_type in RANDOM_OPS
-        and node.domain in ("", "ai.onnx")
-        and not any(a.name == "seed" for a in node.attribute)
-    ]
+def _unseeded(op_type: str, domain: str, attributes) -> bool:
+    """A standard random op without a seed (`attributes`: its attribute names)."""
+    return op_type in RANDOM_OPS and domain in STANDARD_DOMAINS and "seed" not in attributes
 
 
 def unseeded_random_ops(model: ir.Model) -> Counter[str]:
@@ -57,15 +37,8 @@ def unseeded_random_ops(model: ir.Model) -> Counter[str]:
     from the model in memory, so that a model without any is never parsed again for them."""
     graphs = [*model.graphs(), *model.functions.values()]
     return Counter(
-        node.op_type
-        for graph in graphs
-        for node in graph
-        if node.op_type in RANDOM_OPS and is_standard(node) and "seed" not in node.attributes
+        node.op_type for graph in graphs for node in graph if _unseeded(node.op_type, node.domain, node.attributes)
     )
-
-
-def _has_external_data(proto: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
 
 
 def seeded(model: bytes | str | Path) -> tuple[bytes | str | Path, str]:
@@ -76,11 +49,12 @@ def seeded(model: bytes | str | Path) -> tuple[bytes | str | Path, str]:
     proto = (
         onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
     )
-    nodes = _unseeded(proto)
+    every = [*nodes_within(proto.graph), *(node for function in proto.functions for node in function.node)]
+    nodes = [node for node in every if _unseeded(node.op_type, node.domain, {a.name for a in node.attribute})]
     if not nodes:
         return model, ""
     counted = ", ".join(f"{n} {op}" for op, n in sorted(Counter(node.op_type for node in nodes).items()))
-    if _has_external_data(proto):
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for g in graphs_within(proto.graph) for t in g.initializer):
         return model, (
             f"the model draws random numbers ({counted} without a seed) and its weights are in external data, so "
             "the check runs it as it is: each model's session draws its own numbers"

@@ -25,6 +25,7 @@ import onnx
 import onnx_ir as ir
 from onnx.reference.ops.op_identity import Identity
 
+from onnx_lnfold.core.ir import STANDARD_DOMAINS
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
@@ -179,7 +180,7 @@ class Float64Model:
         )
         if unknown:
             raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
-        drawn = sorted({op for domain, op in ops if op in RANDOM_OPS and domain in ("", "ai.onnx")})
+        drawn = sorted({op for domain, op in ops if op in RANDOM_OPS and domain in STANDARD_DOMAINS})
         if drawn:  # whatever the seed: its generator is not ONNX Runtime's
             raise Float64Unavailable(f"onnx.reference draws the random numbers of {', '.join(drawn)} otherwise than onnxruntime")
         try:
