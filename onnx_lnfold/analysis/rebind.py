@@ -26,7 +26,7 @@ IrObject = ir.Node | ir.Value
 
 # What a plan holds that is not bound to a model: carried over as it is.
 _UNBOUND = (str, bytes, int, float, bool, type(None), enum.Enum, np.ndarray, np.generic, ir.TensorProtocol)
-_UNBOUND += (ir.Shape, ir.SymbolicDim)  # a new tensor's declared dims
+_UNBOUND += (ir.SymbolicDim,)  # a dim of a new tensor's declared shape (a name, held by value)
 
 
 def counterparts(original: ir.Model, clone: ir.Model) -> dict[IrObject, IrObject]:
