@@ -95,8 +95,9 @@ def check_equivalence(
         input_sets = verification_input_sets(model, request.input_shapes, request.inputs, request.folder)
     except InputsUnavailable as e:
         return Verification("unverified", f"cannot synthesize verification inputs: {e}", request.rtol, way_out="inputs")
-    case = Case(request, original, folded, input_sets, output_types(model), shadow=has_bfloat16(model))
-    case.random_ops = bool(unseeded_random_ops(model))  # the fold leaves them as they are
+    # The fold leaves random ops as they are: the folded model says whether the original has any.
+    random_ops = bool(unseeded_random_ops(model))
+    case = Case(request, original, folded, input_sets, output_types(model), has_bfloat16(model), random_ops=random_ops)
     verification = run_both(case)
     if verification is not None:
         return verification

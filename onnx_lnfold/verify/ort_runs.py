@@ -19,7 +19,6 @@ from onnx_lnfold.verify.passes import FOLD, ORIGINAL, EachAlone, Passes
 from onnx_lnfold.verify.seeded import seeded
 from onnx_lnfold.verify.sessions import (
     ORT_MESSAGE_CHARS,
-    ModelBytesOrPath,
     compare,
     first_line,
     onnxruntime_missing,
@@ -64,7 +63,7 @@ def run_both(case: Case) -> Verification | None:
     runs = _run_original(case, passes)
     if isinstance(runs, Verification):
         return runs
-    return _run_folded(case, passes, ort_folded, runs)
+    return _run_folded(case, passes, runs)
 
 
 def _run_original(case: Case, passes: Passes) -> list[_Run] | Verification:
@@ -110,9 +109,9 @@ def _run_original(case: Case, passes: Passes) -> list[_Run] | Verification:
     return runs
 
 
-def _run_folded(case: Case, passes: Passes, folded: ModelBytesOrPath, runs: list[_Run]) -> Verification | None:
+def _run_folded(case: Case, passes: Passes, runs: list[_Run]) -> Verification | None:
     try:
-        session = passes.session(FOLD, folded)
+        session = passes.session(FOLD, case.ort_folded)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001
         return case.verdict("failed", f"the folded model does not load in onnxruntime: {first_line(e)}")
     rtol = case.request.rtol
