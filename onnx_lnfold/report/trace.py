@@ -20,6 +20,10 @@ from onnx_lnfold.decide.targets import Rewrite
 from onnx_lnfold.forms import is_residual_sum, sum_terms
 from onnx_lnfold.shapes.table import ShapeTable
 
+# A proof names at most this many carry ops of one LN, then counts the rest: an export's chain of
+# thousands of Identity or Reshape nodes is a count, not a page of names.
+NAMED_OPS = 30
+
 
 def _carried(rewrite: Rewrite, leaves: set[Use], shapes: ShapeTable) -> list[ir.Node]:
     """The nodes between the LN and its centered producers, walked as the analysis proved it:
@@ -60,7 +64,9 @@ def _ends(node: ir.Node, req, leaves: set[Use]) -> bool:
 def _names(nodes: list[ir.Node], names: dict[ir.Node, str]) -> str:
     counts = Counter(n.op_type for n in nodes)
     kinds = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
-    return f"{kinds}: " + ", ".join(names.get(n, n.name or n.op_type) for n in nodes)
+    named = ", ".join(names.get(n, n.name or n.op_type) for n in nodes[:NAMED_OPS])
+    more = f" and {len(nodes) - NAMED_OPS} more" if len(nodes) > NAMED_OPS else ""
+    return f"{kinds}: {named}{more}"
 
 
 def explain(model: ir.Model, bound: BoundPlan, shapes: ShapeTable | None = None) -> list[str]:
@@ -85,7 +91,9 @@ def explain(model: ir.Model, bound: BoundPlan, shapes: ShapeTable | None = None)
             lines.append(f"  blocked: {d.reason}")
             producer = _producer_of(model, d.blocking_tensor)
             if producer is not None:
-                lines.append(f"  '{d.blocking_tensor}' is produced by {producer.op_type} '{names.get(producer, producer.name)}'")
+                lines.append(
+                    f"  '{d.blocking_tensor}' is produced by {producer.op_type} '{names.get(producer, producer.name)}'"
+                )
             continue
         lines.append(f"{head} -> {d.rewrite}")
         bound_edits = [b for b in bound.edits if d.node in b.edit.required_by]

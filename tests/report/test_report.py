@@ -15,10 +15,11 @@ from onnx_lnfold.core.options import FoldOptions
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.report.fold_report import FoldReport, count_ops
 from onnx_lnfold.report.kept import explain_kept
-from onnx_lnfold.report.trace import explain
+from onnx_lnfold.report.trace import NAMED_OPS, explain
 from onnx_lnfold.verify.verdict import FLOAT64, OutputDiff, Verification
 
 from conftest import MODELS
+from hostile_models import identity_chain
 
 
 def _report(name: str, options: dict | None = None, **fields) -> FoldReport:
@@ -286,3 +287,12 @@ def test_reasons_name_what_the_graph_holds():
     assert not [r for r in proofs if re.search(r"\b0 constant", r) or "constant(s)" in r]
     assert "input is zero-mean once '/model/encoder/Add_output_0' is centered explicitly" in proofs
     assert "input is zero-mean once 2 constants are centered and '/model/encoder/Add_output_0' is centered explicitly" in proofs
+
+
+def test_a_long_carry_chain_is_named_in_part_and_counted(tmp_path):
+    """A proof through thousands of Identity nodes names the first few and counts the rest."""
+    model = load_path(identity_chain(500)(tmp_path))
+    lines = explain(model, _pipeline.analyze_for_target(model, FoldOptions())[1])
+    (carried,) = [line for line in lines if "carried through" in line]
+    assert carried.startswith("  carried through 501 op(s): Add x1, Identity x500: bias, id0, id1,")
+    assert carried.endswith(f", id{NAMED_OPS - 2} and {501 - NAMED_OPS} more")
