@@ -98,7 +98,7 @@ def check_equivalence(
     # The fold leaves random ops as they are: the folded model says whether the original has any.
     random_ops = bool(unseeded_random_ops(model))
     case = Case(request, original, folded, input_sets, output_types(model), has_bfloat16(model), random_ops=random_ops)
-    verification = run_both(case)
+    verification = run_both(case, weight_bytes(model))
     if verification is not None:
         return verification
     read = case.passes.read_back()  # type: ignore[union-attr]  # chosen by run_both

@@ -1,7 +1,9 @@
 """Both models in ONNX Runtime on every input set, the fold compared with the original there.
 
-One session at a time: the original's outputs are kept and its session released before the folded
-model's is made (two sessions of a large model would hold its weights twice). An input set the
+One session at a time for a large model: the original's outputs are kept and its session released
+before the folded model's is made (two sessions would hold its weights twice). A small model's two
+sessions are made at once, on threads of their own, while the read-back and the float64 twins are
+made (`verify.passes.EachAlone.begin`). An input set the
 original does not run on is tried in its other readings of the shapes; a set that is not required
 is left out, with a note, where none runs. How the passes run (each alone, or side by side for a
 model larger than memory) is chosen here, once (`verify.passes`).
@@ -34,9 +36,9 @@ logger = logging.getLogger(__name__)
 _Run = tuple[int, dict, dict, dict, float]
 
 
-def run_both(case: Case) -> Verification | None:
-    """Run the original, then the fold, on `case`'s input sets, filling `case.compared` and
-    `case.worst`; None where both ran, else the verdict: 'unverified' where the check cannot run
+def run_both(case: Case, weights: int) -> Verification | None:
+    """Run the original, then the fold (holding `weights` bytes of weights), on `case`'s input sets,
+    filling `case.compared` and `case.worst`; None where both ran, else the verdict: 'unverified' where the check cannot run
     (no onnxruntime, no shadows, the original does not load or run), 'failed' where the fold does
     not load or run. Raises `InvalidInput` where ONNX Runtime refuses to load the original as an
     invalid model (`sessions.refuses_model`): not a check that cannot run, a model to refuse."""
@@ -60,10 +62,14 @@ def run_both(case: Case) -> Verification | None:
         except Exception as e:  # noqa: BLE001 - a model whose blocks cannot be made: each alone says so below
             logger.info("the passes do not run side by side: %s", first_line(e))
     case.passes = passes
-    runs = _run_original(case, passes)
-    if isinstance(runs, Verification):
-        return runs
-    return _run_folded(case, passes, runs)
+    passes.begin(case.ort_original, ort_folded, weights)
+    try:
+        runs = _run_original(case, passes)
+        if isinstance(runs, Verification):
+            return runs
+        return _run_folded(case, passes, runs)
+    finally:
+        passes.end()
 
 
 def _run_original(case: Case, passes: Passes) -> list[_Run] | Verification:

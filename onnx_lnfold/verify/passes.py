@@ -9,6 +9,8 @@ twins, the check for the read-back.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
 from onnx_lnfold.verify.readback import ReadBack, read_back
 from onnx_lnfold.verify.readback.folded import model_of
@@ -25,6 +28,10 @@ from onnx_lnfold.verify.sessions import ModelBytesOrPath, is_blockwise, run_sets
 
 # The two models, as `Passes` names them.
 ORIGINAL, FOLD = 0, 1
+# Both models' sessions are made at once, on threads of their own, where the fold's weights are at
+# most this many bytes (`EachAlone.begin`): two sessions then hold the weights twice, which is
+# little beside the process; a larger model's are made one after the other.
+AHEAD_WEIGHT_BYTES = 128 << 20
 
 Arrays = dict[str, np.ndarray]  # by name: an input set, or a model's outputs on one
 # The twins' outputs on each input set they ran on: the original's, the fold's as written, and the
@@ -60,6 +67,13 @@ class RunsAhead:
 class Passes(ABC):
     """What the check asks of its passes over both models, however they run."""
 
+    def begin(self, original: ModelBytesOrPath, folded: ModelBytesOrPath, weights: int) -> None:  # noqa: B027 - most passes have nothing to start
+        """Start what can run before the sessions are asked for: `original` and `folded` as ONNX
+        Runtime runs them, the fold holding `weights` bytes of weights."""
+
+    def end(self) -> None:  # noqa: B027
+        """Wait for what `begin` started and was not asked for, and drop it."""
+
     @abstractmethod
     def session(self, model: int, source: ModelBytesOrPath):
         """The ONNX Runtime session of `model` (`ORIGINAL` or `FOLD`), `source` as ONNX Runtime runs
@@ -89,17 +103,94 @@ class Passes(ABC):
         raises what the read-back raised."""
 
 
+class _Making:
+    """Sessions made in order on a thread of their own: ONNX Runtime releases the interpreter
+    while it makes one, so the check's Python work goes on meanwhile. `result(i)` waits for the
+    i-th, and raises what making it raised."""
+
+    def __init__(self, makes: list[Callable[[], object]]):
+        self._made: list[object] = [None] * len(makes)
+        self._done = [threading.Event() for _ in makes]
+        self._thread = threading.Thread(target=self._run, args=(makes,), name="lnfold-sessions", daemon=True)
+        self._thread.start()
+
+    def _run(self, makes: list[Callable[[], object]]) -> None:
+        for i, make in enumerate(makes):
+            try:
+                self._made[i] = make()
+            except BaseException as e:  # noqa: BLE001 - raised where the session is asked for
+                self._made[i] = _Failed(e)
+            self._done[i].set()
+
+    def result(self, i: int):
+        self._done[i].wait()
+        made, self._made[i] = self._made[i], None
+        if isinstance(made, _Failed):
+            raise made.error
+        return made
+
+    def join(self) -> None:
+        self._thread.join()
+        self._made = [None] * len(self._made)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
+
+
 @dataclass
 class EachAlone(Passes):
     """Each pass runs alone, when it is asked for, on the models as given (`original`, `folded`).
-    The fold as the read-back read it is kept for its float64 twin: the file is parsed once."""
+    The fold as the read-back read it is kept for its float64 twin: the file is parsed once. For a
+    model whose weights are small (`AHEAD_WEIGHT_BYTES`), `begin` makes both sessions on threads of
+    their own while the read-back and the float64 twins' structures are made."""
 
     original: ModelBytesOrPath
     folded: ModelBytesOrPath
     request: VerifyRequest
     _folded_read: ir.Model | None = field(default=None, init=False, repr=False)
+    _making: dict[int, tuple[_Making, int]] = field(default_factory=dict, init=False, repr=False)
+    _read: tuple[ReadBack | None, Exception | None] | None = field(default=None, init=False, repr=False)
+    _twin_models: tuple[Float64Model, Float64Model] | Exception | None = field(default=None, init=False, repr=False)
+
+    def begin(self, original: ModelBytesOrPath, folded: ModelBytesOrPath, weights: int) -> None:
+        sources = (original, folded)
+        largest = max([weights, *(len(s) for s in sources if isinstance(s, bytes))])
+        # Above it, a model runs block by block, one block's session at a time.
+        one_session = blockwise.blockwise_above()
+        if largest > AHEAD_WEIGHT_BYTES or (one_session is not None and largest > one_session):
+            return
+        progress = self.request.progress
+        makes = [lambda s=source: session_for(s, progress=progress) for source in sources]
+        # A thread for each where a core is left for each beside this one's Python work, else one
+        # for both, one after the other.
+        if (os.cpu_count() or 1) > len(sources):
+            self._making = {model: (_Making([make]), 0) for model, make in enumerate(makes)}
+        else:
+            both = _Making(makes)
+            self._making = {model: (both, model) for model in range(len(sources))}
+        try:
+            self._read = (self._reading(), None)
+        except Exception as e:  # noqa: BLE001 - raised where the read-back is asked for
+            self._read = (None, e)
+        budget = self.request.float64_budget
+        if budget is None or budget > 0:
+            try:
+                self._twin_models = self._twins_made()
+            except Exception as e:  # noqa: BLE001 - raised where the twins are asked for
+                self._twin_models = e
+
+    def end(self) -> None:
+        making, self._making = self._making, {}
+        for made, _ in making.values():
+            made.join()  # a session not asked for is dropped, and what made it fail says nothing
 
     def session(self, model: int, source: ModelBytesOrPath):
+        making = self._making.pop(model, None)
+        if making is not None:
+            made, index = making
+            return made.result(index)
         return session_for(source, progress=self.request.progress)
 
     def runs_ahead(self, model: int, session, feeds_list: list[Arrays]) -> RunsAhead:
@@ -111,12 +202,11 @@ class EachAlone(Passes):
     def twins(self, feeds_list: list[Arrays], budget: float) -> Twins:
         """The original's twin on the sets that fit `budget`, then the fold's on those, as written
         and, where the fold's computed constants are at hand, exact."""
-        exact, progress = self.request.computed, self.request.progress
-        original = Float64Model(self.original, progress=progress)
-        read, self._folded_read = self._folded_read, None
-        folded = Float64Model(read if read is not None else self.folded, exact, progress=progress)
-        original.label = "the original"
-        folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
+        made, self._twin_models = self._twin_models, None
+        if isinstance(made, Exception):
+            raise made
+        original, folded = made if made is not None else self._twins_made()
+        exact = self.request.computed
         started = time.perf_counter()
         # The fold's two readings share one pass (each weight read once), at most twice the
         # original's work: three of its passes bound all.
@@ -126,7 +216,25 @@ class EachAlone(Passes):
             return truths, *folded.run_as_written_and_exact(feeds)
         return truths, folded.run_many(feeds), None
 
+    def _twins_made(self) -> tuple[Float64Model, Float64Model]:
+        """The original's float64 twin and the fold's (from the fold as the read-back read it)."""
+        exact, progress = self.request.computed, self.request.progress
+        original = Float64Model(self.original, progress=progress)
+        read, self._folded_read = self._folded_read, None
+        folded = Float64Model(read if read is not None else self.folded, exact, progress=progress)
+        original.label = "the original"
+        folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
+        return original, folded
+
     def read_back(self) -> ReadBack | None:
+        if self._read is not None:
+            (read, error), self._read = self._read, None
+            if error is not None:
+                raise error
+            return read
+        return self._reading()
+
+    def _reading(self) -> ReadBack | None:
         planned = self.request.planned
         if planned is None:
             return None
