@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -125,9 +126,30 @@ def check_representable(proto: onnx.ModelProto) -> None:
         )
 
 
-def read_model(path: Path) -> ir.Model | None:
-    """The model at `path` with its large initializers left in the file, or None when the file is
-    not one this walker reads (the caller falls back to `onnx.load`)."""
+@dataclass(frozen=True)
+class ProtoInFile:
+    """A model file's proto with its large initializers' bytes left in the file: `regions` gives
+    each one's (offset, length) there, `stamp` the file as the offsets hold."""
+
+    proto: onnx.ModelProto
+    path: Path
+    regions: dict[str, tuple[int, int]]
+    stamp: tuple[int, int, int, int]
+
+    def initializer(self, tensor: onnx.TensorProto) -> ir.TensorProtocol:
+        """The main graph's initializer `tensor` as an IR tensor, its bytes read when used: from
+        its region of this file, its external data file (beside this one) or the proto."""
+        found = ir.serde.deserialize_tensor(tensor, str(self.path.parent))
+        region = self.regions.get(tensor.name)
+        if region is None:
+            return found
+        return FileRegionTensor.of(found, self.path, region[0], tensor.name, self.stamp)
+
+
+def read_proto(path: Path, check: bool = True) -> ProtoInFile | None:
+    """The proto of the model at `path` with its large initializers left in the file, checked as
+    `read_model` checks it (`check`: unless read and checked already), or None when the file is
+    not one this walker reads."""
     with open(path, "rb") as file:
         # The offsets below hold for the file as it is now: its tensors check this stamp on read.
         stamp = file_stamp(os.fstat(file.fileno()))
@@ -180,12 +202,22 @@ def read_model(path: Path) -> ir.Model | None:
     del initializers, model_rest, graph_rest
     if not proto.HasField("graph") or proto.ir_version == 0:
         return None
-    check_representable(proto)
-    check_tensors(proto, {name: length for name, (_, length) in regions.items()})
-    model = ir.serde.deserialize_model(proto)  # its errors are the caller's to report
-    for name, (offset, _) in regions.items():  # each length is its header's bytes: checked above
+    if check:
+        check_representable(proto)
+        check_tensors(proto, {name: length for name, (_, length) in regions.items()})
+    return ProtoInFile(proto, path, regions, stamp)
+
+
+def read_model(path: Path) -> ir.Model | None:
+    """The model at `path` with its large initializers left in the file, or None when the file is
+    not one this walker reads (the caller falls back to `onnx.load`)."""
+    found = read_proto(path)
+    if found is None:
+        return None
+    model = ir.serde.deserialize_model(found.proto)  # its errors are the caller's to report
+    for name, (offset, _) in found.regions.items():  # each length is its header's bytes: checked
         value = model.graph.initializers.get(name)
         if value is None or value.const_value is None:  # let the usual path judge this file
             return None
-        value.const_value = FileRegionTensor.of(value.const_value, path, offset, name, stamp)
+        value.const_value = FileRegionTensor.of(value.const_value, path, offset, name, found.stamp)
     return model

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx_ir as ir
 
 from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
@@ -142,14 +141,12 @@ class _Failed:
 @dataclass
 class EachAlone(Passes):
     """Each pass runs alone, when it is asked for, on the models as given (`original`, `folded`).
-    The fold as the read-back read it is kept for its float64 twin: the file is parsed once. For a
-    model whose weights are small (`AHEAD_WEIGHT_BYTES`), `begin` makes both sessions on threads of
-    their own while the read-back and the float64 twins' structures are made."""
+    For a model whose weights are small (`AHEAD_WEIGHT_BYTES`), `begin` makes both sessions on a
+    thread of their own while the read-back and the float64 twins' structures are made."""
 
     original: ModelBytesOrPath
     folded: ModelBytesOrPath
     request: VerifyRequest
-    _folded_read: ir.Model | None = field(default=None, init=False, repr=False)
     _making: dict[int, tuple[_Making, int]] = field(default_factory=dict, init=False, repr=False)
     _read: tuple[ReadBack | None, Exception | None] | None = field(default=None, init=False, repr=False)
     _twin_models: tuple[Float64Model, Float64Model] | Exception | None = field(default=None, init=False, repr=False)
@@ -217,11 +214,10 @@ class EachAlone(Passes):
         return truths, folded.run_many(feeds), None
 
     def _twins_made(self) -> tuple[Float64Model, Float64Model]:
-        """The original's float64 twin and the fold's (from the fold as the read-back read it)."""
+        """The original's float64 twin and the fold's."""
         exact, progress = self.request.computed, self.request.progress
         original = Float64Model(self.original, progress=progress)
-        read, self._folded_read = self._folded_read, None
-        folded = Float64Model(read if read is not None else self.folded, exact, progress=progress)
+        folded = Float64Model(self.folded, exact, progress=progress)
         original.label = "the original"
         folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"
         return original, folded
@@ -238,5 +234,4 @@ class EachAlone(Passes):
         planned = self.request.planned
         if planned is None:
             return None
-        self._folded_read = model_of(self.folded)
-        return read_back(self._folded_read, planned)
+        return read_back(model_of(self.folded), planned)

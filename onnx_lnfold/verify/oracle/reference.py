@@ -27,6 +27,7 @@ from onnx.reference.ops.op_identity import Identity
 
 from onnx_lnfold.core.ir import STANDARD_DOMAINS
 from onnx_lnfold.core.ops import MS_DOMAIN
+from onnx_lnfold.io.proto_read import read_proto
 from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.oracle.blockwise import available_memory
@@ -139,11 +140,17 @@ class Float64Model:
         memory_budget: int | None = None,
         progress: Progress | None = None,
     ):
-        if not isinstance(model, ir.Model):
-            model = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else _load_ir(model)
         self._exact = dict(exact or {})
         self._weights: dict[str, Any] = {}  # name -> tensor, read when its node runs
-        proto, exact_proto = self._structure(model)
+        # A file or bytes are read as a proto, not as IR: the structure is the proto less its
+        # weights, with no graph of IR objects made and serialized again.
+        found = model if isinstance(model, ir.Model) else _proto_of(model)
+        if isinstance(found, ir.Model):
+            proto, exact_proto = self._structure(found)
+        elif found is not None:
+            proto, exact_proto = self._proto_structure(*found)
+        else:  # a file the proto walker does not read: through the IR, as the fold read it
+            proto, exact_proto = self._structure(_load_ir(model))  # type: ignore[arg-type]
         self._evaluator = self._evaluator_of(proto)
         # Exact constants inside If/Loop bodies are part of the structure: that reading has its own.
         self._exact_evaluator = self._evaluator_of(exact_proto) if exact_proto is not None else None
@@ -182,7 +189,9 @@ class Float64Model:
             raise Float64Unavailable(f"onnx.reference cannot evaluate {', '.join(unknown)}")
         drawn = sorted({op for domain, op in ops if op in RANDOM_OPS and domain in STANDARD_DOMAINS})
         if drawn:  # whatever the seed: its generator is not ONNX Runtime's
-            raise Float64Unavailable(f"onnx.reference draws the random numbers of {', '.join(drawn)} otherwise than onnxruntime")
+            raise Float64Unavailable(
+                f"onnx.reference draws the random numbers of {', '.join(drawn)} otherwise than onnxruntime"
+            )
         try:
             return Evaluator(proto)
         except NotImplementedError as e:  # a standard op the reference lacks
@@ -217,13 +226,50 @@ class Float64Model:
         opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
         proto = onnx.helper.make_model(g, opset_imports=opsets, ir_version=model.ir_version)
         proto.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
+        return proto, self._exact_structure(proto)
+
+    def _proto_structure(
+        self, proto: onnx.ModelProto, initializer: Callable[[onnx.TensorProto], ir.TensorProtocol], folder: str
+    ) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
+        """`_structure` of a proto this twin owns, changed in place: `initializer` gives a main-graph
+        initializer as a tensor read when used, `folder` is where external data lies."""
+        graph = proto.graph
+        given = {v.name for v in graph.input}
+        for tensor in graph.initializer:
+            self._weights[tensor.name] = initializer(tensor)
+            if tensor.name not in given:
+                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+        del graph.initializer[:]
+        del graph.value_info[:]  # the evaluator infers nothing from them; widened, they would only cost
+        nodes = []
+        for node in graph.node:
+            constant = _large_constant_proto(node, folder)
+            if constant is not None:
+                self._weights[node.output[0]] = constant
+                graph.input.append(
+                    onnx.helper.make_tensor_value_info(node.output[0], int(constant.dtype), list(constant.shape))
+                )
+                continue
+            nodes.append(node)
+        order = topological(nodes, {i.name for i in graph.input})
+        if len(nodes) < len(graph.node) or order != list(range(len(nodes))):
+            ordered = [onnx.NodeProto() for _ in order]
+            for copy, i in zip(ordered, order):
+                copy.CopyFrom(nodes[i])
+            del graph.node[:]
+            graph.node.extend(ordered)
+        graph.name = graph.name or "graph"
+        return proto, self._exact_structure(proto)
+
+    def _exact_structure(self, proto: onnx.ModelProto) -> onnx.ModelProto | None:
+        """`proto` with the exact constants held in bodies exact; None where there are none."""
         body_exact = {k: v for k, v in self._exact.items() if k not in self._weights}
         if not body_exact:
-            return proto, None
+            return None
         exact_proto = onnx.ModelProto()
         exact_proto.CopyFrom(proto)
         _substitute(exact_proto.graph, {k: t.exact_float64() for k, t in body_exact.items()}, set())
-        return proto, exact_proto
+        return exact_proto
 
     def _weight(self, name: str, reading: dict[str, Any]) -> np.ndarray:
         exact = reading.get(name)
@@ -476,6 +522,35 @@ def _large_constant(node: ir.Node) -> ir.TensorProtocol | None:
     if tensor is None or tensor.nbytes <= _INLINE_CONSTANT_BYTES or not node.outputs[0].name:
         return None
     return tensor
+
+
+def _large_constant_proto(node: onnx.NodeProto, folder: str) -> ir.TensorProtocol | None:
+    """`_large_constant` of a proto node."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.output[0]:
+        return None
+    for attr in node.attribute:
+        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+            tensor = ir.serde.deserialize_tensor(attr.t, folder)
+            return tensor if tensor.nbytes > _INLINE_CONSTANT_BYTES else None
+    return None
+
+
+def _proto_of(
+    model: onnx.ModelProto | bytes | str | Path,
+) -> tuple[onnx.ModelProto, Callable[[onnx.TensorProto], ir.TensorProtocol], str] | None:
+    """`model` as a proto the twin may change, how to read a main-graph initializer of it, and the
+    folder of its external data; None for a file the proto walker does not read (`read_proto`)."""
+    if isinstance(model, (str, Path)):
+        found = read_proto(Path(model), check=False)  # the model the fold read, or the fold it wrote
+        if found is None:
+            return None
+        return found.proto, found.initializer, str(found.path.parent)
+    proto = onnx.ModelProto()
+    if isinstance(model, bytes):
+        proto.ParseFromString(model)
+    else:
+        proto.CopyFrom(model)
+    return proto, ir.serde.deserialize_tensor, ""
 
 
 def _load_ir(model: bytes | str | Path) -> ir.Model:
