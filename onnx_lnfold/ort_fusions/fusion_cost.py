@@ -44,6 +44,7 @@ import onnx_ir as ir
 from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.analysis.planner import Planner
+from onnx_lnfold.core.ahead import Ahead
 from onnx_lnfold.core.blocked import Blocked
 from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.names import display_names
@@ -95,6 +96,19 @@ def _cached(key: tuple, compute: Callable[[], object]) -> object:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = compute()
     return _CACHE[key]
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A result at hand, asked for as an `Ahead`'s is."""
+
+    found: object
+
+    def result(self) -> object:
+        return self.found
+
+    def join(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- the check
@@ -242,10 +256,18 @@ class FusionCheck:
         return ("optimizer", digest, model_type, level, heads, hidden), self._optimizers[digest]
 
     def _session(self, path: Path) -> onnx.GraphProto:
+        return self._session_ahead(path, ahead=False).result()
+
+    def _session_ahead(self, path: Path, ahead: bool = True) -> Ahead | _Ready:
+        """The graph a session makes of `path`, made on a thread of its own (`core.ahead.Ahead`),
+        or, unless `ahead`, now; or as it was made before."""
         key = ("session", hashlib.sha256(path.read_bytes()).hexdigest())
         assert self._folder is not None
         folder = self._folder
-        return _cached(key, lambda: session_graph(path, folder))  # type: ignore[return-value]
+        made = lambda: _cached(key, lambda: session_graph(path, folder))  # noqa: E731
+        if key in _CACHE or not ahead:
+            return _Ready(made())
+        return Ahead([made], "lnfold-fusion-session")
 
     # ------------------------------------------------------------------ the plan that costs no fusion
 
@@ -371,25 +393,30 @@ class FusionCheck:
         if not self.active:
             return {}
         try:
-            original = self._session(self._original_path())
+            # The original's session is made on a thread of its own while the plan is applied.
+            original_session = self._session_ahead(self._original_path())
         except Exception as error:
             self._give_up("optimize a weightless copy in a session", error)
             return {}
         assert self._folder is not None
-        # Binding and applying the plan are this tool's own steps: a failure there is its own, not
-        # ONNX Runtime's, and is raised.
-        clone, self._spare = self._spare or weightless_clone(self.model, self._folder), None
-        bound = plan.on_clone(self.model, clone)
-        folds = footprints(bound, display_names(clone.graph))
-        apply(clone, bound)
-        self._folder.strip(clone)  # the centered copies, never computed
         try:
-            self._folded = self._folder.write(clone, "folded.onnx")
-            folded = self._session(self._folded)
-            self.moved_centerings = moved_centerings(bound.plan.centerings, folded)  # type: ignore[arg-type]
-        except Exception as error:
-            self._give_up("optimize a weightless copy in a session", error)
-            return {}
+            # Binding and applying the plan are this tool's own steps: a failure there is its own,
+            # not ONNX Runtime's, and is raised.
+            clone, self._spare = self._spare or weightless_clone(self.model, self._folder), None
+            bound = plan.on_clone(self.model, clone)
+            folds = footprints(bound, display_names(clone.graph))
+            apply(clone, bound)
+            self._folder.strip(clone)  # the centered copies, never computed
+            try:
+                self._folded = self._folder.write(clone, "folded.onnx")
+                original = original_session.result()
+                folded = self._session(self._folded)
+                self.moved_centerings = moved_centerings(bound.plan.centerings, folded)  # type: ignore[arg-type]
+            except Exception as error:
+                self._give_up("optimize a weightless copy in a session", error)
+                return {}
+        finally:
+            original_session.join()  # its files are in the folder, which goes with the check
         graph = self.model.graph
         names = display_names(graph)
         costs: dict[str, Blocked] = {}

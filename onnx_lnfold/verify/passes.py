@@ -10,7 +10,6 @@ twins, the check for the read-back.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onnx_lnfold.core.ahead import Ahead
 from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
 from onnx_lnfold.verify.readback import ReadBack, read_back
@@ -31,6 +31,7 @@ ORIGINAL, FOLD = 0, 1
 # most this many bytes (`EachAlone.begin`): two sessions then hold the weights twice, which is
 # little beside the process; a larger model's are made one after the other.
 AHEAD_WEIGHT_BYTES = 128 << 20
+SESSIONS_THREAD = "lnfold-sessions"
 
 Arrays = dict[str, np.ndarray]  # by name: an input set, or a model's outputs on one
 # The twins' outputs on each input set they ran on: the original's, the fold's as written, and the
@@ -102,42 +103,6 @@ class Passes(ABC):
         raises what the read-back raised."""
 
 
-class _Making:
-    """Sessions made in order on a thread of their own: ONNX Runtime releases the interpreter
-    while it makes one, so the check's Python work goes on meanwhile. `result(i)` waits for the
-    i-th, and raises what making it raised."""
-
-    def __init__(self, makes: list[Callable[[], object]]):
-        self._made: list[object] = [None] * len(makes)
-        self._done = [threading.Event() for _ in makes]
-        self._thread = threading.Thread(target=self._run, args=(makes,), name="lnfold-sessions", daemon=True)
-        self._thread.start()
-
-    def _run(self, makes: list[Callable[[], object]]) -> None:
-        for i, make in enumerate(makes):
-            try:
-                self._made[i] = make()
-            except BaseException as e:  # noqa: BLE001 - raised where the session is asked for
-                self._made[i] = _Failed(e)
-            self._done[i].set()
-
-    def result(self, i: int):
-        self._done[i].wait()
-        made, self._made[i] = self._made[i], None
-        if isinstance(made, _Failed):
-            raise made.error
-        return made
-
-    def join(self) -> None:
-        self._thread.join()
-        self._made = [None] * len(self._made)
-
-
-@dataclass(frozen=True)
-class _Failed:
-    error: BaseException
-
-
 @dataclass
 class EachAlone(Passes):
     """Each pass runs alone, when it is asked for, on the models as given (`original`, `folded`).
@@ -147,7 +112,7 @@ class EachAlone(Passes):
     original: ModelBytesOrPath
     folded: ModelBytesOrPath
     request: VerifyRequest
-    _making: dict[int, tuple[_Making, int]] = field(default_factory=dict, init=False, repr=False)
+    _making: dict[int, tuple[Ahead, int]] = field(default_factory=dict, init=False, repr=False)
     _read: tuple[ReadBack | None, Exception | None] | None = field(default=None, init=False, repr=False)
     _twin_models: tuple[Float64Model, Float64Model] | Exception | None = field(default=None, init=False, repr=False)
 
@@ -163,9 +128,9 @@ class EachAlone(Passes):
         # A thread for each where a core is left for each beside this one's Python work, else one
         # for both, one after the other.
         if (os.cpu_count() or 1) > len(sources):
-            self._making = {model: (_Making([make]), 0) for model, make in enumerate(makes)}
+            self._making = {model: (Ahead([make], SESSIONS_THREAD), 0) for model, make in enumerate(makes)}
         else:
-            both = _Making(makes)
+            both = Ahead(makes, SESSIONS_THREAD)
             self._making = {model: (both, model) for model in range(len(sources))}
         try:
             self._read = (self._reading(), None)
