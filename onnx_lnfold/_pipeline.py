@@ -229,8 +229,24 @@ def run_pipeline(
     `after_apply` changes the folded model before it is staged and checked (the faults of the
     check's mutation campaign, `benchmarks.mutation`). The report's sizes are the input's on disk,
     external data included."""
-    with collecting_per_phase():
+    with collecting_per_phase(), _frozen_while_folding():
         return _run_pipeline(model, source, request, progress=progress, started=started, after_apply=after_apply)
+
+
+@contextmanager
+def _frozen_while_folding() -> Iterator[None]:
+    """What is alive when the fold starts (the model, which it keeps to its end, with the process's
+    own objects) left out of every collection until it ends (`gc.freeze`): each full collection
+    walks every object not frozen, and a large graph's model is most of them. Not where objects are
+    frozen already (a server's, say): unfreezing after would thaw theirs too."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextmanager

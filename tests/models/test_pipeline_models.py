@@ -8,6 +8,9 @@ import onnx
 import pytest
 
 import onnx_lnfold
+from onnx_lnfold.core.fold_request import FoldRequest
+from onnx_lnfold.core.options import CheckSettings
+from onnx_lnfold.load.model import load_path
 from onnx_lnfold.verify.sessions import compare, run_model
 
 from conftest import MODELS
@@ -158,3 +161,26 @@ def test_the_pipeline_runs_full_collections_per_phase_and_restores_the_collector
         assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > before[2]
         raise RuntimeError
     assert gc.get_threshold() == before
+
+
+def test_the_model_is_frozen_while_folding_unless_objects_are_frozen_already(monkeypatch):
+    """The objects alive when the fold starts are left out of the collections while it runs, and
+    thawed after; a process that froze objects of its own keeps them as they were."""
+    import gc
+
+    from onnx_lnfold import _pipeline
+
+    seen: list[int] = []
+    real = _pipeline._run_pipeline
+    monkeypatch.setattr(_pipeline, "_run_pipeline", lambda *a, **k: seen.append(gc.get_freeze_count()) or real(*a, **k))
+    model = load_path(MODELS / "gpt2.onnx")
+    assert gc.get_freeze_count() == 0
+    _pipeline.run_pipeline(model, None, FoldRequest(check=CheckSettings(verify=False)))
+    assert seen[0] > 0 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        _pipeline.run_pipeline(model, None, FoldRequest(check=CheckSettings(verify=False)))
+        assert seen[1] == frozen and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
