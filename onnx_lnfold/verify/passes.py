@@ -125,9 +125,9 @@ class EachAlone(Passes):
             return
         progress = self.request.progress
         makes = [lambda s=source: session_for(s, progress=progress) for source in sources]
-        # A thread for each where a core is left for each beside this one's Python work, else one
-        # for both, one after the other.
-        if (os.cpu_count() or 1) > len(sources):
+        # A thread for each where there are two cores: the check's Python work then waits for
+        # neither, where one thread for both kept it waiting (docs/DESIGN.md section 6).
+        if (os.cpu_count() or 1) >= len(sources):
             self._making = {model: (Ahead([make], SESSIONS_THREAD), 0) for model, make in enumerate(makes)}
         else:
             both = Ahead(makes, SESSIONS_THREAD)
