@@ -158,15 +158,29 @@ def topological_nodes(graph: ir.Graph) -> list[ir.Node]:
     return order
 
 
+def _in_order(graph: ir.Graph) -> bool:
+    """Whether every node of `graph` comes after the nodes of `graph` it reads (what
+    `topological_nodes` would keep as it is), in one pass."""
+    nodes = set(graph)
+    before: set[ir.Node] = set()
+    for node in graph:
+        for value in (*node.inputs, *outer_reads(node)):
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer is not node and producer in nodes and producer not in before:
+                return False
+        before.add(node)
+    return True
+
+
 def clone_model(model: ir.Model) -> ir.Model:
     """`model.clone()` (tensors shared, nothing else), also for a main graph whose nodes are not
     in topological order (the fp16 converter appends its Casts at the end), which onnx-ir's
     cloner refuses: that one is cloned in a topological order and put back in its own, which the
     names the analysis gives unnamed nodes follow."""
     graph = model.graph
-    order = topological_nodes(graph)
-    if list(graph) == order:
+    if _in_order(graph):
         return model.clone()
+    order = topological_nodes(graph)
     view = ir.GraphView(
         graph.inputs,
         graph.outputs,
