@@ -158,7 +158,7 @@ def topological_nodes(graph: ir.Graph) -> list[ir.Node]:
     return order
 
 
-def _in_order(graph: ir.Graph) -> bool:
+def in_topological_order(graph: ir.Graph) -> bool:
     """Whether every node of `graph` comes after the nodes of `graph` it reads (what
     `topological_nodes` would keep as it is), in one pass."""
     nodes = set(graph)
@@ -178,7 +178,7 @@ def clone_model(model: ir.Model) -> ir.Model:
     cloner refuses: that one is cloned in a topological order and put back in its own, which the
     names the analysis gives unnamed nodes follow."""
     graph = model.graph
-    if _in_order(graph):
+    if in_topological_order(graph):
         return model.clone()
     order = topological_nodes(graph)
     view = ir.GraphView(
@@ -223,6 +223,7 @@ __all__ = [
     "ZEROS_FILE",
     "WeightlessFolder",
     "clone_model",
+    "in_topological_order",
     "outer_reads",
     "topological_nodes",
     "weightless_clone",

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.ort_fusions.weightless import _in_order, clone_model, outer_reads, topological_nodes
+from onnx_lnfold.ort_fusions.weightless import clone_model, in_topological_order, outer_reads, topological_nodes
 
 
 def _by_resorting(graph: ir.Graph) -> list[ir.Node]:
@@ -69,7 +69,7 @@ def test_many_ready_nodes_and_a_clone_in_the_graphs_own_order():
 
 
 def test_a_graph_is_in_order_where_the_sort_would_keep_it_as_it_is():
-    """`clone_model` sorts only a graph out of order, told in one pass (`_in_order`)."""
+    """`clone_model` sorts only a graph out of order, told in one pass (`in_topological_order`)."""
     rng = random.Random(11)
     outcomes = set()
     for _ in range(100):
@@ -80,6 +80,6 @@ def test_a_graph_is_in_order_where_the_sort_would_keep_it_as_it_is():
                 graph.remove(node)
             graph.extend(ordered)
         in_order = list(graph) == topological_nodes(graph)
-        assert _in_order(graph) == in_order
+        assert in_topological_order(graph) == in_order
         outcomes.add(in_order)
     assert outcomes == {True, False}
