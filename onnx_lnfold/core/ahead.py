@@ -1,6 +1,7 @@
 """Work started ahead, on a thread of its own, while the caller goes on: ONNX Runtime releases the
 interpreter while it makes a session, so a session made so costs the caller's Python work nothing.
-The calls run in order on one thread; `result(i)` waits for the i-th and raises what it raised."""
+The calls run in order on one thread; `result(i)` waits for the i-th and raises what it raised.
+`Outcome` is work done ahead on the caller's own thread, given out (or raised) alike."""
 
 from __future__ import annotations
 
@@ -13,6 +14,23 @@ from typing import Any
 @dataclass(frozen=True)
 class _Raised:
     error: BaseException
+
+
+class Outcome:
+    """`call()` made now: `get` gives its result once, or raises what it raised (an `Exception`;
+    anything else is raised at once)."""
+
+    def __init__(self, call: Callable[[], Any]):
+        try:
+            self._found: Any = call()
+        except Exception as e:  # noqa: BLE001 - raised where its result is asked for
+            self._found = _Raised(e)
+
+    def get(self) -> Any:
+        found, self._found = self._found, None
+        if isinstance(found, _Raised):
+            raise found.error
+        return found
 
 
 class Ahead:

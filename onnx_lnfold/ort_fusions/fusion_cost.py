@@ -98,19 +98,6 @@ def _cached(key: tuple, compute: Callable[[], object]) -> object:
     return _CACHE[key]
 
 
-@dataclass(frozen=True)
-class _Ready:
-    """A result at hand, asked for as an `Ahead`'s is."""
-
-    found: object
-
-    def result(self) -> object:
-        return self.found
-
-    def join(self) -> None:
-        pass
-
-
 # --------------------------------------------------------------------------- the check
 
 
@@ -256,18 +243,10 @@ class FusionCheck:
         return ("optimizer", digest, model_type, level, heads, hidden), self._optimizers[digest]
 
     def _session(self, path: Path) -> onnx.GraphProto:
-        return self._session_ahead(path, ahead=False).result()
-
-    def _session_ahead(self, path: Path, ahead: bool = True) -> Ahead | _Ready:
-        """The graph a session makes of `path`, made on a thread of its own (`core.ahead.Ahead`),
-        or, unless `ahead`, now; or as it was made before."""
         key = ("session", hashlib.sha256(path.read_bytes()).hexdigest())
         assert self._folder is not None
         folder = self._folder
-        made = lambda: _cached(key, lambda: session_graph(path, folder))  # noqa: E731
-        if key in _CACHE or not ahead:
-            return _Ready(made())
-        return Ahead([made], "lnfold-fusion-session")
+        return _cached(key, lambda: session_graph(path, folder))  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ the plan that costs no fusion
 
@@ -394,7 +373,8 @@ class FusionCheck:
             return {}
         try:
             # The original's session is made on a thread of its own while the plan is applied.
-            original_session = self._session_ahead(self._original_path())
+            path = self._original_path()
+            original_session = Ahead([lambda: self._session(path)], "lnfold-fusion-session")
         except Exception as error:
             self._give_up("optimize a weightless copy in a session", error)
             return {}

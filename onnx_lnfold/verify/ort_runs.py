@@ -37,10 +37,10 @@ _Run = tuple[int, dict, dict, dict, float]
 
 
 def run_both(case: Case, weights: int) -> Verification | None:
-    """Run the original, then the fold (holding `weights` bytes of weights), on `case`'s input sets,
-    filling `case.compared` and `case.worst`; None where both ran, else the verdict: 'unverified' where the check cannot run
-    (no onnxruntime, no shadows, the original does not load or run), 'failed' where the fold does
-    not load or run. Raises `InvalidInput` where ONNX Runtime refuses to load the original as an
+    """Run the original, then the fold (holding `weights` bytes of weights), on `case`'s input
+    sets, filling `case.compared` and `case.worst`; None where both ran, else the verdict:
+    'unverified' where the check cannot run (no onnxruntime, no shadows, the original does not load
+    or run), 'failed' where the fold does not load or run. Raises `InvalidInput` where ONNX Runtime refuses to load the original as an
     invalid model (`sessions.refuses_model`): not a check that cannot run, a model to refuse."""
     missing = onnxruntime_missing()
     if missing:

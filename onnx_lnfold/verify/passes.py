@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnx_lnfold.core.ahead import Ahead
+from onnx_lnfold.core.ahead import Ahead, Outcome
 from onnx_lnfold.verify.oracle import blockwise
 from onnx_lnfold.verify.oracle.reference import Deadline, Float64Model
 from onnx_lnfold.verify.readback import ReadBack, read_back
@@ -106,15 +106,15 @@ class Passes(ABC):
 @dataclass
 class EachAlone(Passes):
     """Each pass runs alone, when it is asked for, on the models as given (`original`, `folded`).
-    For a model whose weights are small (`AHEAD_WEIGHT_BYTES`), `begin` makes both sessions on a
-    thread of their own while the read-back and the float64 twins' structures are made."""
+    For a model whose weights are small (`AHEAD_WEIGHT_BYTES`), `begin` makes both sessions on
+    threads of their own while the read-back and the float64 twins' structures are made."""
 
     original: ModelBytesOrPath
     folded: ModelBytesOrPath
     request: VerifyRequest
     _making: dict[int, tuple[Ahead, int]] = field(default_factory=dict, init=False, repr=False)
-    _read: tuple[ReadBack | None, Exception | None] | None = field(default=None, init=False, repr=False)
-    _twin_models: tuple[Float64Model, Float64Model] | Exception | None = field(default=None, init=False, repr=False)
+    _read: Outcome | None = field(default=None, init=False, repr=False)  # the read-back, made in `begin`
+    _twin_models: Outcome | None = field(default=None, init=False, repr=False)  # the twins, made in `begin`
 
     def begin(self, original: ModelBytesOrPath, folded: ModelBytesOrPath, weights: int) -> None:
         sources = (original, folded)
@@ -132,16 +132,10 @@ class EachAlone(Passes):
         else:
             both = Ahead(makes, SESSIONS_THREAD)
             self._making = {model: (both, model) for model in range(len(sources))}
-        try:
-            self._read = (self._reading(), None)
-        except Exception as e:  # noqa: BLE001 - raised where the read-back is asked for
-            self._read = (None, e)
+        self._read = Outcome(self._reading)
         budget = self.request.float64_budget
         if budget is None or budget > 0:
-            try:
-                self._twin_models = self._twins_made()
-            except Exception as e:  # noqa: BLE001 - raised where the twins are asked for
-                self._twin_models = e
+            self._twin_models = Outcome(self._twins_made)
 
     def end(self) -> None:
         making, self._making = self._making, {}
@@ -165,9 +159,7 @@ class EachAlone(Passes):
         """The original's twin on the sets that fit `budget`, then the fold's on those, as written
         and, where the fold's computed constants are at hand, exact."""
         made, self._twin_models = self._twin_models, None
-        if isinstance(made, Exception):
-            raise made
-        original, folded = made if made is not None else self._twins_made()
+        original, folded = made.get() if made is not None else self._twins_made()
         exact = self.request.computed
         started = time.perf_counter()
         # The fold's two readings share one pass (each weight read once), at most twice the
@@ -188,12 +180,8 @@ class EachAlone(Passes):
         return original, folded
 
     def read_back(self) -> ReadBack | None:
-        if self._read is not None:
-            (read, error), self._read = self._read, None
-            if error is not None:
-                raise error
-            return read
-        return self._reading()
+        made, self._read = self._read, None
+        return made.get() if made is not None else self._reading()
 
     def _reading(self) -> ReadBack | None:
         planned = self.request.planned

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from onnx_lnfold.core.ahead import Ahead
+from onnx_lnfold.core.ahead import Ahead, Outcome
 
 
 def test_calls_run_in_order_on_their_thread_and_their_results_are_given_once():
@@ -43,3 +43,16 @@ def test_join_waits_for_every_call_and_drops_what_was_not_asked_for():
     ahead.join()
     assert not [t for t in threading.enumerate() if t.name == "test-ahead"]
     assert ahead.result(0) is None
+
+
+def test_an_outcome_is_made_at_once_and_gives_its_result_or_failure_once():
+    made: list[int] = []
+    outcome = Outcome(lambda: made.append(1) or "done")
+    assert made == [1]  # made when it is created, not when asked for
+    assert outcome.get() == "done" and outcome.get() is None
+
+    def failing() -> None:
+        raise ValueError("made badly")
+
+    with pytest.raises(ValueError, match="made badly"):
+        Outcome(failing).get()

@@ -29,8 +29,7 @@ from onnx_lnfold.core.ir import STANDARD_DOMAINS
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.proto_read import read_proto
 from onnx_lnfold.io.tensor_io import row_blocks
-from onnx_lnfold.load.model import load_path
-from onnx_lnfold.verify.oracle.blockwise import available_memory
+from onnx_lnfold.verify.oracle.blockwise import available_memory, load_structure
 from onnx_lnfold.verify.oracle.cut import body_reads, topological
 from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
 from onnx_lnfold.verify.oracle.paced import Progress, drain, telling
@@ -144,13 +143,10 @@ class Float64Model:
         self._weights: dict[str, Any] = {}  # name -> tensor, read when its node runs
         # A file or bytes are read as a proto, not as IR: the structure is the proto less its
         # weights, with no graph of IR objects made and serialized again.
-        found = model if isinstance(model, ir.Model) else _proto_of(model)
-        if isinstance(found, ir.Model):
-            proto, exact_proto = self._structure(found)
-        elif found is not None:
-            proto, exact_proto = self._proto_structure(*found)
-        else:  # a file the proto walker does not read: through the IR, as the fold read it
-            proto, exact_proto = self._structure(_load_ir(model))  # type: ignore[arg-type]
+        if isinstance(model, ir.Model):
+            proto, exact_proto = self._structure(model)
+        else:
+            proto, exact_proto = self._proto_structure(*_proto_of(model))
         self._evaluator = self._evaluator_of(proto)
         # Exact constants inside If/Loop bodies are part of the structure: that reading has its own.
         self._exact_evaluator = self._evaluator_of(exact_proto) if exact_proto is not None else None
@@ -537,26 +533,21 @@ def _large_constant_proto(node: onnx.NodeProto, folder: str) -> ir.TensorProtoco
 
 def _proto_of(
     model: onnx.ModelProto | bytes | str | Path,
-) -> tuple[onnx.ModelProto, Callable[[onnx.TensorProto], ir.TensorProtocol], str] | None:
+) -> tuple[onnx.ModelProto, Callable[[onnx.TensorProto], ir.TensorProtocol], str]:
     """`model` as a proto the twin may change, how to read a main-graph initializer of it, and the
-    folder of its external data; None for a file the proto walker does not read (`read_proto`)."""
-    if isinstance(model, (str, Path)):
-        found = read_proto(Path(model), check=False)  # the model the fold read, or the fold it wrote
-        if found is None:
-            return None
-        return found.proto, found.initializer, str(found.path.parent)
-    proto = onnx.ModelProto()
-    if isinstance(model, bytes):
-        proto.ParseFromString(model)
-    else:
+    folder of its external data. A file is read with its large initializers left in it
+    (`read_proto`), else, where the walker does not read it, parsed whole (`load_structure`)."""
+    if isinstance(model, onnx.ModelProto):
+        proto, folder = onnx.ModelProto(), ""
         proto.CopyFrom(model)
-    return proto, ir.serde.deserialize_tensor, ""
-
-
-def _load_ir(model: bytes | str | Path) -> ir.Model:
-    if isinstance(model, bytes):
-        return ir.from_proto(onnx.load_from_string(model))
-    return load_path(model)
+    else:
+        if not isinstance(model, bytes):
+            found = read_proto(Path(model), check=False)  # the model the fold read, or the fold it wrote
+            if found is not None:
+                return found.proto, found.initializer, str(found.path.parent)
+        proto, where = load_structure(model)
+        folder = where or ""
+    return proto, lambda tensor: ir.serde.deserialize_tensor(tensor, folder), folder
 
 
 def failing_node(error: BaseException) -> str | None:
