@@ -209,6 +209,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
     from onnx_lnfold.core.fold_request import FoldRequest
     from onnx_lnfold.core.options import RunShapes
     from onnx_lnfold.feeds.given import load_inputs
+    from onnx_lnfold.io import scratch
     from onnx_lnfold.load.model import load_model
     from onnx_lnfold.save.staged import check_destination
 
@@ -244,7 +245,7 @@ def _run(args: argparse.Namespace, progress: Progress, started: float) -> int:
                 print(f"onnx_lnfold: warning: {rehearsal}", file=sys.stderr, flush=True)
 
     progress.phase(f"Loading {source}")
-    with collecting_per_phase():
+    with collecting_per_phase(), scratch.removed_when_interrupted():
         model, _ = load_model(source)  # checked by ONNX's checker, as every entry point's model
         _check_json_path(args, source, destination, _input_data(model, source))
         run = run_pipeline(model, source, request, progress=progress, started=started)

@@ -98,15 +98,27 @@ def removed_on_sigterm() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
-    before = set(_made)
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        yield
+        with removed_when_interrupted():
+            yield
     except Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for path in _made - before:  # made in the block and not removed by its way out
-            shutil.rmtree(path, ignore_errors=True)
         os.kill(os.getpid(), signal.SIGTERM)  # ends the process, as the default would have
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def removed_when_interrupted() -> Iterator[None]:
+    """A Ctrl-C or SIGTERM (`Terminated`) ending the block removes the scratch folders made in it
+    that its way out did not: the signal can land between a folder's making and the code that
+    would remove it."""
+    before = set(_made)
+    try:
+        yield
+    except KeyboardInterrupt:
+        for path in _made - before:
+            shutil.rmtree(path, ignore_errors=True)
+        raise

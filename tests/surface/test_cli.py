@@ -450,3 +450,26 @@ def test_a_read_only_input_folder_names_the_way_out(gpt2, monkeypatch, capsys):
     _, err = capsys.readouterr()
     assert err.endswith("cannot write to the output folder (Permission denied)\n")
     assert sorted(p.name for p in gpt2.parent.iterdir()) == ["gpt2.onnx"]
+
+
+def test_a_signal_landing_as_the_output_folder_is_made_leaves_no_staging_folder(tmp_path, monkeypatch, capsys):
+    """A SIGTERM between the staging folder's making and the code that would remove it on the way
+    out: the command line removes what the run made all the same (`io.scratch.removed_when_interrupted`)."""
+    from onnx_lnfold.core.errors import Terminated
+    from onnx_lnfold.io import scratch
+    from onnx_lnfold.save import staged
+
+    made = scratch.make
+
+    def made_then_terminated(kind, folder=None, **kwargs):
+        path = made(kind, folder, **kwargs)
+        if kind == "staging":
+            raise Terminated
+        return path
+
+    monkeypatch.setattr(staged.scratch, "make", made_then_terminated)
+    out = tmp_path / "out"
+    out.mkdir()
+    code = main([str(MODELS / "gpt2.onnx"), "-o", str(out / "g.onnx"), "--no-verify"])
+    assert code == Terminated.exit_code and capsys.readouterr().err.endswith("terminated; nothing written\n")
+    assert list(out.iterdir()) == []
