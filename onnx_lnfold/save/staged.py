@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import CannotWrite, InvalidInput
-from onnx_lnfold.core.ir import weight_bytes
+from onnx_lnfold.core.ir import graphs_of, weight_bytes
 from onnx_lnfold.core.progress import Progress
 from onnx_lnfold.io import scratch
 from onnx_lnfold.io.external_data import release_mapped, save_with_external_data, uses_external_data
@@ -69,12 +69,7 @@ class StagedModel:
     ):
         self.destination = destination
         folder = destination.parent
-        if not folder.exists():
-            raise CannotWrite(f"{folder}: output folder does not exist")
-        if not folder.is_dir():
-            raise CannotWrite(f"{folder}: output folder is not a folder")
-        if not os.access(folder, os.W_OK):
-            raise CannotWrite(f"{folder}: output folder is not writable")
+        check_output_folder(folder)
         try:
             self._dir = scratch.make("staging", folder, hidden=True)
         except OSError as e:
@@ -127,7 +122,7 @@ class StagedModel:
     def _rebind(self) -> None:
         """Point the model's external-data initializers at the staged data file."""
         proto = onnx.load(str(self.path), load_external_data=False)
-        initializers = {name: value for graph in self._model.graphs() for name, value in graph.initializers.items()}
+        initializers = {name: value for graph in graphs_of(self._model) for name, value in graph.initializers.items()}
         for init in _proto_initializers(proto.graph):
             value = initializers.get(init.name)
             if init.data_location != onnx.TensorProto.EXTERNAL or value is None or value.const_value is None:
@@ -206,10 +201,21 @@ def default_output(path: Path) -> Path:
     return path.with_name(f"{path.stem}.lnfold{path.suffix or '.onnx'}")
 
 
+def check_output_folder(folder: Path) -> None:
+    """Raise `CannotWrite` where `folder` cannot take the output."""
+    if not folder.exists():
+        raise CannotWrite(f"{folder}: output folder does not exist")
+    if not folder.is_dir():
+        raise CannotWrite(f"{folder}: output folder is not a folder")
+    if not os.access(folder, os.W_OK):
+        raise CannotWrite(f"{folder}: output folder is not writable")
+
+
 def check_destination(
     source: Path | None, destination: Path, in_place: bool, input_data: set[Path] | frozenset[Path] = frozenset()
 ) -> None:
-    """Refuse a destination that would overwrite the input model or a data file it reads.
+    """Refuse a destination that would overwrite the input model or a data file it reads, or whose
+    folder cannot take it (`check_output_folder`): before the model is read, not after the fold.
 
     `input_data`: the resolved external data files of the input. With `in_place` the output
     replaces the input model, and its data file (`OUT.onnx.data`) may replace the input's (it is
@@ -221,6 +227,7 @@ def check_destination(
         raise InvalidInput(f"{destination}: output would overwrite the input; pass --in-place to allow it")
     if destination.is_dir():
         raise InvalidInput(f"{destination}: output path is a directory")
+    check_output_folder(destination.parent)
     if target in input_data:
         raise InvalidInput(f"{destination}: output would overwrite the input's external data file")
     data = target.with_name(target.name + ".data")

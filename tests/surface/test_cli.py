@@ -141,6 +141,8 @@ def test_nothing_to_fold(tmp_path):
         (lambda d: [MODELS / "gpt2.onnx", "--bogus"], "unrecognized arguments: --bogus"),
         (lambda d: [MODELS / "gpt2.onnx", "--input-shape", "input_ids"], "bad --input-shape"),
         (lambda d: [MODELS / "gpt2.onnx", "-o", d / "no" / "such" / "dir.onnx"], "output folder does not exist"),
+        # said before the model is read (a large one took minutes to load and fold first)
+        (lambda d: [_write(d / "junk.onnx", b"junk"), "-o", d / "no" / "m.onnx"], "output folder does not exist"),
         (lambda d: [MODELS / "gpt2.onnx", "-o", d / "x.onnx", "--input-shape", "nope:1,2"], "names no graph input"),
     ],
 )
