@@ -76,8 +76,8 @@ class AnalysisContext:
     untouchable: frozenset[ir.Value]
 
 
-def candidates(model: ir.Model, shapes: ShapeTable) -> list[LnCandidate]:
-    names = display_names(model.graph)
+def candidates(model: ir.Model, shapes: ShapeTable, names: dict[ir.Node, str] | None = None) -> list[LnCandidate]:
+    names = display_names(model.graph) if names is None else names
     return find_layer_norms(model.graph, shapes, names) + find_in_functions(model, names)
 
 
@@ -92,19 +92,21 @@ class Planner:
     options: FoldOptions
     shapes: ShapeTable
     lns: list[LnCandidate]
+    names: dict[ir.Node, str]  # `display_names` of the model, which no plan changes
 
     @classmethod
     def start(cls, model: ir.Model, options: FoldOptions, shapes: ShapeTable) -> Planner:
         """The planner of `model`, its LNs found; raises `InvalidInput` where it has LNs and is not
         at the opset the target needs (`check_preconditions`)."""
-        lns = candidates(model, shapes)
+        names = display_names(model.graph)
+        lns = candidates(model, shapes, names)
         if lns:
             check_preconditions(model, options)
-        return cls(model, options, shapes, lns)
+        return cls(model, options, shapes, lns, names)
 
     def plan(self, kept: dict[str, Blocked]) -> BoundPlan:
         """`plan_for` the model, the LNs of `kept` kept for the reason given."""
-        return plan_for(self.model, self.options, self.shapes, self.lns, kept)
+        return plan_for(self.model, self.options, self.shapes, self.lns, kept, self.names)
 
     def run_as(self, layouts: dict[str, OrtLayout]) -> None:
         """Price the decomposed LNs of `layouts` as ONNX Runtime runs them, where not as written."""
@@ -137,12 +139,13 @@ def plan_for(
     shapes: ShapeTable,
     candidates: list[LnCandidate],
     kept: dict[str, Blocked],
+    names: dict[ir.Node, str] | None = None,
 ) -> BoundPlan:
     """The plan with the LNs of `kept` (by name) kept for the reason given: what each fold would
     cost (`_priced`), which LNs fold together and through which explicit centerings
     (`_folding`), the constants to center (`analysis.edits`), and every LN's decision (`_folded`,
-    `_kept`)."""
-    names = display_names(model.graph)
+    `_kept`). `names`: the model's `display_names`, where the caller has them."""
+    names = display_names(model.graph) if names is None else names
     sinks = Sinks(candidates)  # every LN removes shifts of its input, folded or kept
     # The LNs the target cannot write (stage "form": whatever their upstream, and whatever it costs).
     unfit = {c.name: r.at_stage("form") for c in candidates if not c.form_problem and (r := target_refusal(c, options, shapes))}

@@ -56,7 +56,7 @@ def _pair_graphs(
         pairs[node] = twin
         pairs.update((value, other) for value, other in zip(node.inputs, twin.inputs) if value is not None)
         pairs.update(zip(node.outputs, twin.outputs))
-        for key, attr in node.attributes.items():
+        for key, attr in node.attributes.items() if node.attributes else ():
             if attr.is_ref() or attr.type not in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
                 continue
             other = twin.attributes[key]

@@ -2,9 +2,15 @@
 attribute (older opsets) or as a constant input (newer), and the labels reasons name nodes by.
 
 Attributes with a default are read with onnx-ir's own `node.attributes.get_int/get_float/get_ints`.
+Whole-model walks (`graphs_of`, `nodes_within`) give what onnx-ir's `Model.graphs()` and
+`RecursiveGraphIterator` give, in their order, looking into a node's attributes only where it has
+any: a fold walks its model some forty times, and those visit each node through generic mapping
+views, which on a graph of 200,000 nodes cost more than the walk itself (docs/LIMITS.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import onnx_ir as ir
@@ -14,6 +20,47 @@ STANDARD_DOMAINS = ("", "ai.onnx")
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 NARROW_FLOAT_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 _INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+
+
+def bodies(node: ir.Node) -> list[ir.Graph]:
+    """The graphs `node`'s attributes hold (If/Loop/Scan bodies), in attribute order."""
+    found: list[ir.Graph] = []
+    if node.attributes:
+        for attr in node.attributes.values():
+            if attr.is_ref():
+                continue
+            if attr.type == ir.AttributeType.GRAPH:
+                found.append(attr.value)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                found.extend(attr.value)
+    return found
+
+
+def nodes_within(graph: ir.Graph | ir.Function) -> Iterator[ir.Node]:
+    """Every node of `graph` and of its bodies at any depth, each body's right after the node
+    holding it: `ir.traversal.RecursiveGraphIterator(graph)`."""
+    for node in graph:
+        yield node
+        if node.attributes:
+            for body in bodies(node):
+                yield from nodes_within(body)
+
+
+def graphs_of(model: ir.Model | ir.Graph) -> list[ir.Graph]:
+    """The main graph (or `model` itself, a graph) and every body at any depth, each once:
+    `Model.graphs()`."""
+    graph = model.graph if isinstance(model, ir.Model) else model
+    found: dict[ir.Graph, None] = {graph: None}
+
+    def enter(g: ir.Graph) -> None:
+        for node in g:
+            if node.attributes:
+                for body in bodies(node):
+                    found.setdefault(body)
+                    enter(body)
+
+    enter(graph)
+    return list(found)
 
 
 def is_standard(node: ir.Node) -> bool:
@@ -116,7 +163,7 @@ def weight_bytes(model: ir.Model) -> int:
     """Bytes of every initializer, those of If/Loop/Scan bodies included (read from the tensors'
     headers: external data is not loaded)."""
     return sum(
-        v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None
+        v.const_value.nbytes for g in graphs_of(model) for v in g.initializers.values() if v.const_value is not None
     )
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnx_lnfold.core.ir import graphs_of, nodes_within
+
 
 def display_names(graph: ir.Graph) -> dict[ir.Node, str]:
     """Unique, readable names for every node, subgraphs included (exporters sometimes leave
     names empty)."""
     names: dict[ir.Node, str] = {}
     seen: set[str] = set()
-    for i, node in enumerate(ir.traversal.RecursiveGraphIterator(graph)):
+    for i, node in enumerate(nodes_within(graph)):
         name = node.name or f"{node.op_type}_{i}"
         if name in seen:
             name = f"{name}#{i}"
@@ -25,28 +27,15 @@ def taken_names(graph: ir.Graph) -> set[str]:
     model, and a body resolves a name to its own tensor first, so a new main-graph tensor named
     like a body's input or initializer would be read as that one there."""
     names: set[str] = set()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
+    for node in nodes_within(graph):
         names |= {o.name for o in node.outputs if o.name}
         if node.name:
             names.add(node.name)
-    for sub in _graphs(graph):
+    for sub in graphs_of(graph):
         names |= {v.name for v in sub.inputs if v.name}
         names |= {v.name for v in sub.outputs if v.name}
         names |= set(sub.initializers)
     return names
-
-
-def _graphs(graph: ir.Graph):
-    """The graph and every subgraph in node attributes, at any depth."""
-    yield graph
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        for attr in node.attributes.values():
-            if attr.is_ref():
-                continue
-            if attr.type == ir.AttributeType.GRAPH:
-                yield attr.value
-            elif attr.type == ir.AttributeType.GRAPHS:
-                yield from attr.value
 
 
 def fresh_name(base: str, taken: set[str]) -> str:

@@ -16,7 +16,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ir import constant_of, nodes_within
 
 # What a reason says of a quantized op on the way to an LN.
 QUANTIZED_WHY = (
@@ -80,7 +80,7 @@ def quantized_ops(graph: ir.Graph) -> Counter:
     """The quantized ops of `graph` and its subgraphs, by op type; a Cast of constant integer weights
     to float (weights dequantized in the graph, `Cast -> Mul` by a scale) as `IN_GRAPH_DEQUANTIZATION`."""
     found: Counter = Counter()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
+    for node in nodes_within(graph):
         if node.op_type in QUANTIZED_OPS:
             found[node.op_type] += 1
         elif node.op_type == "Cast" and node.inputs and _integer_weights(node.inputs[0]):
@@ -98,7 +98,7 @@ def inside_units(graph: ir.Graph) -> set[ir.Value]:
     output, a QuantizeLinear's input, an integer matmul's output with its Cast and scale Mul, and
     the output of a quantized op whose fusion takes in the Add of a bias that reads it."""
     inside: set[ir.Value] = set()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
+    for node in nodes_within(graph):
         op, outputs = node.op_type, [v for v in node.outputs if v is not None]
         if op in DEQUANTIZE_OPS or op in INTEGER_MATMULS or (op == "Cast" and is_quantized_node(node)):
             inside.update(outputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_lnfold.core.blocked import Blocked
+from onnx_lnfold.core.ir import nodes_within
 from onnx_lnfold.core.ops import LAYER_NORM, SKIP_LAYER_NORM
 from onnx_lnfold.forms import FORMS, LnCandidate
 from onnx_lnfold.forms.layer_norm import LayerNormForm
@@ -15,7 +16,7 @@ def find_layer_norms(graph: ir.Graph, shapes: ShapeTable, names: dict[ir.Node, s
     """Every LayerNorm of the graph and its subgraphs (If/Loop/Scan bodies), in any recognized
     form, in graph order."""
     found = []
-    for node in ir.traversal.RecursiveGraphIterator(graph):
+    for node in nodes_within(graph):
         for form in FORMS:
             cand = form.match(node, names[node], shapes)
             if cand is not None:
@@ -29,7 +30,7 @@ def find_in_functions(model: ir.Model, names: dict[ir.Node, str]) -> list[LnCand
     every call, and its constants by every caller)."""
     found = []
     for function in model.functions.values():
-        for node in ir.traversal.RecursiveGraphIterator(function):
+        for node in nodes_within(function):
             if node.op_type in (LAYER_NORM.op_type, SKIP_LAYER_NORM.op_type):
                 name = f"{function.name}/{node.name or node.op_type}"
                 cand = LnCandidate(_IN_FUNCTION, node, name, node.outputs[0], None, None, None, 0.0)

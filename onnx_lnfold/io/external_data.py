@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import release_tensor
+from onnx_lnfold.core.ir import graphs_of, release_tensor
 
 # Writers of external data: one thread copies untouched tensors in the kernel while another
 # computes and writes a centered one. The bytes are the same as a serial write's.
@@ -17,7 +17,7 @@ _WRITERS = min(2, os.cpu_count() or 1)
 
 def _initializers(model: ir.Model):
     """Initializers of the main graph and of every If/Loop/Scan body."""
-    for graph in model.graphs():
+    for graph in graphs_of(model):
         yield from graph.initializers.values()
 
 
@@ -30,7 +30,7 @@ def uses_external_data(model: ir.Model) -> bool:
 
 def release_mapped(model: ir.Model) -> None:
     """`release_tensor` for every initializer of `model`."""
-    for graph in model.graphs():
+    for graph in graphs_of(model):
         for value in graph.initializers.values():
             release_tensor(value.const_value)
 
@@ -44,7 +44,7 @@ def save_with_external_data(model: ir.Model, path: Path | str, data_name: str, c
 def external_tensors(model: ir.Model):
     """(owner name, tensor) for every external tensor of the model: initializers of every graph
     and tensor attributes (Constant nodes), subgraphs included."""
-    for graph in model.graphs():
+    for graph in graphs_of(model):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
                 yield value.name, value.const_value

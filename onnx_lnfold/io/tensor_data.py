@@ -22,6 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.core.errors import InvalidInput
+from onnx_lnfold.core.ir import graphs_of
 from onnx_lnfold.io.proto_graphs import bodies, graphs_within
 
 # No file or protobuf holds this much: dims that say more are refused whatever the data.
@@ -159,7 +160,7 @@ def check_tensors(model: onnx.ModelProto, raw_lengths: Mapping[str, int] | None 
 
 
 def _ir_tensors(model: ir.Model) -> Iterator[tuple[ir.TensorProtocol, str]]:
-    graphs = [*model.graphs(), *model.functions.values()]
+    graphs = [*graphs_of(model), *model.functions.values()]
     for graph in graphs:
         if isinstance(graph, ir.Graph):
             for value in graph.initializers.values():

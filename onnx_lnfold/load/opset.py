@@ -27,7 +27,7 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import STANDARD_DOMAINS
+from onnx_lnfold.core.ir import STANDARD_DOMAINS, graphs_of
 from onnx_lnfold.core.options import SettingMismatch
 
 # Initializers up to this size are handed to the converter by value (an adapter may read a
@@ -46,7 +46,7 @@ def default_opset(model: ir.Model) -> int:
 
 
 def _graphs(model: ir.Model) -> list[ir.Graph]:
-    return [g for g in model.graphs() if isinstance(g, ir.Graph)]
+    return [g for g in graphs_of(model) if isinstance(g, ir.Graph)]
 
 
 def used_domains(model: ir.Model) -> set[str]:

@@ -157,6 +157,7 @@ class FusionCheck:
     _made_by: dict[str, str] = field(default_factory=dict)
     _at: dict[str, str] = field(default_factory=dict)
     _heads: tuple[int, int] | None = None  # (num_heads, hidden_size) the optimizer was given
+    _names: dict[ir.Node, str] | None = None
 
     @classmethod
     def start(cls, model: ir.Model, enabled: bool) -> FusionCheck:
@@ -203,9 +204,15 @@ class FusionCheck:
             self._original_bytes = self._folder.stripped_bytes
             graph = self.model.graph
             self._made_by = {v.name: n.op_type for n in graph for v in n.outputs if v is not None and v.name}
-            names = display_names(graph)
+            names = self._model_names()
             self._at = {v.name: names[n] for n in graph for v in n.outputs if v is not None and v.name}
         return self._original
+
+    def _model_names(self) -> dict[ir.Node, str]:
+        """`display_names` of the model, which the check never changes: made once."""
+        if self._names is None:
+            self._names = display_names(self.model.graph)
+        return self._names
 
     def _optimizer(self, path: Path, model_type: str, level: int, heads: int, hidden: int) -> onnx.ModelProto:
         """The transformers optimizer's output for the weightless file `path` (`probe.TransformersOptimizer`,
@@ -398,7 +405,7 @@ class FusionCheck:
         finally:
             original_session.join()  # its files are in the folder, which goes with the check
         graph = self.model.graph
-        names = display_names(graph)
+        names = self._model_names()
         costs: dict[str, Blocked] = {}
         for fusion in lost_fusions(original, folded, self._made_by, self._at):
             why = attribute(fusion, graph, bound.plan, names, folds)

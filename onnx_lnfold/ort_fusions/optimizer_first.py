@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import is_standard
+from onnx_lnfold.core.ir import graphs_of, is_standard
 from onnx_lnfold.core.ops import MS_DOMAIN
 
 
@@ -40,7 +40,7 @@ def _constant_tensor(node: ir.Node) -> ir.TensorProtocol | None:
 def own_tensors(model: ir.Model) -> dict[str, ir.TensorProtocol]:
     """Every initializer and Constant tensor of the model's graphs (bodies included), by name."""
     found: dict[str, ir.TensorProtocol] = {}
-    for graph in model.graphs():
+    for graph in graphs_of(model):
         for name, value in graph.initializers.items():
             if value.const_value is not None:
                 found.setdefault(name, value.const_value)
@@ -71,7 +71,7 @@ def _as_input(model: ir.Model, old: ir.Value, tensor: ir.TensorProtocol) -> None
     name = old.name
     new = ir.Value(type=ir.TensorType(tensor.dtype), shape=ir.Shape(list(tensor.shape)))
     ir.convenience.replace_all_uses_with(old, new)
-    for graph in model.graphs():
+    for graph in graphs_of(model):
         for i, out in enumerate(graph.outputs):
             if out is old:
                 graph.outputs[i] = new
@@ -93,7 +93,7 @@ def rebound(optimized: onnx.ModelProto, model: ir.Model) -> Rebound:
     out = ir.serde.deserialize_model(optimized)
     own = own_tensors(model)
     unknown: list[str] = []
-    for graph in list(out.graphs()):
+    for graph in graphs_of(out):
         for name, value in list(graph.initializers.items()):
             tensor = value.const_value
             if tensor is None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from onnx_lnfold.core.ir import bodies, graphs_of, nodes_within
 from onnx_lnfold.io import scratch
 
 # The size up to which ONNX Runtime's optimizer keeps a tensor inside the model it writes
@@ -89,7 +90,7 @@ class WeightlessFolder:
         constant `_keeps` does not keep by zeros of the same type and shape: initializers and
         Constant values of every graph, bodies and functions included. Lazy tensors (the fold's
         centered weights) are replaced without being computed."""
-        graphs = [*model.graphs(), *model.functions.values()]
+        graphs = [*graphs_of(model), *model.functions.values()]
         for graph in graphs:
             if isinstance(graph, ir.Graph):
                 for value in graph.initializers.values():
@@ -117,14 +118,11 @@ class WeightlessFolder:
 def outer_reads(node: ir.Node) -> list[ir.Value]:
     """The values of the enclosing graphs that a node's If/Loop/Scan bodies read."""
     reads = []
-    for attr in node.attributes.values():
-        if attr.is_ref() or attr.type not in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
-            continue
-        for body in [attr.value] if attr.type == ir.AttributeType.GRAPH else list(attr.value):
-            inner = {v for n in ir.traversal.RecursiveGraphIterator(body) for v in n.outputs}
-            inner |= set(body.inputs) | set(body.initializers.values())
-            for n in ir.traversal.RecursiveGraphIterator(body):
-                reads += [v for v in n.inputs if v is not None and v not in inner]
+    for body in bodies(node):
+        inner = {v for n in nodes_within(body) for v in n.outputs}
+        inner |= set(body.inputs) | set(body.initializers.values())
+        for n in nodes_within(body):
+            reads += [v for v in n.inputs if v is not None and v not in inner]
     return reads
 
 

@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from onnx_lnfold import carry
 from onnx_lnfold.analysis.bound import BoundPlan, Use
-from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ir import constant_of, nodes_within
 from onnx_lnfold.core.names import display_names
 from onnx_lnfold.decide.targets import Rewrite
 from onnx_lnfold.forms import is_residual_sum, sum_terms
@@ -136,7 +136,7 @@ def explain(model: ir.Model, bound: BoundPlan, shapes: ShapeTable | None = None)
 def _producer_of(model: ir.Model, tensor: str | None) -> ir.Node | None:
     if not tensor:
         return None
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+    for node in nodes_within(model.graph):
         for out in node.outputs:
             if out is not None and out.name == tensor:
                 return node

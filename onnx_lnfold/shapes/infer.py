@@ -61,7 +61,7 @@ def subgraphs(graph: ir.Graph, path: tuple = (), owner: ir.Node | None = None):
     """
     yield path, graph, owner
     for index, node in enumerate(graph):
-        for attr in node.attributes.values():
+        for attr in node.attributes.values() if node.attributes else ():
             if attr.type == ir.AttributeType.GRAPH:
                 yield from subgraphs(attr.as_graph(), (*path, (index, attr.name, 0)), node)
             elif attr.type == ir.AttributeType.GRAPHS:

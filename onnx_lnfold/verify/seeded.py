@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import STANDARD_DOMAINS
+from onnx_lnfold.core.ir import STANDARD_DOMAINS, graphs_of
 from onnx_lnfold.io.proto_graphs import graphs_within, nodes_within
 
 # The standard ops that draw random numbers, each with an optional `seed` attribute.
@@ -35,7 +35,7 @@ def _unseeded(op_type: str, domain: str, attributes) -> bool:
 def unseeded_random_ops(model: ir.Model) -> Counter[str]:
     """The random ops of `model` (bodies and functions included) without a seed, by op type: read
     from the model in memory, so that a model without any is never parsed again for them."""
-    graphs = [*model.graphs(), *model.functions.values()]
+    graphs = [*graphs_of(model), *model.functions.values()]
     return Counter(
         node.op_type for graph in graphs for node in graph if _unseeded(node.op_type, node.domain, node.attributes)
     )

@@ -25,7 +25,7 @@ import onnx
 import onnx_ir as ir
 from onnx.reference.ops.op_identity import Identity
 
-from onnx_lnfold.core.ir import STANDARD_DOMAINS
+from onnx_lnfold.core.ir import STANDARD_DOMAINS, graphs_of, nodes_within
 from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.proto_read import read_proto
 from onnx_lnfold.io.tensor_io import row_blocks
@@ -51,19 +51,13 @@ def exact_tensors(model: ir.Model) -> dict[str, Any]:
     bodies included. Taken before the model is written: writing it rebinds its tensors to the
     file, rounded."""
     found: dict[str, Any] = {}
-    graphs = [model.graph]
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                graphs.append(attr.as_graph())
-            elif attr.type == ir.AttributeType.GRAPHS:
-                graphs.extend(attr.as_graphs())
+    for node in nodes_within(model.graph):
         if node.op_type == "Constant" and node.outputs[0].name:
             attr = node.attributes.get("value")
             tensor = attr.as_tensor() if attr is not None and attr.type == ir.AttributeType.TENSOR else None
             if hasattr(tensor, "exact_float64"):
                 found[node.outputs[0].name] = tensor
-    for graph in graphs:
+    for graph in graphs_of(model):
         for name, value in graph.initializers.items():
             if hasattr(value.const_value, "exact_float64"):
                 found[name] = value.const_value

@@ -24,6 +24,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_lnfold.analysis.plan import CenteringPlan
+from onnx_lnfold.core.ir import graphs_of, nodes_within
 
 _BF16 = onnx.TensorProto.BFLOAT16
 _FLOAT = onnx.TensorProto.FLOAT
@@ -149,11 +150,10 @@ def float64_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def has_bfloat16(model: ir.Model) -> bool:
     """Whether any tensor of the model, subgraphs included, is bfloat16 (or a Cast makes one)."""
     bf16 = ir.DataType.BFLOAT16
-    graphs = [model.graph, *(g for node in ir.traversal.RecursiveGraphIterator(model.graph) for g in _subgraphs(node))]
-    for graph in graphs:
+    for graph in graphs_of(model):
         if any(v.dtype == bf16 for v in (*graph.inputs, *graph.outputs, *graph.initializers.values())):
             return True
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+    for node in nodes_within(model.graph):
         if any(v is not None and v.dtype == bf16 for v in node.outputs):
             return True
         if node.op_type == "Cast" and node.attributes.get_int("to", 0) == bf16:
@@ -161,21 +161,12 @@ def has_bfloat16(model: ir.Model) -> bool:
     return False
 
 
-def _subgraphs(node: ir.Node):
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
-
-
 def bfloat16_rounding(model: ir.Model, plan: CenteringPlan) -> list[str]:
     """How far rounding to bf16 left each centered weight from a zero mean along its axis:
     the float32 shadow checks the transformation, this is what the narrow type adds to it."""
-    initializers = dict(model.graph.initializers)
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        for graph in _subgraphs(node):
-            initializers.update(graph.initializers)
+    initializers = {}
+    for graph in graphs_of(model):
+        initializers.update(graph.initializers)
     worst: tuple[float, str] | None = None
     for edit in plan.edits:
         value = initializers.get(edit.new_name if edit.untie else edit.tensor)

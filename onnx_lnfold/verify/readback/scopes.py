@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnx_lnfold.core.ir import constant_of
+from onnx_lnfold.core.ir import bodies, constant_of, graphs_of
 
 _SKIPPED_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
@@ -20,19 +20,14 @@ class Scopes:
     unique within a graph, not across an If's branches: keys are scoped, 'graph:name'."""
 
     def __init__(self, model: ir.Model):
-        self.graphs = list(model.graphs())
+        self.graphs = list(graphs_of(model))
         self.index = {id(g): i for i, g in enumerate(self.graphs)}
         self.parent: dict[int, int] = {}
         for i, graph in enumerate(self.graphs):
             for node in graph:
-                for attr in node.attributes.values():
-                    if attr.type == ir.AttributeType.GRAPH:
-                        inner = [attr.value]
-                    else:
-                        inner = list(attr.value) if attr.type == ir.AttributeType.GRAPHS else []
-                    for sub in inner:
-                        if id(sub) in self.index:
-                            self.parent[self.index[id(sub)]] = i
+                for sub in bodies(node):
+                    if id(sub) in self.index:
+                        self.parent[self.index[id(sub)]] = i
 
     def of(self, node_or_value) -> int:
         graph = node_or_value.graph
