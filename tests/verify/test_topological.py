@@ -11,7 +11,17 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_lnfold.verify.oracle.cut import Block, Cut, body_reads, cut, node_reads, tensor_bytes, topological
+from onnx_lnfold.verify.oracle.cut import (
+    Block,
+    Cut,
+    body_reads,
+    cut,
+    in_running_order,
+    node_reads,
+    runs_in_order,
+    tensor_bytes,
+    topological,
+)
 
 
 def _by_rescans(nodes: list[onnx.NodeProto], known: set[str]) -> list[int]:
@@ -165,6 +175,29 @@ def test_the_order_is_the_former_ones_on_random_graphs():
     for _ in range(300):
         nodes, known = _random_graph(rng, rng.randint(0, 40))
         assert topological(nodes, known) == _by_rescans(nodes, known)
+
+
+def _runs(nodes: list[onnx.NodeProto], known: set[str], order: list[int]) -> bool:
+    """Whether each node, in `order`, reads only names known before it."""
+    known = set(known) | {""}
+    for i in order:
+        if not set(node_reads(nodes[i])) <= known:
+            return False
+        known.update(nodes[i].output)
+    return True
+
+
+def test_a_graph_in_running_order_keeps_it_and_any_other_is_sorted():
+    rng = random.Random(20261206)
+    seen = {True: 0, False: 0}
+    for _ in range(300):
+        nodes, known = _random_graph(rng, rng.randint(0, 40))
+        in_order = runs_in_order(nodes, known)
+        seen[in_order] += 1
+        assert in_order == _runs(nodes, known, list(range(len(nodes))))
+        order = in_running_order(nodes, known)
+        assert order == (list(range(len(nodes))) if in_order else topological(nodes, known))
+    assert min(seen.values()) > 20  # both kinds drawn
 
 
 class _CountedNode:

@@ -73,6 +73,23 @@ def node_reads(node: onnx.NodeProto) -> list[str]:
     return [n for n in node.input if n] + sorted(body_reads(node))
 
 
+def runs_in_order(nodes: list[onnx.NodeProto], known: set[str]) -> bool:
+    """Whether every node of `nodes` reads only `known` names and what the nodes before it make:
+    the order an export writes, checked in one pass, where `topological` sorts."""
+    known = set(known) | {""}
+    for node in nodes:
+        if not known.issuperset(node.input) or (node.attribute and not known.issuperset(body_reads(node))):
+            return False
+        known.update(node.output)
+    return True
+
+
+def in_running_order(nodes: list[onnx.NodeProto], known: set[str]) -> list[int]:
+    """Indices of `nodes` in an order that runs: theirs where it does (`runs_in_order`), else
+    `topological`'s."""
+    return list(range(len(nodes))) if runs_in_order(nodes, known) else topological(nodes, known)
+
+
 def topological(nodes: list[onnx.NodeProto], known: set[str]) -> list[int]:
     """Indices of `nodes` in an order that runs (ONNX Runtime sorts them; converters that append
     nodes, as the fp16 converter's input Casts, rely on that); where none runs (a cycle, a name

@@ -30,7 +30,7 @@ from onnx_lnfold.core.ops import MS_DOMAIN
 from onnx_lnfold.io.proto_read import read_proto
 from onnx_lnfold.io.tensor_io import row_blocks
 from onnx_lnfold.verify.oracle.blockwise import available_memory, load_structure
-from onnx_lnfold.verify.oracle.cut import body_reads, topological
+from onnx_lnfold.verify.oracle.cut import body_reads, in_running_order
 from onnx_lnfold.verify.oracle.float64_ops import FLOAT64_OPS, KNOWN_DOMAINS, Evaluator
 from onnx_lnfold.verify.oracle.paced import Progress, drain, telling
 from onnx_lnfold.verify.oracle.part_reads import PART_READERS, stacked_matmul, widened
@@ -211,7 +211,7 @@ class Float64Model:
             nodes.append(ir.serde.serialize_node(node))
         known = {i.name for i in inputs}
         outputs = [ir.serde.serialize_value(v) for v in graph.outputs]
-        ordered = [nodes[i] for i in topological(nodes, known)]
+        ordered = [nodes[i] for i in in_running_order(nodes, known)]
         g = onnx.helper.make_graph(ordered, graph.name or "graph", inputs, outputs)
         opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
         proto = onnx.helper.make_model(g, opset_imports=opsets, ir_version=model.ir_version)
@@ -241,7 +241,7 @@ class Float64Model:
                 )
                 continue
             nodes.append(node)
-        order = topological(nodes, {i.name for i in graph.input})
+        order = in_running_order(nodes, {i.name for i in graph.input})
         if len(nodes) < len(graph.node) or order != list(range(len(nodes))):
             ordered = [onnx.NodeProto() for _ in order]
             for copy, i in zip(ordered, order):

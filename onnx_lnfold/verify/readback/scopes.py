@@ -4,7 +4,7 @@ each node as plain data (`NodeAsWas`) to compare."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import onnx_ir as ir
@@ -55,8 +55,7 @@ class Scopes:
         return None
 
 
-@dataclass(frozen=True)
-class NodeAsWas:
+class NodeAsWas(NamedTuple):  # a tuple: made for every node of both models
     op: str  # domain::op_type
     name: str
     inputs: tuple[str, ...]
@@ -93,7 +92,7 @@ def input_names(node: ir.Node) -> list[str]:
 def as_was(node: ir.Node) -> NodeAsWas:
     attributes = tuple(
         (name, "constant" if node.op_type == "Constant" else attribute_value(attr))  # its tensor: `check_unchanged`
-        for name, attr in sorted(node.attributes.items())
+        for name, attr in (sorted(node.attributes.items()) if node.attributes else ())
     )
     return NodeAsWas(
         op_of(node), node.name or "", tuple(input_names(node)), tuple(v.name or "" for v in node.outputs), attributes
