@@ -250,6 +250,36 @@ def test_the_folds_two_readings_share_one_pass_and_each_weight_read_once(tmp_pat
         assert not np.array_equal(*as_written.values(), *as_exact.values())
 
 
+def test_the_two_readings_compute_what_precedes_the_exact_constants_once(monkeypatch):
+    """Upstream of the constants the exact reading replaces, both readings hold the same values:
+    each node there runs once per input set, not once per set and reading; past them, once each."""
+    from onnx_lnfold.verify.oracle import reference
+
+    w1, bias, w2 = (RNG.standard_normal(shape).astype(np.float32) for shape in ((16, 32), (32,), (32, 8)))
+    exact_bias = bias.astype(np.float64) + 1e-9
+    g = Graph()
+    x = g.input("x", ["b", 16])
+    r = g.node("Relu", [g.node("MatMul", [x, g.const("w1", value=w1)], name="mm1")], name="relu1")
+    h = g.node("Add", [r, g.const("bias", value=bias)], name="add")
+    g.output(g.node("MatMul", [g.node("Relu", [h], name="relu2"), g.const("w2", value=w2)], name="mm2"))
+    ran: dict[str, int] = {}
+    run_node = reference.Float64Model._run_node
+
+    def counted(self, node, names, sets, reading):
+        ran[node.onnx_node.name] = ran.get(node.onnx_node.name, 0) + len(sets)
+        return run_node(self, node, names, sets, reading)
+
+    monkeypatch.setattr(reference.Float64Model, "_run_node", counted)
+    sets = [{"x": RNG.standard_normal((3, 16)).astype(np.float32)} for _ in range(2)]
+    written, exact = Float64Model(g.model(), {"bias": _Exact(exact_bias)}).run_as_written_and_exact(sets)
+    assert ran == {"mm1": 2, "relu1": 2, "add": 4, "relu2": 4, "mm2": 4}
+    for feeds, as_written, as_exact in zip(sets, written, exact):
+        x64 = feeds["x"].astype(np.float64)
+        for out, b in ((as_written, bias.astype(np.float64)), (as_exact, exact_bias)):
+            expected = np.maximum(np.maximum(x64 @ w1.astype(np.float64), 0) + b, 0) @ w2.astype(np.float64)
+            np.testing.assert_allclose(*out.values(), expected, rtol=1e-13, atol=1e-13)
+
+
 def test_an_op_the_evaluator_lacks_is_named():
     model = _one_node("FusedMatMul", {"a": X, "b": RNG.standard_normal((16, 4)).astype(np.float32)}, domain=MS)
     with pytest.raises(Float64Unavailable, match="onnx.reference cannot evaluate com.microsoft::FusedMatMul"):

@@ -145,7 +145,10 @@ class Float64Model:
         # Exact constants inside If/Loop bodies are part of the structure: that reading has its own.
         self._exact_evaluator = self._evaluator_of(exact_proto) if exact_proto is not None else None
         self.output_names = [o.name for o in proto.graph.output]
-        self._reads = [list(node.input) + sorted(body_reads(node)) for node in self._evaluator.nodes_]
+        self._reads = [
+            list(node.input) + sorted(body_reads(node)) if node.attribute else list(node.input)
+            for node in self._evaluator.nodes_
+        ]
         last: dict[str, int] = {}
         for index, names in enumerate(self._reads):
             for name in names:
@@ -345,7 +348,9 @@ class Float64Model:
         by name), every set of every reading evaluated together node by node. A node reading none
         of the replaced constants runs once on all the sets, its weights read once. Yields the
         share of the weights read after each node."""
-        sets: list[dict[str, Any]] = [{"": None, **float64_feeds(feeds)} for feeds in feeds_list for _ in readings]
+        # Each input set's arrays are the same objects in every reading: see `_once_per_values`.
+        widened = [float64_feeds(feeds) for feeds in feeds_list]
+        sets: list[dict[str, Any]] = [{"": None, **feeds} for feeds in widened for _ in readings]
         reading_of = [r for _ in feeds_list for r in range(len(readings))]  # each set's reading, by index
         replaced = set().union(*readings)
         weight_total = sum(getattr(t, "nbytes", 0) or 0 for t in self._weights.values())
@@ -360,22 +365,30 @@ class Float64Model:
                 groups = [list(range(len(sets)))]
             current, read = 0, set()
             for group in groups:
-                reading, members = readings[reading_of[group[0]]], [sets[i] for i in group]
-                weights, in_part, outputs = self._run_node(node, names, members, reading)
-                read.update(n for n in (*weights, *([in_part] if in_part else [])) if n not in reading)
+                reading = readings[reading_of[group[0]]]
+                members = [sets[i] for i in group]
+                if len(readings) > 1 and len(group) > 1:
+                    firsts, same_as = _once_per_values(members, names)
+                    weights, in_part, outputs = self._run_node(node, names, [members[i] for i in firsts], reading)
+                    outputs = [outputs[j] for j in same_as]
+                else:
+                    weights, in_part, outputs = self._run_node(node, names, members, reading)
+                if weights or in_part:
+                    read.update(n for n in (*weights, *([in_part] if in_part else [])) if n not in reading)
                 weight_bytes = sum(a.nbytes for a in weights.values())
                 current += weight_bytes
+                made = node.onnx_node.output
                 for i, produced in zip(group, outputs):
                     results = sets[i]
-                    held[i] += _put(results, weights.items())
-                    held[i] += _put(
-                        results, ((name, value) for name, value in zip(node.onnx_node.output, produced) if name)
-                    )
+                    if weights:
+                        held[i] += _put(results, weights.items())
+                    held[i] += _put(results, ((name, value) for name, value in zip(made, produced) if name))
                     current += held[i] - weight_bytes
                 del weights, outputs
-            read -= seen  # a weight two nodes read counts once
-            seen |= read
-            weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in read)
+            if read:
+                read -= seen  # a weight two nodes read counts once
+                seen |= read
+                weight_done += sum(getattr(self._weights[n], "nbytes", 0) or 0 for n in read)
             self.peak_bytes = max(self.peak_bytes, current)
             done = weight_done / weight_total if weight_total else (index + 1) / len(self._reads)
             if done * 10 >= told + 1:
@@ -386,7 +399,8 @@ class Float64Model:
                 kept = deadline.keeps(done, kept)
             if keep is not None:
                 kept = min(kept, keep())
-            del sets[kept * len(readings) :], reading_of[kept * len(readings) :], held[kept * len(readings) :]
+            if kept * len(readings) < len(sets):
+                del sets[kept * len(readings) :], reading_of[kept * len(readings) :], held[kept * len(readings) :]
             if self.memory_budget is not None and current > self.memory_budget:
                 label = node.onnx_node.name or node.op_type
                 raise Float64Unavailable(
@@ -485,6 +499,22 @@ class Deadline:
             f"a float64 evaluation would take about {projected:.0f} s, over its allowance of {self.allowance:.0f} s "
             f"(stopped at {done:.0%} of the weights)"
         )
+
+
+def _once_per_values(sets: list[dict[str, Any]], names: list[str]) -> tuple[list[int], list[int]]:
+    """The sets a node runs on, once for each distinct set of values it reads (by identity: the
+    fold's readings as written and exact share every array upstream of the constants they
+    replace), and, for each set, which of those gives its outputs."""
+    firsts: list[int] = []
+    same_as: list[int] = []
+    seen: dict[tuple[int, ...], int] = {}
+    for i, results in enumerate(sets):
+        key = tuple(id(results.get(name)) for name in names)
+        found = seen.setdefault(key, len(firsts))
+        if found == len(firsts):
+            firsts.append(i)
+        same_as.append(found)
+    return firsts, same_as
 
 
 def _bytes(values: dict[str, Any]) -> int:
