@@ -28,6 +28,7 @@ from onnx_lnfold.analysis.planner import Planner, candidates
 from onnx_lnfold.apply.apply_plan import apply_plan
 from onnx_lnfold.core.errors import NotVerified, VerificationFailed
 from onnx_lnfold.core.fold_request import FoldRequest
+from onnx_lnfold.core.ir import weight_bytes
 from onnx_lnfold.core.options import FoldOptions, RunShapes, target_op_names, target_opset
 from onnx_lnfold.core.progress import Progress
 from onnx_lnfold.feeds.given import check_input_shapes, check_input_sizes, check_inputs
@@ -42,6 +43,7 @@ from onnx_lnfold.save.provenance import drop_provenance, provenance
 from onnx_lnfold.save.staged import StagedModel, check_destination
 from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify.fold_check import Check
+from onnx_lnfold.verify.twin_ahead import OriginalTwin
 from onnx_lnfold.verify.verdict import Verification
 
 
@@ -172,40 +174,55 @@ def prepare(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = N
 
 
 def analyze_model(
-    model: ir.Model, options: FoldOptions, shapes: RunShapes, *, synthesizing: bool = False
+    model: ir.Model,
+    options: FoldOptions,
+    shapes: RunShapes,
+    *,
+    synthesizing: bool = False,
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[ir.Model, BoundPlan]:
     """The analysis every entry point runs: the inputs or input shapes `shapes` holds checked against
     the graph (what a real run refuses, a dry run and `analyze()` refuse too; `synthesizing`: the
     check will make inputs at the graph's sizes, which must fit its budget), then
-    `analyze_for_target` at the shapes they give (the cost rule prices each LN there)."""
+    `analyze_for_target` at the shapes they give (the cost rule prices each LN there). `meanwhile`:
+    work of the caller's, done while the fusion check waits for ONNX Runtime (`FusionCheck.start`)."""
     if shapes.inputs is not None:
         check_inputs(model, dict(shapes.inputs))
     check_input_shapes(model, dict(shapes.input_shapes or {}))
     if synthesizing and shapes.inputs is None:
         check_input_sizes(model, dict(shapes.input_shapes or {}))
-    return analyze_for_target(model, options, ShapeTable(model, given=shapes.given))
+    return analyze_for_target(model, options, ShapeTable(model, given=shapes.given), meanwhile)
 
 
 def analyze_for_target(
-    model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None
+    model: ir.Model,
+    options: FoldOptions,
+    shapes: ShapeTable | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[ir.Model, BoundPlan]:
     """`prepare`, then plan the model prepared: (that model, its plan). The plan is bound to the
     model returned, which is `model` unless it was converted."""
     prepared = prepare(model, options, shapes)
-    bound = _plan(prepared.model, options, prepared.shapes)
+    bound = _plan(prepared.model, options, prepared.shapes, meanwhile)
     if prepared.converted_from is not None:
         bound.plan.converted_from, bound.plan.converted_to = prepared.converted_from, default_opset(prepared.model)
     return prepared.model, bound
 
 
-def _plan(model: ir.Model, options: FoldOptions, shapes: ShapeTable | None = None) -> BoundPlan:
+def _plan(
+    model: ir.Model,
+    options: FoldOptions,
+    shapes: ShapeTable | None = None,
+    meanwhile: Callable[[], object] | None = None,
+) -> BoundPlan:
     """Recognize every LayerNorm of `model` and decide whether it folds and how; mutate nothing.
 
     LNs whose fold would cost an ONNX Runtime fusion stay LNs (`FusionCheck.settle`, docs/DESIGN.md
     section 10, handed the apply step to fold its weightless clones), and the plan says in which
     order to run the fold and ONNX Runtime's transformers optimizer (`ort_fusions.order.advise`).
     The model must be at the opset the target needs (`prepare`)."""
-    with FusionCheck.start(model, options.keep_ort_fusions) as fusions:  # its child starts while the LNs are found
+    # its child starts while the LNs are found
+    with FusionCheck.start(model, options.keep_ort_fusions, meanwhile) as fusions:
         planner = Planner.start(model, options, shapes or ShapeTable(model))
         bound = fusions.settle(planner, apply_plan)
         advise(fusions, planner, bound.plan)
@@ -298,7 +315,12 @@ def _run_pipeline(
     ops_before = count_ops(model)
     progress.phase("Analyzing" if (request.dry_run or request.proof) else "Folding")
     given = model
-    model, bound = analyze_model(model, request.options, request.shapes, synthesizing=request.check.verify)
+    # The check's twin of the original, made while the fusion check waits for ONNX Runtime.
+    verifying = request.verifying
+    twin = OriginalTwin.for_check(request.check, source, weight_bytes(model), progress.phase) if verifying else None
+    model, bound = analyze_model(
+        model, request.options, request.shapes, synthesizing=request.check.verify, meanwhile=twin.make if twin else None
+    )
     plan = bound.plan
     _phase_done()
     # From the model as it was: the rewrite removes IR objects the proof walks.
@@ -322,7 +344,9 @@ def _run_pipeline(
         return FoldRun(model, report, started=started)
     checking = request.verifying and bool(plan.folded)
     check = (
-        Check.before_apply(request.check, request.shapes, source or given, model, bound, progress=progress.phase)
+        Check.before_apply(
+            request.check, request.shapes, source or given, model, bound, progress=progress.phase, original_twin=twin
+        )
         if checking
         else None
     )

@@ -158,10 +158,14 @@ class FusionCheck:
     _at: dict[str, str] = field(default_factory=dict)
     _heads: tuple[int, int] | None = None  # (num_heads, hidden_size) the optimizer was given
     _names: dict[ir.Node, str] | None = None
+    _meanwhile: Callable[[], object] | None = None
 
     @classmethod
-    def start(cls, model: ir.Model, enabled: bool) -> FusionCheck:
+    def start(cls, model: ir.Model, enabled: bool, meanwhile: Callable[[], object] | None = None) -> FusionCheck:
+        """`meanwhile`: the caller's own work, done while a session of the folded copy is made
+        (once, the first time one is; ONNX Runtime releases the interpreter meanwhile)."""
         check = cls(model, enabled)
+        check._meanwhile = meanwhile
         if enabled:
             check.version = ort_version()
             if check.version is None:
@@ -254,6 +258,20 @@ class FusionCheck:
         assert self._folder is not None
         folder = self._folder
         return _cached(key, lambda: session_graph(path, folder))  # type: ignore[return-value]
+
+    def _folded_session(self, path: Path) -> onnx.GraphProto:
+        """`_session` of the folded copy: made on a thread while the caller's `meanwhile` runs,
+        where it has any left."""
+        meanwhile, self._meanwhile = self._meanwhile, None
+        if meanwhile is None:
+            return self._session(path)
+        made = Ahead([lambda: self._session(path)], "lnfold-fusion-session")
+        try:
+            meanwhile()
+        except BaseException:
+            made.join()  # its files are in the folder, which goes with the check
+            raise
+        return made.result()
 
     # ------------------------------------------------------------------ the plan that costs no fusion
 
@@ -397,7 +415,7 @@ class FusionCheck:
             try:
                 self._folded = self._folder.write(clone, "folded.onnx")
                 original = original_session.result()
-                folded = self._session(self._folded)
+                folded = self._folded_session(self._folded)
                 self.moved_centerings = moved_centerings(bound.plan.centerings, folded)  # type: ignore[arg-type]
             except Exception as error:
                 self._give_up("optimize a weightless copy in a session", error)

@@ -23,6 +23,7 @@ from onnx_lnfold.verify.oracle.reference import exact_tensors
 from onnx_lnfold.verify.readback import planned_changes
 from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.sessions import OrtSource
+from onnx_lnfold.verify.twin_ahead import OriginalTwin
 from onnx_lnfold.verify.verdict import Verification
 
 
@@ -42,10 +43,12 @@ class Check:
         bound: BoundPlan,
         *,
         progress: Callable[[str], None] | None = None,
+        original_twin: OriginalTwin | None = None,
     ) -> Check:
         """The check of `bound`'s fold of `model` (the model as analyzed: `original` itself, or its
         conversion to the target's opset) against `original`: the file it was read from, else the
-        model in memory, copied now for ONNX Runtime."""
+        model in memory, copied now for ONNX Runtime. `original_twin`: the original's float64
+        twin, where the fold made it ahead."""
         folder = original.parent if isinstance(original, Path) else None
         kept = original if isinstance(original, Path) else OrtSource(original)
         try:
@@ -64,6 +67,7 @@ class Check:
             float64_budget=settings.float64_budget,
             deployed_check=settings.deployed_check,
             progress=progress,
+            original_twin=original_twin,
             plan=bound.plan,
             planned=planned,
             folder=folder,

@@ -33,6 +33,16 @@ ORIGINAL, FOLD = 0, 1
 AHEAD_WEIGHT_BYTES = 128 << 20
 SESSIONS_THREAD = "lnfold-sessions"
 
+
+def made_ahead(weights: int, sources: tuple[ModelBytesOrPath, ...] = ()) -> bool:
+    """Whether a check makes its passes ahead (`EachAlone.begin`): the fold's `weights` and every
+    model given as bytes at most `AHEAD_WEIGHT_BYTES`, and each model run in one session."""
+    largest = max([weights, *(len(s) for s in sources if isinstance(s, bytes))])
+    # Above it, a model runs block by block, one block's session at a time.
+    one_session = blockwise.blockwise_above()
+    return largest <= AHEAD_WEIGHT_BYTES and (one_session is None or largest <= one_session)
+
+
 Arrays = dict[str, np.ndarray]  # by name: an input set, or a model's outputs on one
 # The twins' outputs on each input set they ran on: the original's, the fold's as written, and the
 # fold's with its computed constants exact (None where those are not at hand).
@@ -118,10 +128,7 @@ class EachAlone(Passes):
 
     def begin(self, original: ModelBytesOrPath, folded: ModelBytesOrPath, weights: int) -> None:
         sources = (original, folded)
-        largest = max([weights, *(len(s) for s in sources if isinstance(s, bytes))])
-        # Above it, a model runs block by block, one block's session at a time.
-        one_session = blockwise.blockwise_above()
-        if largest > AHEAD_WEIGHT_BYTES or (one_session is not None and largest > one_session):
+        if not made_ahead(weights, sources):
             return
         progress = self.request.progress
         makes = [lambda s=source: session_for(s, progress=progress) for source in sources]
@@ -173,7 +180,9 @@ class EachAlone(Passes):
     def _twins_made(self) -> tuple[Float64Model, Float64Model]:
         """The original's float64 twin and the fold's."""
         exact, progress = self.request.computed, self.request.progress
-        original = Float64Model(self.original, progress=progress)
+        ahead = self.request.original_twin
+        original = ahead.take(self.original) if ahead is not None else None
+        original = original or Float64Model(self.original, progress=progress)
         folded = Float64Model(self.folded, exact, progress=progress)
         original.label = "the original"
         folded.label = "the fold, as written and exact" if exact is not None else "the fold as written"

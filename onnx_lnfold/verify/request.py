@@ -8,13 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from onnx_lnfold.analysis.plan import CenteringPlan
 from onnx_lnfold.core.options import FLOAT64_BUDGET_S
 from onnx_lnfold.verify.readback import PlannedChanges
+
+if TYPE_CHECKING:
+    from onnx_lnfold.verify.twin_ahead import OriginalTwin
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,4 @@ class VerifyRequest:
     fold_seconds: float | None = None  # what the fold took: the float64 allowance scales with it
     folder: Path | None = None  # where the model was read from: a genai_config.json there describes its KV cache
     progress: Callable[[str], None] | None = None  # the caller's progress line, told which block the check is on
+    original_twin: OriginalTwin | None = None  # the original's float64 twin, made before the check (`verify.twin_ahead`)

@@ -135,9 +135,9 @@ def count_analyses(monkeypatch):
     calls = []
     plan = _pipeline._plan
 
-    def counted(model, options, shapes=None):
+    def counted(model, options, shapes=None, meanwhile=None):
         calls.append(options)
-        return plan(model, options, shapes)
+        return plan(model, options, shapes, meanwhile)
 
     monkeypatch.setattr(_pipeline, "_plan", counted)
     return calls
