@@ -43,7 +43,7 @@ from onnx_lnfold.save.provenance import drop_provenance, provenance
 from onnx_lnfold.save.staged import StagedModel, check_destination
 from onnx_lnfold.shapes.table import ShapeTable
 from onnx_lnfold.verify.fold_check import Check
-from onnx_lnfold.verify.twin_ahead import OriginalTwin
+from onnx_lnfold.verify.original_ahead import OriginalAhead
 from onnx_lnfold.verify.verdict import Verification
 
 
@@ -309,17 +309,40 @@ def _run_pipeline(
     input_data = frozenset(external_data_files(model, source.parent)) if source else frozenset()
     if request.output is not None:  # the one check of where the fold goes, with every file the input reads
         check_destination(source, request.output, request.in_place, input_data)
+    # The check's session of the original and its float64 twin, made while the fusion check waits
+    # for ONNX Runtime: neither depends on the fold.
+    verifying = request.verifying
+    ahead = OriginalAhead.for_check(request.check, source, weight_bytes(model), progress.phase) if verifying else None
+    try:
+        return _fold_and_check(model, source, request, progress, started, after_apply, input_data, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _fold_and_check(
+    model: ir.Model,
+    source: Path | None,
+    request: FoldRequest,
+    progress: Progress,
+    started: float,
+    after_apply: Callable[[ir.Model, CenteringPlan], None] | None,
+    input_data: frozenset[Path],
+    ahead: OriginalAhead | None,
+) -> FoldRun:
+    """`_run_pipeline` once the destination is checked: analyze, apply, write, check."""
     # What a killed run left (its staged output, its check's copies) goes before this run adds its own.
     swept = scratch.sweep() + (scratch.sweep(request.output.parent) if request.output is not None else [])
     size_before = model_bytes(source, sorted(input_data)) if source else None
     ops_before = count_ops(model)
     progress.phase("Analyzing" if (request.dry_run or request.proof) else "Folding")
     given = model
-    # The check's twin of the original, made while the fusion check waits for ONNX Runtime.
-    verifying = request.verifying
-    twin = OriginalTwin.for_check(request.check, source, weight_bytes(model), progress.phase) if verifying else None
     model, bound = analyze_model(
-        model, request.options, request.shapes, synthesizing=request.check.verify, meanwhile=twin.make if twin else None
+        model,
+        request.options,
+        request.shapes,
+        synthesizing=request.check.verify,
+        meanwhile=ahead.make if ahead is not None else None,
     )
     plan = bound.plan
     _phase_done()
@@ -345,7 +368,7 @@ def _run_pipeline(
     checking = request.verifying and bool(plan.folded)
     check = (
         Check.before_apply(
-            request.check, request.shapes, source or given, model, bound, progress=progress.phase, original_twin=twin
+            request.check, request.shapes, source or given, model, bound, progress=progress.phase, original_ahead=ahead
         )
         if checking
         else None

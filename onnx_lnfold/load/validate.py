@@ -165,20 +165,28 @@ def _check(proto: onnx.ModelProto) -> onnx.ModelProto | None:
         raise
 
 
-def _ranks(proto: onnx.ModelProto) -> dict[str, int]:
+def _ranks(proto: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """The ranks the graph declares or ONNX inferred, of the tensors `names`."""
     infos = (*proto.graph.input, *proto.graph.value_info, *proto.graph.output)
-    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in infos if i.type.tensor_type.HasField("shape")}
-    ranks.update((t.name, len(t.dims)) for t in proto.graph.initializer)
+    ranks = {
+        i.name: len(i.type.tensor_type.shape.dim)
+        for i in infos
+        if i.name in names and i.type.tensor_type.HasField("shape")
+    }
+    ranks.update((t.name, len(t.dims)) for t in proto.graph.initializer if t.name in names)
     return ranks
 
 
 def _bad_ln_axis(proto: onnx.ModelProto) -> str | None:
     """A LayerNormalization whose axis is outside its input's rank: ONNX's shape inference lets it
     pass (its schema does not check the axis), ONNX Runtime fails when it runs."""
-    ranks = _ranks(proto)
-    for position, node in enumerate(proto.graph.node):
-        if node.domain not in STANDARD_DOMAINS or node.op_type != LAYER_NORM.op_type or not node.input:
-            continue
+    norms = [
+        (position, node)
+        for position, node in enumerate(proto.graph.node)
+        if node.op_type == LAYER_NORM.op_type and node.domain in STANDARD_DOMAINS and node.input
+    ]
+    ranks = _ranks(proto, {node.input[0] for _, node in norms}) if norms else {}
+    for position, node in norms:
         rank = ranks.get(node.input[0])
         axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
         if rank is not None and not -rank <= axis < rank:

@@ -20,10 +20,10 @@ from onnx_lnfold.analysis.bound import BoundPlan
 from onnx_lnfold.core.options import CheckSettings, RunShapes
 from onnx_lnfold.verify.check import check_equivalence
 from onnx_lnfold.verify.oracle.reference import exact_tensors
+from onnx_lnfold.verify.original_ahead import OriginalAhead
 from onnx_lnfold.verify.readback import planned_changes
 from onnx_lnfold.verify.request import VerifyRequest
 from onnx_lnfold.verify.sessions import OrtSource
-from onnx_lnfold.verify.twin_ahead import OriginalTwin
 from onnx_lnfold.verify.verdict import Verification
 
 
@@ -43,12 +43,12 @@ class Check:
         bound: BoundPlan,
         *,
         progress: Callable[[str], None] | None = None,
-        original_twin: OriginalTwin | None = None,
+        original_ahead: OriginalAhead | None = None,
     ) -> Check:
         """The check of `bound`'s fold of `model` (the model as analyzed: `original` itself, or its
         conversion to the target's opset) against `original`: the file it was read from, else the
-        model in memory, copied now for ONNX Runtime. `original_twin`: the original's float64
-        twin, where the fold made it ahead."""
+        model in memory, copied now for ONNX Runtime. `original_ahead`: the original's session
+        and float64 twin, where the fold made them ahead."""
         folder = original.parent if isinstance(original, Path) else None
         kept = original if isinstance(original, Path) else OrtSource(original)
         try:
@@ -67,7 +67,7 @@ class Check:
             float64_budget=settings.float64_budget,
             deployed_check=settings.deployed_check,
             progress=progress,
-            original_twin=original_twin,
+            original_ahead=original_ahead,
             plan=bound.plan,
             planned=planned,
             folder=folder,

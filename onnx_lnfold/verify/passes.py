@@ -131,14 +131,19 @@ class EachAlone(Passes):
         if not made_ahead(weights, sources):
             return
         progress = self.request.progress
-        makes = [lambda s=source: session_for(s, progress=progress) for source in sources]
+        ahead = self.request.original_ahead
+        made = ahead.take_session(original) if ahead is not None else None  # from the start of the fold
+        if made is not None:
+            self._making = {ORIGINAL: (made, 0)}
+        todo = [(model, source) for model, source in enumerate(sources) if model not in self._making]
+        makes = [lambda s=source: session_for(s, progress=progress) for _, source in todo]
         # A thread for each where there are two cores: the check's Python work then waits for
         # neither, where one thread for both kept it waiting (docs/DESIGN.md section 6).
-        if (os.cpu_count() or 1) >= len(sources):
-            self._making = {model: (Ahead([make], SESSIONS_THREAD), 0) for model, make in enumerate(makes)}
+        if (os.cpu_count() or 1) >= len(todo):
+            self._making.update({model: (Ahead([make], SESSIONS_THREAD), 0) for (model, _), make in zip(todo, makes)})
         else:
             both = Ahead(makes, SESSIONS_THREAD)
-            self._making = {model: (both, model) for model in range(len(sources))}
+            self._making.update({model: (both, i) for i, (model, _) in enumerate(todo)})
         self._read = Outcome(self._reading)
         budget = self.request.float64_budget
         if budget is None or budget > 0:
@@ -180,8 +185,8 @@ class EachAlone(Passes):
     def _twins_made(self) -> tuple[Float64Model, Float64Model]:
         """The original's float64 twin and the fold's."""
         exact, progress = self.request.computed, self.request.progress
-        ahead = self.request.original_twin
-        original = ahead.take(self.original) if ahead is not None else None
+        ahead = self.request.original_ahead
+        original = ahead.take_twin(self.original) if ahead is not None else None
         original = original or Float64Model(self.original, progress=progress)
         folded = Float64Model(self.folded, exact, progress=progress)
         original.label = "the original"

@@ -17,7 +17,7 @@ from onnx_lnfold.core.options import FLOAT64_BUDGET_S
 from onnx_lnfold.verify.readback import PlannedChanges
 
 if TYPE_CHECKING:
-    from onnx_lnfold.verify.twin_ahead import OriginalTwin
+    from onnx_lnfold.verify.original_ahead import OriginalAhead
 
 
 @dataclass(frozen=True)
@@ -39,4 +39,4 @@ class VerifyRequest:
     fold_seconds: float | None = None  # what the fold took: the float64 allowance scales with it
     folder: Path | None = None  # where the model was read from: a genai_config.json there describes its KV cache
     progress: Callable[[str], None] | None = None  # the caller's progress line, told which block the check is on
-    original_twin: OriginalTwin | None = None  # the original's float64 twin, made before the check (`verify.twin_ahead`)
+    original_ahead: OriginalAhead | None = None  # the original's session and twin, made ahead (`verify.original_ahead`)
