@@ -100,6 +100,8 @@ def _cached(key: tuple, compute: Callable[[], object]) -> object:
 
 # --------------------------------------------------------------------------- the check
 
+_SESSION_THREAD = "lnfold-fusion-session"  # where a weightless copy's session is made ahead
+
 
 @dataclass
 class GemmAdvice:
@@ -265,7 +267,7 @@ class FusionCheck:
         meanwhile, self._meanwhile = self._meanwhile, None
         if meanwhile is None:
             return self._session(path)
-        made = Ahead([lambda: self._session(path)], "lnfold-fusion-session")
+        made = Ahead([lambda: self._session(path)], _SESSION_THREAD)
         try:
             meanwhile()
         except BaseException:
@@ -399,7 +401,7 @@ class FusionCheck:
         try:
             # The original's session is made on a thread of its own while the plan is applied.
             path = self._original_path()
-            original_session = Ahead([lambda: self._session(path)], "lnfold-fusion-session")
+            original_session = Ahead([lambda: self._session(path)], _SESSION_THREAD)
         except Exception as error:
             self._give_up("optimize a weightless copy in a session", error)
             return {}

@@ -132,7 +132,7 @@ class EachAlone(Passes):
             return
         progress = self.request.progress
         ahead = self.request.original_ahead
-        made = ahead.take_session(original) if ahead is not None else None  # from the start of the fold
+        made = ahead.take_session(original) if ahead is not None else None  # begun during the fusion check
         if made is not None:
             self._making = {ORIGINAL: (made, 0)}
         todo = [(model, source) for model, source in enumerate(sources) if model not in self._making]

@@ -20,7 +20,7 @@ class Scopes:
     unique within a graph, not across an If's branches: keys are scoped, 'graph:name'."""
 
     def __init__(self, model: ir.Model):
-        self.graphs = list(graphs_of(model))
+        self.graphs = graphs_of(model)
         self.index = {id(g): i for i, g in enumerate(self.graphs)}
         self.parent: dict[int, int] = {}
         for i, graph in enumerate(self.graphs):
