@@ -179,31 +179,34 @@ def analyze_model(
     shapes: RunShapes,
     *,
     synthesizing: bool = False,
+    found_lns: Callable[[], object] | None = None,
     meanwhile: Callable[[], object] | None = None,
 ) -> tuple[ir.Model, BoundPlan]:
     """The analysis every entry point runs: the inputs or input shapes `shapes` holds checked against
     the graph (what a real run refuses, a dry run and `analyze()` refuse too; `synthesizing`: the
     check will make inputs at the graph's sizes, which must fit its budget), then
-    `analyze_for_target` at the shapes they give (the cost rule prices each LN there). `meanwhile`:
-    work of the caller's, done while the fusion check waits for ONNX Runtime (`FusionCheck.start`)."""
+    `analyze_for_target` at the shapes they give (the cost rule prices each LN there). Work of the
+    caller's: `found_lns`, started once the model is found to have an LN (before it is planned);
+    `meanwhile`, done while the fusion check waits for ONNX Runtime (`FusionCheck.start`)."""
     if shapes.inputs is not None:
         check_inputs(model, dict(shapes.inputs))
     check_input_shapes(model, dict(shapes.input_shapes or {}))
     if synthesizing and shapes.inputs is None:
         check_input_sizes(model, dict(shapes.input_shapes or {}))
-    return analyze_for_target(model, options, ShapeTable(model, given=shapes.given), meanwhile)
+    return analyze_for_target(model, options, ShapeTable(model, given=shapes.given), found_lns, meanwhile)
 
 
 def analyze_for_target(
     model: ir.Model,
     options: FoldOptions,
     shapes: ShapeTable | None = None,
+    found_lns: Callable[[], object] | None = None,
     meanwhile: Callable[[], object] | None = None,
 ) -> tuple[ir.Model, BoundPlan]:
     """`prepare`, then plan the model prepared: (that model, its plan). The plan is bound to the
     model returned, which is `model` unless it was converted."""
     prepared = prepare(model, options, shapes)
-    bound = _plan(prepared.model, options, prepared.shapes, meanwhile)
+    bound = _plan(prepared.model, options, prepared.shapes, found_lns, meanwhile)
     if prepared.converted_from is not None:
         bound.plan.converted_from, bound.plan.converted_to = prepared.converted_from, default_opset(prepared.model)
     return prepared.model, bound
@@ -213,6 +216,7 @@ def _plan(
     model: ir.Model,
     options: FoldOptions,
     shapes: ShapeTable | None = None,
+    found_lns: Callable[[], object] | None = None,
     meanwhile: Callable[[], object] | None = None,
 ) -> BoundPlan:
     """Recognize every LayerNorm of `model` and decide whether it folds and how; mutate nothing.
@@ -224,6 +228,8 @@ def _plan(
     # its child starts while the LNs are found
     with FusionCheck.start(model, options.keep_ort_fusions, meanwhile) as fusions:
         planner = Planner.start(model, options, shapes or ShapeTable(model))
+        if planner.lns and found_lns is not None:
+            found_lns()
         bound = fusions.settle(planner, apply_plan)
         advise(fusions, planner, bound.plan)
     return bound
@@ -309,8 +315,8 @@ def _run_pipeline(
     input_data = frozenset(external_data_files(model, source.parent)) if source else frozenset()
     if request.output is not None:  # the one check of where the fold goes, with every file the input reads
         check_destination(source, request.output, request.in_place, input_data)
-    # The check's session of the original and its float64 twin, made while the fusion check waits
-    # for ONNX Runtime: neither depends on the fold.
+    # The check's session of the original, made while the LNs are planned, and its float64 twin,
+    # made while the fusion check waits for ONNX Runtime: neither depends on the fold.
     verifying = request.verifying
     ahead = OriginalAhead.for_check(request.check, source, weight_bytes(model), progress.phase) if verifying else None
     try:
@@ -342,6 +348,7 @@ def _fold_and_check(
         request.options,
         request.shapes,
         synthesizing=request.check.verify,
+        found_lns=ahead.start_session if ahead is not None else None,
         meanwhile=ahead.make if ahead is not None else None,
     )
     plan = bound.plan

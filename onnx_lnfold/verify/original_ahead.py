@@ -3,12 +3,14 @@ check asks for it (docs/DESIGN.md section 6).
 
 The original's ONNX Runtime session (optimizations off) and its float64 twin depend only on the
 file. On two cores the check's own phase keeps both busy (the fold's session on a thread, the
-read-back and the fold's twin in Python), while the fold leaves one idle before it. `make` is
+read-back and the fold's twin in Python), while the analysis before it is Python alone and
+leaves one idle. `start_session` is called once the analysis has found an LN (`found_lns` of
+`analyze_model`): the original's session is made on a thread while the LNs are planned. `make` is
 handed to the fusion check (`FusionCheck.start`'s `meanwhile`), which calls it once it has a plan
-that folds, while ONNX Runtime makes a session of its folded copy: the original's session is then
-started on a thread, and its twin made while the interpreter is free. The check takes each for
-the same file only (`take_session`, `take_twin`), or makes its own as before; `close` waits for a
-session nobody took and drops it.
+that folds, while ONNX Runtime makes a session of its folded copy: the original's twin is made
+then, while the interpreter is free. The check takes each for the same file only
+(`take_session`, `take_twin`), or makes its own as before; `close` waits for a session nobody
+took and drops it.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ from onnx_lnfold.verify.sessions import onnxruntime_missing, session_for
 
 
 class OriginalAhead:
-    """The session and the float64 twin of the model file `source`, made once by `make`: the
-    session on a thread, the twin meanwhile (their failures kept, raised by `take_*`)."""
+    """The session and the float64 twin of the model file `source`, each made once: the session on
+    a thread (`start_session`, or `make` where it was not), the twin by `make` (their failures
+    kept, raised by `take_*`)."""
 
     def __init__(self, source: Path, progress: Callable[[str], None] | None = None, twin: bool = True):
         self.source = source
         self._progress = progress
         self._twin_wanted = twin
         self._made = False
+        self._started = False
         self._twin: Outcome | None = None
         self._session: Ahead | None = None
 
@@ -46,14 +50,20 @@ class OriginalAhead:
             return None
         return cls(source, progress, twin=settings.float64_budget != 0)
 
+    def start_session(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        source = self.source
+        self._session = Ahead([lambda: session_for(source)], SESSIONS_THREAD)
+
     def make(self) -> None:
         if self._made:
             return
         self._made = True
-        source = self.source
-        self._session = Ahead([lambda: session_for(source)], SESSIONS_THREAD)
+        self.start_session()
         if self._twin_wanted:
-            self._twin = Outcome(lambda: Float64Model(source, progress=self._progress))
+            self._twin = Outcome(lambda: Float64Model(self.source, progress=self._progress))
 
     def take_twin(self, source: object) -> Float64Model | None:
         """The twin made, for a check of `source` (this one's file), once; None where none was

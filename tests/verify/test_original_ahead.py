@@ -1,12 +1,14 @@
 """What the check needs of the original, made before it (`verify.original_ahead`): the original's
-ONNX Runtime session on a thread and its float64 twin, both while the fusion check waits for its
-folded copy's session; for a check of that same file only, and the verdict the one a check that
-made its own gives."""
+ONNX Runtime session on a thread once the analysis found an LN, and its float64 twin while the
+fusion check waits for its folded copy's session; for a check of that same file only, and the
+verdict the one a check that made its own gives."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+
+import onnx
 
 import onnx_lnfold
 from onnx_lnfold.core.options import CheckSettings
@@ -56,7 +58,9 @@ def test_the_originals_session_and_twin_are_made_while_the_fusion_check_waits_an
     made = _made(monkeypatch)
     ahead = onnx_lnfold.fold(MODELS / "gpt2.onnx", output=tmp_path / "a.onnx")
     main = threading.main_thread().name
-    # the original's during the folded copy's session (its session on a thread); then the fold's
+    # the original's session on a thread once the LNs are found, its twin during the folded copy's
+    # session; then the fold's
+    assert ("session", "gpt2.onnx", passes.SESSIONS_THREAD, False) in made
     assert ("twin", "gpt2.onnx", main, True) in made
     assert [(what, name) for what, name, _, _ in made if name == "gpt2.onnx"] == [
         ("session", "gpt2.onnx"),
@@ -77,6 +81,16 @@ def test_a_fold_without_a_check_makes_nothing_ahead(tmp_path, monkeypatch):
     made = _made(monkeypatch)
     onnx_lnfold.fold(MODELS / "gpt2.onnx", output=tmp_path / "a.onnx", verify=False)
     assert made == []
+
+
+def test_a_model_without_a_layer_norm_makes_nothing_ahead(tmp_path, monkeypatch):
+    made = _made(monkeypatch)
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    result = onnx_lnfold.fold(tmp_path / "m.onnx", output=tmp_path / "o.onnx")
+    assert not result.plan.folded and made == []
 
 
 def test_nothing_is_made_ahead_where_the_check_would_not_use_it():
