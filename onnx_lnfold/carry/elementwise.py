@@ -4,8 +4,6 @@ scale, by a constant per-channel one (an affine chain, docs/DESIGN.md section 2.
 
 from __future__ import annotations
 
-import dataclasses
-
 import onnx_ir as ir
 
 from onnx_lnfold.carry.rule import In, Link, Rule, axis_vector, fed, from_input
@@ -123,7 +121,7 @@ class MulRule(BroadcastRule):
             )
         for scale in (1, 0):
             if axis_vector(node, scale, out_rank, first.out_axis, shapes) is not None:
-                return [dataclasses.replace(links[1 - scale], factor=scale)]
+                return [links[1 - scale]._replace(factor=scale)]
         if gated_activation(node) is not None:
             return Blocked("varying-factor", f"{_activation_label(node)} is nonlinear: its output's mean depends on the data")
         return Blocked(

@@ -144,6 +144,8 @@ def _proto_tensors(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, s
         yield from ((t, t.name, graph is model.graph) for t in graph.initializer)
         nodes.extend(graph.node)
     for node in nodes:
+        if not node.attribute:
+            continue
         owner = next((o for o in node.output if o), node.name)
         for attr in node.attribute:
             if attr.HasField("t"):

@@ -265,9 +265,9 @@ def test_the_two_readings_compute_what_precedes_the_exact_constants_once(monkeyp
     ran: dict[str, int] = {}
     run_node = reference.Float64Model._run_node
 
-    def counted(self, node, names, sets, reading):
+    def counted(self, node, names, sets, reading, *rest):
         ran[node.onnx_node.name] = ran.get(node.onnx_node.name, 0) + len(sets)
-        return run_node(self, node, names, sets, reading)
+        return run_node(self, node, names, sets, reading, *rest)
 
     monkeypatch.setattr(reference.Float64Model, "_run_node", counted)
     sets = [{"x": RNG.standard_normal((3, 16)).astype(np.float32)} for _ in range(2)]

@@ -500,12 +500,22 @@ class Evaluator(ReferenceEvaluator):
     builds their evaluators without `new_ops`; If/Loop/Scan bodies inherit them)."""
 
     def __init__(self, proto, *args, new_ops=None, **kwargs):
+        # The class each (domain, op) loads, looked up once: the base class imports and searches
+        # its op list for every node, seconds for a graph of 200,000.
+        self._classes: dict[tuple[str, str], type] = {}
         super().__init__(proto, *args, new_ops=FLOAT64_OPS if new_ops is None else new_ops, **kwargs)
 
     def _load_impl(self, node, input_types=None):
         """`EARLIER_OPSETS`' classes where the main opset is below the reference's own; bodies and
         functions are evaluated by this class too."""
+        key = (node.domain, node.op_type)
+        found = self._classes.get(key) if input_types is None else None
+        if found is not None:
+            return found
         earlier = EARLIER_OPSETS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if earlier is not None and self.opsets.get(node.domain, _REFERENCE_QDQ_OPSET) < _REFERENCE_QDQ_OPSET:
             return earlier
-        return super()._load_impl(node, input_types)
+        found = super()._load_impl(node, input_types)
+        if input_types is None and isinstance(found, type):  # not a function's evaluator, made per node
+            self._classes[key] = found
+        return found

@@ -145,15 +145,22 @@ class Float64Model:
         # Exact constants inside If/Loop bodies are part of the structure: that reading has its own.
         self._exact_evaluator = self._evaluator_of(exact_proto) if exact_proto is not None else None
         self.output_names = [o.name for o in proto.graph.output]
-        self._reads = [
-            list(node.input) + sorted(body_reads(node)) if node.attribute else list(node.input)
-            for node in self._evaluator.nodes_
-        ]
+        # Per node, read once here rather than from its proto at every run: the names it reads,
+        # those it writes, whether it reads a weight, and the names none reads after it (dropped
+        # once it ran; an output is kept).
+        nodes = self._evaluator.nodes_
+        self._reads = [list(node.input) + sorted(body_reads(node)) if node.attribute else list(node.input) for node in nodes]
+        self._writes = [list(node.output) for node in nodes]
+        self._weighted = [any(name in self._weights for name in names) for names in self._reads]
         last: dict[str, int] = {}
         for index, names in enumerate(self._reads):
             for name in names:
                 last[name] = index
-        self._last_use = last
+        kept = set(self.output_names)
+        self._frees: list[list[str]] = [[] for _ in nodes]
+        for name, index in last.items():
+            if name not in kept:
+                self._frees[index].append(name)
         available = available_memory()
         self.memory_budget = (
             memory_budget
@@ -355,34 +362,40 @@ class Float64Model:
         replaced = set().union(*readings)
         weight_total = sum(getattr(t, "nbytes", 0) or 0 for t in self._weights.values())
         weight_done, told, seen = 0, 0, set()
-        keep_names = set(self.output_names)
         held = [_bytes(results) for results in sets]  # each set's bytes, kept as it changes (not summed again per node)
         self.peak_bytes = sum(held)
+        frees, writes, weighted = self._frees, self._writes, self._weighted
         for index, (node, names) in enumerate(zip(evaluator.rt_nodes_, self._reads)):
-            if replaced.intersection(names):
+            if replaced and not replaced.isdisjoint(names):
                 groups = [[i for i, r in enumerate(reading_of) if r == number] for number in range(len(readings))]
             else:
                 groups = [list(range(len(sets)))]
             current, read = 0, set()
+            made = writes[index]
             for group in groups:
                 reading = readings[reading_of[group[0]]]
                 members = [sets[i] for i in group]
                 if len(readings) > 1 and len(group) > 1:
                     firsts, same_as = _once_per_values(members, names)
-                    weights, in_part, outputs = self._run_node(node, names, [members[i] for i in firsts], reading)
+                    weights, in_part, outputs = self._run_node(
+                        node, names, [members[i] for i in firsts], reading, weighted[index]
+                    )
                     outputs = [outputs[j] for j in same_as]
                 else:
-                    weights, in_part, outputs = self._run_node(node, names, members, reading)
+                    weights, in_part, outputs = self._run_node(node, names, members, reading, weighted[index])
                 if weights or in_part:
                     read.update(n for n in (*weights, *([in_part] if in_part else [])) if n not in reading)
-                weight_bytes = sum(a.nbytes for a in weights.values())
+                weight_bytes = sum(a.nbytes for a in weights.values()) if weights else 0
                 current += weight_bytes
-                made = node.onnx_node.output
                 for i, produced in zip(group, outputs):
                     results = sets[i]
-                    if weights:
-                        held[i] += _put(results, weights.items())
-                    held[i] += _put(results, ((name, value) for name, value in zip(made, produced) if name))
+                    gained = _put(results, weights.items()) if weights else 0
+                    for name, value in zip(made, produced):  # `_put`, inline: it runs for every node
+                        if name:
+                            old = results.get(name)
+                            gained += getattr(value, "nbytes", 0) - (getattr(old, "nbytes", 0) if old is not None else 0)
+                            results[name] = value
+                    held[i] += gained
                     current += held[i] - weight_bytes
                 del weights, outputs
             if read:
@@ -407,10 +420,9 @@ class Float64Model:
                     f"the float64 evaluation would hold {current / 2**30:.1f} GiB at node '{label}', over its "
                     f"memory budget of {self.memory_budget / 2**30:.1f} GiB"
                 )
-            for name in names:
-                if self._last_use.get(name) == index and name not in keep_names:
-                    for i, results in enumerate(sets):
-                        held[i] -= _nbytes(results.pop(name, None))
+            for name in frees[index]:
+                for i, results in enumerate(sets):
+                    held[i] -= _nbytes(results.pop(name, None))
             yield done
         outputs: list[list[dict[str, np.ndarray]]] = [[] for _ in readings]
         for results, number in zip(sets, reading_of):
@@ -420,13 +432,18 @@ class Float64Model:
             outputs[number].append({name: np.asarray(results[name]) for name in self.output_names})
         return outputs
 
-    def _run_node(self, node, names: list[str], sets: list[dict[str, Any]], reading: dict[str, Any]):
+    def _run_node(
+        self, node, names: list[str], sets: list[dict[str, Any]], reading: dict[str, Any], weighted: bool = True
+    ):
         """One node on `sets` (all of one reading): the weights it was given whole, the weight it
-        read in part (or None), and each set's outputs."""
-        in_part = self._read_in_part(node.onnx_node, names, reading)
-        weights = {
-            n: self._weight(n, reading) for n in names if n in self._weights and n not in sets[0] and n != in_part
-        }
+        read in part (or None), and each set's outputs. `weighted`: whether it reads any weight."""
+        if not weighted:
+            in_part, weights = None, {}
+        else:
+            in_part = self._read_in_part(node.onnx_node, names, reading)
+            weights = {
+                n: self._weight(n, reading) for n in names if n in self._weights and n not in sets[0] and n != in_part
+            }
         stacked = None
         if in_part:
             reader = PART_READERS[node.op_type]
@@ -436,13 +453,13 @@ class Float64Model:
                 stacked = reader.read(node.onnx_node, self._weights[in_part], sets)
         if in_part and stacked is None:  # inputs it does not take: the weight is read whole
             weights[in_part] = self._weight(in_part, reading)
-        if stacked is None:
+        if stacked is None and weights:  # a product by a weight
             stacked = stacked_matmul(node.onnx_node, weights, sets)
         if stacked is not None:
             return weights, in_part, [[out] for out in stacked]
         if type(node) is Identity and not weights:
             # What `Identity` computes, a copy, without `OpRun.run`'s checks per call: chains of thousands.
-            values = [results[node.input[0]] for results in sets]
+            values = [results[names[0]] for results in sets]
             if all(type(v) is np.ndarray for v in values):
                 return weights, in_part, [(v.copy(),) for v in values]
         outputs = []
@@ -507,9 +524,13 @@ def _once_per_values(sets: list[dict[str, Any]], names: list[str]) -> tuple[list
     replace), and, for each set, which of those gives its outputs."""
     firsts: list[int] = []
     same_as: list[int] = []
-    seen: dict[tuple[int, ...], int] = {}
-    for i, results in enumerate(sets):
-        key = tuple(id(results.get(name)) for name in names)
+    seen: dict[object, int] = {}
+    if len(names) == 1:  # most nodes: one input, its array's identity the key
+        name = names[0]
+        keys: list[object] = [id(results.get(name)) for results in sets]
+    else:
+        keys = [tuple(id(results.get(name)) for name in names) for results in sets]
+    for i, key in enumerate(keys):
         found = seen.setdefault(key, len(firsts))
         if found == len(firsts):
             firsts.append(i)

@@ -37,7 +37,11 @@ class Scopes:
 
     def key(self, node: ir.Node) -> str:
         """A node's key: its graph and first named output (SSA: unique in the graph), else its name."""
-        return f"{self.of(node)}:" + next((o.name for o in node.outputs if o.name), f"#{node.name}")
+        graph = self.index.get(id(node.graph), 0)
+        for out in node.outputs:  # a loop, not a generator: keyed for every node of both models
+            if out.name:
+                return f"{graph}:{out.name}"
+        return f"{graph}:#{node.name}"
 
     def outward(self, graph: int):
         """`graph`, then the graphs whose names it may read, innermost first."""
@@ -90,12 +94,18 @@ def input_names(node: ir.Node) -> list[str]:
 
 
 def as_was(node: ir.Node) -> NodeAsWas:
-    attributes = tuple(
-        (name, "constant" if node.op_type == "Constant" else attribute_value(attr))  # its tensor: `check_unchanged`
-        for name, attr in (sorted(node.attributes.items()) if node.attributes else ())
+    op_type = node.op_type
+    held = node.attributes
+    attributes = (
+        tuple(
+            (name, "constant" if op_type == "Constant" else attribute_value(attr))  # its tensor: `check_unchanged`
+            for name, attr in sorted(held.items())
+        )
+        if held
+        else ()
     )
     return NodeAsWas(
-        op_of(node), node.name or "", tuple(input_names(node)), tuple(v.name or "" for v in node.outputs), attributes
+        op_of(node), node.name or "", tuple(input_names(node)), tuple([v.name or "" for v in node.outputs]), attributes
     )
 
 
