@@ -38,6 +38,7 @@ def counterparts(original: ir.Model, clone: ir.Model) -> dict[IrObject, IrObject
         raise ValueError("the copy has other functions than the model")
     for key, function in original.functions.items():
         _pair_graphs(function, clone.functions[key], pairs)
+    pairs.pop(None, None)  # type: ignore[call-overload]
     return pairs
 
 
@@ -54,7 +55,7 @@ def _pair_graphs(
         if node.op_type != twin.op_type or len(node.inputs) != len(twin.inputs):
             raise ValueError(f"node '{node.name}' differs from its copy")
         pairs[node] = twin
-        pairs.update((value, other) for value, other in zip(node.inputs, twin.inputs) if value is not None)
+        pairs.update(zip(node.inputs, twin.inputs))  # a missing input pairs None: dropped by `counterparts`
         pairs.update(zip(node.outputs, twin.outputs))
         for key, attr in node.attributes.items() if node.attributes else ():
             if attr.is_ref() or attr.type not in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):

@@ -183,7 +183,7 @@ def light_proto(model: ir.Model) -> onnx.ModelProto:
             graph.input.append(_typed_input(name, tensor))
     outputs = {v.name for v in g.outputs}
     for node in g:
-        graph.node.append(ir.serde.serialize_node(node))
+        ir.serde.serialize_node_into(graph.node.add(), node)  # not serialized, then copied in
         for out in node.outputs:
             if out.name and out.name not in outputs and (out.type is not None or out.shape is not None):
                 graph.value_info.append(ir.serde.serialize_value(out))
@@ -220,7 +220,7 @@ def subgraph_proto(model: ir.Model, body: ir.Graph, typed: dict[str, onnx.ValueI
         else:
             graph.input.append(typed.get(value.name) or ir.serde.serialize_value(value))
     for node in body:
-        graph.node.append(ir.serde.serialize_node(node))
+        ir.serde.serialize_node_into(graph.node.add(), node)
     for value in body.outputs:
         out = ir.serde.serialize_value(value)
         if out.type.HasField("tensor_type"):
