@@ -11,7 +11,8 @@ few kB, so the nodes are all there is to the cost. For each size, `python -m onn
 o.onnx` (verification included) runs in its own process, the sizes interleaved round by round;
 its wall time, CPU seconds and peak RSS are taken from `wait4`. Seconds per 1000 nodes, flat across
 the sizes, is the near-linearity. `ORT session` is `onnxruntime.InferenceSession` on the same model
-(CPU EP, default options) in its own process, timed around the constructor alone.
+(CPU EP) in its own process, timed around the constructor alone: at its default level, which
+removes the Identity nodes first, and with optimizations off, as the check makes one of each model.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ from benchmarks.common import ROOT, log, machine_info, results_header
 
 DEFAULT_SIZES = (10_000, 50_000, 200_000)
 _SESSION = (
-    "import sys, time, onnxruntime as ort; start = time.perf_counter(); "
-    "ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']); print(time.perf_counter() - start)"
+    "import sys, time, onnxruntime as ort; options = ort.SessionOptions(); "
+    "options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, sys.argv[2]); "
+    "start = time.perf_counter(); "
+    "ort.InferenceSession(sys.argv[1], options, providers=['CPUExecutionProvider']); print(time.perf_counter() - start)"
 )
+# ONNX Runtime's levels the yardstick is timed at: its default, and off (the check's sessions).
+SESSION_LEVELS = {"ort_session_s": "ORT_ENABLE_ALL", "ort_session_off_s": "ORT_DISABLE_ALL"}
 
 
 def write_model(nodes: int, folder: Path) -> Path:
@@ -86,9 +91,9 @@ def fold_run(model: Path, timeout: float) -> dict:
     return run
 
 
-def session_run(model: Path, timeout: float) -> dict:
-    """ONNX Runtime's session creation for `model`, timed inside its own process."""
-    run = _child([sys.executable, "-c", _SESSION, str(model)], timeout)
+def session_run(model: Path, timeout: float, level: str = "ORT_ENABLE_ALL") -> dict:
+    """ONNX Runtime's session creation for `model` at optimization `level`, timed inside its own process."""
+    run = _child([sys.executable, "-c", _SESSION, str(model), level], timeout)
     run["session_s"] = float(run.pop("stdout").strip().splitlines()[-1]) if run["rc"] == 0 else float("nan")
     return run
 
@@ -100,9 +105,10 @@ def spread(values: list[float]) -> dict:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def summarize(nodes: int, folds: list[dict], sessions: list[dict]) -> dict:
+def summarize(nodes: int, folds: list[dict], sessions: dict[str, list[dict]]) -> dict:
     """The figures of one size: wall, CPU and peak RSS spreads of the successful folds, seconds per
-    1000 nodes (from each run's wall time), ONNX Runtime's session creation seconds."""
+    1000 nodes (from each run's wall time), ONNX Runtime's session creation seconds at each level
+    of `sessions` (by the key of `SESSION_LEVELS`)."""
     ok = [r for r in folds if r["rc"] == 0]
     return {
         "nodes": nodes,
@@ -112,7 +118,7 @@ def summarize(nodes: int, folds: list[dict], sessions: list[dict]) -> dict:
         "cpu_s": spread([r["cpu_s"] for r in ok]),
         "peak_gb": spread([r["peak_gb"] for r in ok]),
         "s_per_1000_nodes": spread([r["wall_s"] * 1000 / nodes for r in ok]),
-        "ort_session_s": spread([r["session_s"] for r in sessions if r["rc"] == 0]),
+        **{key: spread([r["session_s"] for r in runs if r["rc"] == 0]) for key, runs in sessions.items()},
     }
 
 
@@ -121,14 +127,14 @@ def table(summaries: list[dict]) -> list[str]:
         return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
     lines = [
-        "| nodes | runs | wall s | CPU s | peak RSS GB | s per 1000 nodes | ORT session s |",
-        "|---|---|---|---|---|---|---|",
+        "| nodes | runs | wall s | CPU s | peak RSS GB | s per 1000 nodes | ORT session s | ORT session s, optimizations off |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         runs = f"{s['runs']}" + (f" ({s['failed']} failed)" if s["failed"] else "")
         lines.append(
             f"| {s['nodes']:,} | {runs} | {cell(s['wall_s'], 1)} | {cell(s['cpu_s'], 1)} | {cell(s['peak_gb'], 2)} "
-            f"| {cell(s['s_per_1000_nodes'], 3)} | {cell(s['ort_session_s'], 2)} |"
+            f"| {cell(s['s_per_1000_nodes'], 3)} | {cell(s['ort_session_s'], 2)} | {cell(s['ort_session_off_s'], 2)} |"
         )
     return lines
 
@@ -146,15 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         base = args.dir or Path(scratch)
         models = {n: write_model(n, base / f"chain{n}") for n in args.sizes}
         folds: dict[int, list[dict]] = {n: [] for n in args.sizes}
-        sessions: dict[int, list[dict]] = {n: [] for n in args.sizes}
+        sessions: dict[int, dict[str, list[dict]]] = {n: {key: [] for key in SESSION_LEVELS} for n in args.sizes}
         for r in range(args.reps):
             order = args.sizes if r % 2 == 0 else args.sizes[::-1]
             for n in order:
                 folds[n].append(fold_run(models[n], args.timeout))
-                sessions[n].append(session_run(models[n], args.timeout))
-                f, s = folds[n][-1], sessions[n][-1]
-                log(f"round {r + 1}, {n} nodes: fold rc {f['rc']} {f['wall_s']:.1f} s {f['peak_gb']:.2f} GB; "
-                    f"ORT session {s['session_s']:.2f} s")
+                for key, level in SESSION_LEVELS.items():
+                    sessions[n][key].append(session_run(models[n], args.timeout, level))
+                f = folds[n][-1]
+                timed = ", ".join(f"{level} {sessions[n][key][-1]['session_s']:.2f} s" for key, level in SESSION_LEVELS.items())
+                log(f"round {r + 1}, {n} nodes: fold rc {f['rc']} {f['wall_s']:.1f} s {f['peak_gb']:.2f} GB; ORT session {timed}")
     summaries = [summarize(n, folds[n], sessions[n]) for n in args.sizes]
 
     machine = machine_info()
@@ -164,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "The default command (verification included) on `tests/hostile_models.identity_chain(n)`, n "
         "Identity nodes between two MatMul/Add pairs around one LayerNormalization; `ORT session` is "
-        "onnxruntime.InferenceSession on the same model, alone in its own process.",
+        "onnxruntime.InferenceSession on the same model, alone in its own process, at its default level (which "
+        "removes the Identity nodes first) and with optimizations off (as the check makes one of each model).",
         "",
         *table(summaries),
         "",
