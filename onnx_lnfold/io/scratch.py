@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import signal
 import tempfile
@@ -29,12 +30,21 @@ _made: set[Path] = set()
 
 def make(kind: str, folder: Path | str | None = None, *, hidden: bool = False) -> Path:
     """A new scratch folder (`lnfold-KIND-PID-...`, `.lnfold-...` when `hidden`) in `folder`
-    (default: the temporary folder)."""
+    (default: the temporary folder), private to its owner as `tempfile.mkdtemp` makes one."""
     prefix = f"{'.' if hidden else ''}lnfold-{kind}-{os.getpid()}-"
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    parent = Path(folder if folder is not None else tempfile.gettempdir()).absolute()
     _made.difference_update([p for p in list(_made) if not p.exists()])
-    _made.add(path)
-    return path
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        # Recorded before it is made: a signal landing right after the mkdir finds it recorded, and
+        # the way out removes it (one landing before finds nothing there to remove).
+        _made.add(path)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            _made.discard(path)
+            continue
+        return path  # one it could not make stays recorded: pruned by the next
 
 
 def _alive(pid: int) -> bool:

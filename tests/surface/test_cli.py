@@ -477,6 +477,28 @@ def test_a_signal_landing_as_the_output_folder_is_made_leaves_no_staging_folder(
     assert list(out.iterdir()) == []
 
 
+def test_a_signal_landing_right_after_the_staging_folders_mkdir_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """A SIGTERM landing inside `io.scratch.make`, after its mkdir and before it returns: the folder
+    was recorded before it was made, so the way out removes it."""
+    import os
+
+    from onnx_lnfold.core.errors import Terminated
+
+    mkdir = os.mkdir
+
+    def made_then_terminated(path, *args, **kwargs):
+        mkdir(path, *args, **kwargs)
+        if ".lnfold-staging-" in str(path):
+            raise Terminated
+
+    monkeypatch.setattr(os, "mkdir", made_then_terminated)
+    out = tmp_path / "out"
+    out.mkdir()
+    code = main([str(MODELS / "gpt2.onnx"), "-o", str(out / "g.onnx"), "--no-verify"])
+    assert code == Terminated.exit_code and capsys.readouterr().err.endswith("terminated; nothing written\n")
+    assert list(out.iterdir()) == []
+
+
 def test_the_command_leaves_what_it_holds_to_the_system_at_exit(gpt2):
     """The process ends once the command returns: its objects are frozen (`gc.freeze`) so that
     the collector does not walk them at exit (seconds for a graph of 200,000 nodes); the output
