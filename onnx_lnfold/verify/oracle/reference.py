@@ -389,13 +389,9 @@ class Float64Model:
                 current += weight_bytes
                 for i, produced in zip(group, outputs):
                     results = sets[i]
-                    gained = _put(results, weights.items()) if weights else 0
-                    for name, value in zip(made, produced):  # `_put`, inline: it runs for every node
-                        if name:
-                            old = results.get(name)
-                            gained += getattr(value, "nbytes", 0) - (getattr(old, "nbytes", 0) if old is not None else 0)
-                            results[name] = value
-                    held[i] += gained
+                    if weights:
+                        held[i] += _put(results, weights.items())
+                    held[i] += _put(results, zip(made, produced))
                     current += held[i] - weight_bytes
                 del weights, outputs
             if read:
@@ -547,11 +543,13 @@ def _nbytes(value: Any) -> int:
 
 
 def _put(values: dict[str, Any], items) -> int:
-    """`values.update(items)`; returns how many bytes `_bytes(values)` gained."""
+    """`values.update(items)`, an item without a name (an output left out) skipped; returns how
+    many bytes `_bytes(values)` gained."""
     gained = 0
     for name, value in items:
-        gained += _nbytes(value) - _nbytes(values.get(name))
-        values[name] = value
+        if name:
+            gained += _nbytes(value) - _nbytes(values.get(name))
+            values[name] = value
     return gained
 
 
