@@ -27,6 +27,7 @@ input is tagged with its source (`GENERATED_PREFIX`): two sources can then never
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Union
 
@@ -40,9 +41,11 @@ logger = logging.getLogger(__name__)
 # A dim is an int, a symbol name, or None when nothing is known about it.
 Dim = Union[int, str, None]
 Shape = tuple[Dim, ...]
-# (graph path, value name) -> (shape, elem type). A path locates an If/Loop/Scan body as a chain of
-# (node index, attribute name, graph index): sibling If branches reuse value names.
-Inferred = dict[tuple[tuple, str], tuple[Union[Shape, None], int]]
+# (graph path, value name): a path locates an If/Loop/Scan body as a chain of (node index,
+# attribute name, graph index), since sibling If branches reuse value names.
+Key = tuple[tuple, str]
+# What is known of one value: (shape, elem type).
+Found = tuple[Union[Shape, None], int]
 
 # Symbols an inference made up (not a graph input's dim name) start with this, then the source.
 GENERATED_PREFIX = "?"
@@ -130,6 +133,60 @@ def tag(shape: Shape | None, source: str, shared: set[str]) -> Shape | None:
     return tuple(
         d if not isinstance(d, str) or _is_shared(d, shared) else f"{GENERATED_PREFIX}{source}:{d}" for d in shape
     )
+
+
+class Inferred(Mapping):
+    """What one inference found, `Key` -> `Found`: read from the types of the proto it wrote as
+    each value is asked for, its made-up symbols tagged then (`tagged`). An analysis asks for a
+    few values of a large graph; reading all of them up front took seconds at 200,000 nodes.
+    What is set (`__setitem__`, `update`) replaces what was read."""
+
+    def __init__(self, types: dict[Key, onnx.TypeProto] | None = None):
+        self._types = types if types is not None else {}  # tensor types only
+        self._source: str | None = None
+        self._shared: set[str] = set()
+        self._found: dict[Key, Found] = {}  # read or set
+
+    def tagged(self, source: str, shared: set[str]) -> Inferred:
+        """These results with every symbol not (a product of) `shared` names tagged with `source`."""
+        out = Inferred(self._types)
+        out._source, out._shared = source, shared
+        out._found = {key: (tag(shape, source, shared), elem) for key, (shape, elem) in self._found.items()}
+        return out
+
+    def __getitem__(self, key: Key) -> Found:
+        found = self._found.get(key)
+        if found is None:
+            type_proto = self._types[key]
+            shape = proto_dims(type_proto)
+            if self._source is not None:
+                shape = tag(shape, self._source, self._shared)
+            found = self._found[key] = (shape, type_proto.tensor_type.elem_type)
+        return found
+
+    def __setitem__(self, key: Key, found: Found) -> None:
+        self._found[key] = found
+
+    def update(self, other: Mapping[Key, Found]) -> None:
+        self._found.update(other.items())
+
+    def has_shape(self, key: Key) -> bool:
+        """Whether `key`'s shape is known (`self[key][0] is not None`), without reading its dims."""
+        found = self._found.get(key)
+        if found is not None:
+            return found[0] is not None
+        type_proto = self._types.get(key)
+        return type_proto is not None and type_proto.tensor_type.HasField("shape")
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._found or key in self._types
+
+    def __iter__(self) -> Iterator[Key]:
+        yield from self._types
+        yield from (key for key in self._found if key not in self._types)
+
+    def __len__(self) -> int:
+        return len(self._types) + sum(key not in self._types for key in self._found)
 
 
 def _inlined(tensor: ir.TensorProtocol) -> bool:
@@ -242,13 +299,15 @@ def stripped(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _collect(model: onnx.ModelProto, with_subgraphs: bool = True) -> Inferred:
-    shapes: Inferred = {}
+    types: dict[Key, onnx.TypeProto] = {}
     graphs: list[tuple[tuple, onnx.GraphProto]] = [((), model.graph)]
     while graphs:  # If/Loop/Scan bodies carry their own value_info
         path, g = graphs.pop()
-        for vi in list(g.value_info) + list(g.output) + list(g.input):
-            if vi.type.HasField("tensor_type"):
-                shapes[(path, vi.name)] = (proto_dims(vi.type), vi.type.tensor_type.elem_type)
+        for infos in (g.value_info, g.output, g.input):
+            for vi in infos:
+                type_proto = vi.type
+                if type_proto.HasField("tensor_type"):
+                    types[(path, vi.name)] = type_proto
         if not with_subgraphs:
             continue
         for index, node in enumerate(g.node):
@@ -256,19 +315,19 @@ def _collect(model: onnx.ModelProto, with_subgraphs: bool = True) -> Inferred:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     graphs.append(((*path, (index, attr.name, 0)), attr.g))
                 graphs.extend(((*path, (index, attr.name, k)), sub) for k, sub in enumerate(attr.graphs))
-    return shapes
+    return Inferred(types)
 
 
 def onnx_inference(proto: onnx.ModelProto) -> Inferred:
-    """ONNX shape inference with data propagation; {} when it fails (custom ops, bad graphs)."""
+    """ONNX shape inference with data propagation; nothing when it fails (custom ops, bad graphs)."""
     try:
         return _collect(onnx.shape_inference.infer_shapes(proto, data_prop=True))
     except Exception as e:
         logger.debug("ONNX shape inference failed: %s", e)
-        return {}
+        return Inferred()
 
 
-def session_view(model: ir.Model) -> Inferred:
+def session_view(model: ir.Model) -> dict[Key, Found]:
     """The shapes ONNX Runtime's own session optimizer sees: ONNX inference on the model as given
     (its declared shapes kept), without data propagation, dims it cannot name unnamed (None).
     ORT fuses `Add + LayerNormalization` only where these name every dim (a
@@ -348,7 +407,7 @@ def _run_symbolic(proto: onnx.ModelProto, auto_merge: bool) -> tuple[Inferred, b
 
 def ort_symbolic_inference(proto: onnx.ModelProto) -> tuple[Inferred, bool]:
     """ONNX Runtime's symbolic shape inference: (shapes, whether its symbols may be compared
-    with the graph inputs' dim names); ({}, False) when onnxruntime is missing or it fails.
+    with the graph inputs' dim names); nothing, False when onnxruntime is missing or it fails.
 
     First without merging dims. Where that stops at two symbolic dims the graph broadcasts
     together (`Min(128, seq)` against `seq` in a TorchScript BERT's position ids), it is run
@@ -359,7 +418,7 @@ def ort_symbolic_inference(proto: onnx.ModelProto) -> tuple[Inferred, bool]:
         import onnxruntime.tools.symbolic_shape_infer  # noqa: F401
     except Exception as e:  # onnxruntime is optional
         logger.debug("symbolic shape inference unavailable: %s", e)
-        return {}, False
+        return Inferred(), False
     sym_logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level = sym_logger.level
     sym_logger.setLevel(logging.CRITICAL)  # it warns about every op it skips
@@ -371,17 +430,14 @@ def ort_symbolic_inference(proto: onnx.ModelProto) -> tuple[Inferred, bool]:
         return merged, False
     except Exception as e:
         logger.debug("symbolic shape inference failed: %s", e)
-        return {}, False
+        return Inferred(), False
     finally:
         sym_logger.setLevel(level)
 
 
 def _lacks_rank(proto: onnx.ModelProto, inferred: Inferred) -> bool:
-    for node in proto.graph.node:
-        for out in node.output:
-            if out and inferred.get(((), out), (None, 0))[0] is None:
-                return True
-    return False
+    has_shape = inferred.has_shape
+    return any(out and not has_shape(((), out)) for node in proto.graph.node for out in node.output)
 
 
 def _body_lacks_rank(body: ir.Graph, path: tuple, inferred: Inferred) -> bool:
@@ -465,10 +521,10 @@ def _body_types(
 
 def _rebased(
     found: Inferred, path: tuple, outer: set[str], back: dict[str, str], source: str, shared: set[str]
-) -> Inferred:
+) -> dict[Key, Found]:
     """A body's own run keyed and tagged as the whole model's: paths under `path`, the symbols
     given to it named back, its own symbols tagged with `source` (unique to the body and run)."""
-    out: Inferred = {}
+    out: dict[Key, Found] = {}
     for (sub, name), (shape, elem) in found.items():
         if not sub and name in outer:
             continue  # the outer values, typed for the run: the enclosing results are theirs
@@ -539,12 +595,12 @@ def _infer_bodies(model: ir.Model, by_onnx: Inferred, by_ort: Inferred, by_hint:
 def with_input_shapes(model: ir.Model, given: dict[str, tuple[int, ...]]) -> Inferred:
     """ONNX inference (with data propagation) of the graph with its inputs' shapes fixed to
     `given` (input name -> shape): the sizes the model runs at, where the graph computes them from
-    its inputs' (a convolution's output length, say). {} where inference fails."""
+    its inputs' (a convolution's output length, say). Nothing where inference fails."""
     try:
         proto = stripped(light_proto(model))
     except Exception as e:  # a model the IR cannot write back cannot be inferred either
         logger.debug("shape inference skipped: %s", e)
-        return {}
+        return Inferred()
     for vi in proto.graph.input:
         shape = given.get(vi.name)
         if shape is None or not vi.type.HasField("tensor_type"):
@@ -573,19 +629,15 @@ def infer(model: ir.Model) -> tuple[Inferred, Inferred, Inferred]:
         proto = stripped(seeded)
     except Exception as e:  # a model the IR cannot write back cannot be inferred either
         logger.debug("shape inference skipped: %s", e)
-        return {}, {}, {}
+        return Inferred(), Inferred(), Inferred()
     shared = input_symbols(model)
     by_onnx = onnx_inference(proto)
-    by_ort: Inferred = {}
+    by_ort = Inferred()
     ort_shared: set[str] = set()
     if _lacks_rank(proto, by_onnx):
         by_ort, comparable = ort_symbolic_inference(proto)
         ort_shared = shared if comparable else set()
-    by_hint = onnx_inference(seeded) if len(seeded.graph.value_info) else {}
-    tagged = (
-        {k: (tag(s, "onnx", shared), t) for k, (s, t) in by_onnx.items()},
-        {k: (tag(s, "ort", ort_shared), t) for k, (s, t) in by_ort.items()},
-        {k: (tag(s, "hint", shared), t) for k, (s, t) in by_hint.items()},
-    )
+    by_hint = onnx_inference(seeded) if len(seeded.graph.value_info) else Inferred()
+    tagged = (by_onnx.tagged("onnx", shared), by_ort.tagged("ort", ort_shared), by_hint.tagged("hint", shared))
     _infer_bodies(model, *tagged, shared)
     return tagged

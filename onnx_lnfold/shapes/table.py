@@ -22,7 +22,9 @@ from onnx_lnfold.core.ops import NORM_OPS
 from onnx_lnfold.shapes.infer import (
     GENERATED_PREFIX,
     Dim,
+    Found,
     Inferred,
+    Key,
     Shape,
     defining_graph,
     factors,
@@ -116,7 +118,7 @@ class ShapeTable:
         self._inferred: tuple[Inferred, Inferred, Inferred] | None = None
         self._shared: set[str] | None = None
         self._memo: dict[ir.Value, Shape | None] = {}
-        self._session: Inferred | None = None
+        self._session: dict[Key, Found] | None = None
         self._given = dict(given or {})
         self._at_given: Inferred | None = None  # inference with the given input shapes
         self.bindings = _bindings(model, self._given)
