@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -266,9 +267,11 @@ def _frozen_while_folding() -> Iterator[None]:
         yield
         return
     gc.freeze()
+    owned = _OWN_FREEZE.set(True)
     try:
         yield
     finally:
+        _OWN_FREEZE.reset(owned)
         gc.unfreeze()
 
 
@@ -294,11 +297,18 @@ _FULL_COLLECTION_EVERY = 1000
 _FULL_COLLECTION_AFTER = 10
 
 
+# Whether this fold froze the heap (`_frozen_while_folding`), in this thread's context.
+_OWN_FREEZE: ContextVar[bool] = ContextVar("onnx_lnfold_own_freeze", default=False)
+
+
 def _phase_done() -> None:
     """A phase's clones and copies (cyclic, as IR graphs are) collected at once, where it made
-    enough objects for Python to have run a full collection itself."""
+    enough objects for Python to have run a full collection itself. Where the fold froze the
+    heap, what survives is frozen too: the next phase's collection walks only what it made."""
     if gc.get_count()[2] > _FULL_COLLECTION_AFTER:
         gc.collect()
+        if _OWN_FREEZE.get():
+            gc.freeze()
 
 
 def _run_pipeline(

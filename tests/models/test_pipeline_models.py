@@ -184,3 +184,29 @@ def test_the_model_is_frozen_while_folding_unless_objects_are_frozen_already(mon
         assert seen[1] == frozen and gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_what_outlives_a_phase_is_frozen_where_the_fold_froze_the_heap_only(monkeypatch):
+    """After a phase's full collection, what survived is frozen too where the fold froze the heap
+    itself (the next phase's collection walks only what it made), and thawed when it ends; a
+    process that froze objects of its own gets nothing more frozen."""
+    import gc
+
+    from onnx_lnfold import _pipeline
+
+    monkeypatch.setattr(_pipeline, "_FULL_COLLECTION_AFTER", -1)  # every phase collects
+    with _pipeline._frozen_while_folding():
+        before = gc.get_freeze_count()
+        made = [[] for _ in range(1000)]
+        _pipeline._phase_done()
+        assert gc.get_freeze_count() >= before + len(made)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with _pipeline._frozen_while_folding():
+            more = [[] for _ in range(1000)]
+            _pipeline._phase_done()
+            assert gc.get_freeze_count() == frozen and more
+    finally:
+        gc.unfreeze()
