@@ -152,7 +152,6 @@ class FusionCheck:
     _folder: WeightlessFolder | None = None
     _original: Path | None = None
     _original_bytes: int = 0  # weights the weightless original stands for
-    _spare: ir.Model | None = None  # the weightless clone written as the original, for one fold to use
     _folded: Path | None = None
     _optimizers: dict[str, TransformersOptimizer] = field(default_factory=dict)  # by the file's digest
     _process: OptimizerProcess | None = None  # the optimizer's child process, for a large model
@@ -205,8 +204,7 @@ class FusionCheck:
     def _original_path(self) -> Path:
         if self._original is None:
             self._folder = self._folder or WeightlessFolder()
-            self._spare = weightless_clone(self.model, self._folder)
-            self._original = self._folder.write(self._spare, "original.onnx")
+            self._original = self._folder.write_stripped(self.model, "original.onnx")
             self._original_bytes = self._folder.stripped_bytes
             graph = self.model.graph
             self._made_by = {v.name: n.op_type for n in graph for v in n.outputs if v is not None and v.name}
@@ -297,7 +295,6 @@ class FusionCheck:
                 break
             kept = {**kept, **lost}
             bound = planner.plan(kept)
-        self._spare = None
         return bound
 
     # ------------------------------------------------------------------ EmbedLayerNormalization
@@ -399,7 +396,8 @@ class FusionCheck:
         if not self.active:
             return {}
         try:
-            # The original's session is made on a thread of its own while the plan is applied.
+            # The original's session is made on a thread of its own while the clone is made and
+            # the plan applied to it.
             path = self._original_path()
             original_session = Ahead([lambda: self._session(path)], _SESSION_THREAD)
         except Exception as error:
@@ -409,7 +407,7 @@ class FusionCheck:
         try:
             # Binding and applying the plan are this tool's own steps: a failure there is its own,
             # not ONNX Runtime's, and is raised.
-            clone, self._spare = self._spare or weightless_clone(self.model, self._folder), None
+            clone = weightless_clone(self.model, self._folder)
             bound = plan.on_clone(self.model, clone)
             folds = footprints(bound, display_names(clone.graph))
             apply(clone, bound)

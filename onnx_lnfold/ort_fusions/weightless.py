@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import heapq
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import onnx_ir as ir
@@ -90,29 +92,54 @@ class WeightlessFolder:
         constant `_keeps` does not keep by zeros of the same type and shape: initializers and
         Constant values of every graph, bodies and functions included. Lazy tensors (the fold's
         centered weights) are replaced without being computed."""
+        self._replace(model)
+
+    def _replace(self, model: ir.Model) -> list[Callable[[], None]]:
+        """`strip`'s replacements made in `model`, and what undoes each."""
+        undo: list[Callable[[], None]] = []
         graphs = [*graphs_of(model), *model.functions.values()]
         for graph in graphs:
             if isinstance(graph, ir.Graph):
                 for value in graph.initializers.values():
                     tensor = value.const_value
-                    if tensor is not None:
-                        value.const_value = self._stripped(tensor, value.name or tensor.name or "")
+                    if tensor is None:
+                        continue
+                    stripped = self._stripped(tensor, value.name or tensor.name or "")
+                    if stripped is not tensor:
+                        value.const_value = stripped
+                        undo.append(partial(setattr, value, "const_value", tensor))
             for node in graph:
                 for key, attr in list(node.attributes.items()):
                     if attr.is_ref() or attr.type != ir.AttributeType.TENSOR or attr.value is None:
                         continue
                     name = attr.value.name or (node.outputs[0].name if node.outputs else "") or ""
                     stripped = self._stripped(attr.value, name)
-                    if stripped is not attr.value:
-                        node.attributes[key] = ir.AttrTensor(key, stripped)
-                        if node.op_type == "Constant" and node.outputs and node.outputs[0].const_value is not None:
-                            node.outputs[0].const_value = stripped
+                    if stripped is attr.value:
+                        continue
+                    node.attributes[key] = ir.AttrTensor(key, stripped)
+                    undo.append(partial(node.attributes.__setitem__, key, attr))
+                    if node.op_type == "Constant" and node.outputs and node.outputs[0].const_value is not None:
+                        output = node.outputs[0]
+                        undo.append(partial(setattr, output, "const_value", output.const_value))
+                        output.const_value = stripped
+        return undo
 
     def write(self, model: ir.Model, name: str) -> Path:
         """`model` (stripped) as `name` in this folder; its external references resolve here."""
         path = self.path / name
         path.write_bytes(ir.to_proto(model).SerializeToString())
         return path
+
+    def write_stripped(self, model: ir.Model, name: str) -> Path:
+        """`model` as `strip` would leave a clone of it, written as `name` without a clone: its
+        constants are swapped for their stand-ins while it is serialized, and put back before
+        this returns (a clone of a large graph takes longer than its serialization)."""
+        undo = self._replace(model)
+        try:
+            return self.write(model, name)
+        finally:
+            for step in reversed(undo):
+                step()
 
 
 def outer_reads(node: ir.Node) -> list[ir.Value]:

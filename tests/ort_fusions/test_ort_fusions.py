@@ -103,6 +103,38 @@ def test_a_weightless_copy_refers_to_one_sparse_file_of_zeros_and_touches_no_wei
     assert all(model.graph.initializers[name].const_value is t for name, t in tensors.items())
 
 
+def _as_constant_node(model: ir.Model) -> ir.Model:
+    """`model` with its largest initializer made by a Constant node instead."""
+    name = max(model.graph.initializers, key=lambda n: model.graph.initializers[n].const_value.nbytes)
+    value = model.graph.initializers.pop(name)
+    tensor, value.const_value = value.const_value, None
+    model.graph.insert_before(model.graph.node(0), ir.Node("", "Constant", [], {"value": ir.AttrTensor("value", tensor)}, outputs=[value]))
+    value.const_value = tensor  # as onnx-ir's loader gives a Constant's output
+    return model
+
+
+@pytest.mark.parametrize("name", ["bert_torchscript", "gpt2_merged_decoder", "clip_fp16", "adaln_torchscript", "constant"])
+def test_the_original_written_without_a_clone_is_the_stripped_clone_written(name):
+    """`write_stripped` swaps the model's constants for their stand-ins while it serializes, and
+    puts them back: the file is the stripped clone's, byte for byte, and the model is as it was."""
+    if name == "constant":  # a large Constant node's value, swapped in its attribute and its output
+        model = _as_constant_node(load_model(MODELS / "gpt2.onnx")[0])
+    else:
+        model, _ = load_model(MODELS / f"{name}.onnx")
+    before = ir.to_proto(model).SerializeToString()
+    tensors = {name: value.const_value for name, value in model.graph.initializers.items()}
+    attributes = {id(node): dict(node.attributes) for node in model.graph.all_nodes()}
+    with WeightlessFolder() as folder:
+        written = folder.write_stripped(model, "original.onnx").read_bytes()
+        assert folder.stripped_bytes > 0
+        assert written == folder.write(weightless_clone(model, folder), "clone.onnx").read_bytes()
+    assert all(model.graph.initializers[name].const_value is t for name, t in tensors.items())
+    assert all(
+        all(node.attributes[key] is attr for key, attr in attributes[id(node)].items()) for node in model.graph.all_nodes()
+    )
+    assert ir.to_proto(model).SerializeToString() == before
+
+
 @pytest.mark.parametrize("name", ["bert_torchscript", "distilbert_torchscript", "whisper_encoder_torchscript", "gpt2"])
 def test_zeros_change_none_of_onnx_runtimes_decisions(name, tmp_path):
     """The session's and the transformers optimizer's graphs of the weightless copy have the op
