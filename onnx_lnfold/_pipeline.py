@@ -353,13 +353,21 @@ def _fold_and_check(
     ops_before = count_ops(model)
     progress.phase("Analyzing" if (request.dry_run or request.proof) else "Folding")
     given = model
+
+    def meanwhile() -> None:
+        """While the fusion check waits for ONNX Runtime: the original's twin made, and the
+        clone the check let go collected."""
+        if ahead is not None:
+            ahead.make()
+        _phase_done()
+
     model, bound = analyze_model(
         model,
         request.options,
         request.shapes,
         synthesizing=request.check.verify,
         found_lns=ahead.start_session if ahead is not None else None,
-        meanwhile=ahead.make if ahead is not None else None,
+        meanwhile=meanwhile,
     )
     plan = bound.plan
     _phase_done()

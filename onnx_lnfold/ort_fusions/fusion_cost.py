@@ -412,11 +412,13 @@ class FusionCheck:
             folds = footprints(bound, display_names(clone.graph))
             apply(clone, bound)
             self._folder.strip(clone)  # the centered copies, never computed
+            folded_plan = bound.plan
             try:
                 self._folded = self._folder.write(clone, "folded.onnx")
-                original = original_session.result()
+                del clone, bound  # let go before the session is waited for: the caller's `meanwhile` may collect them
                 folded = self._folded_session(self._folded)
-                self.moved_centerings = moved_centerings(bound.plan.centerings, folded)  # type: ignore[arg-type]
+                original = original_session.result()
+                self.moved_centerings = moved_centerings(folded_plan.centerings, folded)  # type: ignore[arg-type]
             except Exception as error:
                 self._give_up("optimize a weightless copy in a session", error)
                 return {}
@@ -426,7 +428,7 @@ class FusionCheck:
         names = self._model_names()
         costs: dict[str, Blocked] = {}
         for fusion in lost_fusions(original, folded, self._made_by, self._at):
-            why = attribute(fusion, graph, bound.plan, names, folds)
+            why = attribute(fusion, graph, folded_plan, names, folds)
             if why is None:
                 continue  # the fold's own op does what the fused node did
             if not why:

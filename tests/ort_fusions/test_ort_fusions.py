@@ -578,3 +578,27 @@ def test_a_large_copys_session_graph_is_written_by_a_child_whose_allocator_keeps
         onnx.save(onnx.helper.make_model(unknown), folder.path / "broken.onnx")
         with pytest.raises(RuntimeError, match="NoSuchOp"):
             probe._optimized_by_session(folder.path / "broken.onnx", folder, "ORT_ENABLE_ALL", "broken")
+
+
+def test_the_clone_is_let_go_before_the_folded_session_is_waited_for(monkeypatch):
+    """The caller's `meanwhile`, run while ONNX Runtime makes the folded copy's session, finds the
+    weightless clone the plan was applied to unreachable: a collection there frees it."""
+    import gc
+    import weakref
+
+    from onnx_lnfold._pipeline import analyze_for_target
+    from onnx_lnfold.core.options import FoldOptions
+
+    fusion_cost.clear_cache()
+    clones: list[weakref.ref] = []
+    real = fusion_cost.weightless_clone
+    monkeypatch.setattr(fusion_cost, "weightless_clone", lambda *a: clones.append(weakref.ref(c := real(*a))) or c)
+    alive: list[bool] = []
+
+    def meanwhile() -> None:
+        gc.collect()
+        alive.extend(ref() is not None for ref in clones)
+
+    model, _ = load_model(MODELS / "gpt2.onnx")
+    _, bound = analyze_for_target(model, FoldOptions(), meanwhile=meanwhile)
+    assert bound.plan.folded and clones and alive == [False] * len(clones)
