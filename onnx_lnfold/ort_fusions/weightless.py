@@ -92,9 +92,9 @@ class WeightlessFolder:
         constant `_keeps` does not keep by zeros of the same type and shape: initializers and
         Constant values of every graph, bodies and functions included. Lazy tensors (the fold's
         centered weights) are replaced without being computed."""
-        self._replace(model)
+        self._put_stand_ins(model)
 
-    def _replace(self, model: ir.Model) -> list[Callable[[], None]]:
+    def _put_stand_ins(self, model: ir.Model) -> list[Callable[[], None]]:
         """`strip`'s replacements made in `model`, and what undoes each."""
         undo: list[Callable[[], None]] = []
         graphs = [*graphs_of(model), *model.functions.values()]
@@ -134,7 +134,7 @@ class WeightlessFolder:
         """`model` as `strip` would leave a clone of it, written as `name` without a clone: its
         constants are swapped for their stand-ins while it is serialized, and put back before
         this returns (a clone of a large graph takes longer than its serialization)."""
-        undo = self._replace(model)
+        undo = self._put_stand_ins(model)
         try:
             return self.write(model, name)
         finally:
