@@ -19,11 +19,12 @@ from onnx_lnfold.load.validate import check_model, checked_load
 ModelSource = "str | os.PathLike | onnx.ModelProto | ir.Model"
 
 
-def _check_external_data(model: ir.Model, base: Path) -> None:
-    """Every external tensor must lie, and exist in full, in a regular file inside the model's folder."""
+def _check_external_data(external: list[tuple[str, ir.ExternalTensor]], base: Path) -> None:
+    """Every external tensor (owner name, tensor) must lie, and exist in full, in a regular file
+    inside the model's folder."""
     root = base.resolve()
     sizes: dict[Path, os.stat_result] = {}
-    for name, tensor in external_tensors(model):
+    for name, tensor in external:
         shown = quoted(tensor.location)
         location = Path(tensor.location)
         try:
@@ -92,8 +93,12 @@ def load_path(path: str | os.PathLike) -> ir.Model:
         raise
     except Exception as e:  # the IR rejects structurally broken graphs
         raise InvalidInput(f"{p}: malformed ONNX model: {e}".splitlines()[0]) from None
-    ir.external_data.set_base_dir(model.graph, str(p.parent))
-    _check_external_data(model, p.parent)
+    # Found once, each located beside the model (as `onnx_ir.external_data.set_base_dir` does,
+    # which walks every tensor of the graph to find them) and checked there.
+    external = list(external_tensors(model))
+    for _, tensor in external:
+        tensor.base_dir = str(p.parent)
+    _check_external_data(external, p.parent)
     return model
 
 

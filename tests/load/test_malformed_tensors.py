@@ -194,3 +194,39 @@ def test_a_large_initializer_still_stays_in_the_file(tmp_path):
     big = load_path(path).graph.initializers["big"].const_value
     assert isinstance(big, FileRegionTensor)
     np.testing.assert_array_equal(big.numpy(), weights)
+
+
+def test_every_external_tensor_is_read_from_beside_the_model(tmp_path, monkeypatch):
+    """An initializer, a Constant node's value and an If body's initializer, all in a data file
+    beside the model, read from another working folder: each tensor is located beside the model."""
+    values = {name: np.arange(16, dtype=np.float32) + k for k, name in enumerate(("w", "c", "b"))}
+    body = helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["y"])], "body", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])],
+        initializer=[numpy_helper.from_array(values["b"], "b")],
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(values["c"], "c")),
+        helper.make_node("Add", ["w", "c"], ["x"]),
+        helper.make_node("If", ["cond"], ["out"], then_branch=body, else_branch=body),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [16])], initializer=[numpy_helper.from_array(values["w"], "w")],
+    )
+    folder = tmp_path / "model"
+    folder.mkdir()
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "m.onnx",
+        save_as_external_data=True, all_tensors_to_one_file=True, location="m.data", size_threshold=0, convert_attribute=True,
+    )
+    monkeypatch.chdir(tmp_path)
+    model = load_path(folder / "m.onnx")
+    then = model.graph.node(2).attributes["then_branch"].as_graph()
+    found = {
+        "w": model.graph.initializers["w"].const_value,
+        "c": model.graph.node(0).attributes["value"].as_tensor(),
+        "b": then.initializers["b"].const_value,
+    }
+    for name, tensor in found.items():
+        assert isinstance(tensor, ir.ExternalTensor) and os.path.samefile(tensor.base_dir, folder), name
+        np.testing.assert_array_equal(tensor.numpy(), values[name])
