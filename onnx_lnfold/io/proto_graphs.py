@@ -21,7 +21,8 @@ def graphs_within(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
         current = stack.pop()
         yield current
         for node in current.node:
-            stack.extend(bodies(node))
+            if node.attribute:  # most nodes have none: no call made for them
+                stack.extend(bodies(node))
 
 
 def nodes_within(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
