@@ -307,8 +307,14 @@ def _phase_done() -> None:
     heap, what survives is frozen too: the next phase's collection walks only what it made."""
     if gc.get_count()[2] > _FULL_COLLECTION_AFTER:
         gc.collect()
-        if _OWN_FREEZE.get():
-            gc.freeze()
+        _lives_on()
+
+
+def _lives_on() -> None:
+    """What is alive now is kept to the fold's end: frozen where the fold froze the heap, so that
+    no later collection walks it."""
+    if _OWN_FREEZE.get():
+        gc.freeze()
 
 
 def _run_pipeline(
@@ -355,11 +361,12 @@ def _fold_and_check(
     given = model
 
     def meanwhile() -> None:
-        """While the fusion check waits for ONNX Runtime: the original's twin made, and the
-        clone the check let go collected."""
+        """While the fusion check waits for ONNX Runtime: the clone the check let go collected,
+        then the original's twin made, which the check keeps to its end."""
+        _phase_done()
         if ahead is not None:
             ahead.make()
-        _phase_done()
+            _lives_on()
 
     model, bound = analyze_model(
         model,
