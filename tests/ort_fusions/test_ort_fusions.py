@@ -113,7 +113,11 @@ def _as_constant_node(model: ir.Model) -> ir.Model:
     return model
 
 
-@pytest.mark.parametrize("name", ["bert_torchscript", "gpt2_merged_decoder", "clip_fp16", "adaln_torchscript", "constant"])
+@pytest.mark.parametrize(
+    "name",
+    ["bert_torchscript", "gpt2_merged_decoder", "clip_fp16", "adaln_torchscript", "bert_qdq_int8", "bert_dynamic_int8",
+     "bert_matmul_nbits_int4", "constant"],
+)
 def test_the_original_written_without_a_clone_is_the_stripped_clone_written(name):
     """`write_stripped` swaps the model's constants for their stand-ins while it serializes, and
     puts them back: the file is the stripped clone's, byte for byte, and the model is as it was."""
